@@ -1,0 +1,20 @@
+"""Backends execute engine iterations: a calibrated latency model, or (extra ``torch``) a real model."""
+
+from servegym.backends.base import Backend, StepBatch
+from servegym.backends.calibrated import CalibratedBackend, step_latency
+from servegym.backends.profile import LatencyModel, Profile, ProfileError, load_profile, shipped_profiles
+
+DEFAULT_PROFILE = "paper-v100-llama3.2-3b"
+
+__all__ = [
+    "DEFAULT_PROFILE",
+    "Backend",
+    "CalibratedBackend",
+    "LatencyModel",
+    "Profile",
+    "ProfileError",
+    "StepBatch",
+    "load_profile",
+    "shipped_profiles",
+    "step_latency",
+]

@@ -1,0 +1,146 @@
+"""Latency profiles: versioned JSON files with the calibrated model's parameters and their provenance."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class ProfileError(ValueError):
+    """A profile file is missing, malformed, or holds an invalid value."""
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Step latency ``l(B) + prefill + context terms``, ``l(B) = l_min + alpha * max(0, B - B0)``."""
+
+    l_min_s: float = field(metadata={"help": "flat decode step latency up to the saturation batch"})
+    saturation_batch: int = field(metadata={"help": "B0: decode batch size up to which latency stays l_min"})
+    alpha_s: float = field(metadata={"help": "added seconds per decoding request beyond B0"})
+    prefill_s_per_token: float = field(metadata={"help": "seconds per prompt token ingested in the step"})
+    prefill_s_per_token_context: float = field(
+        default=0.0, metadata={"help": "seconds per (chunk token x attention context token)"}
+    )
+    decode_s_per_context_token: float = field(
+        default=0.0, metadata={"help": "seconds per KV token read by the decoding requests"}
+    )
+    noise_cv: float = field(default=0.0, metadata={"help": "coefficient of variation of multiplicative noise"})
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ProfileError(f"latency.{name} must be a finite number, got {value!r}")
+            if value < 0:
+                raise ProfileError(f"latency.{name} must be >= 0, got {value!r}")
+        if self.l_min_s <= 0:
+            raise ProfileError(f"latency.l_min_s must be > 0, got {self.l_min_s}")
+        if not isinstance(self.saturation_batch, int) or self.saturation_batch < 1:
+            raise ProfileError(f"latency.saturation_batch must be an int >= 1, got {self.saturation_batch!r}")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A calibrated-backend profile: the latency model, the KV cache size and where they came from."""
+
+    name: str
+    latency: LatencyModel
+    num_kv_blocks: int
+    block_size: int
+    cold_start_s: float
+    provenance: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "name": self.name,
+            "provenance": self.provenance,
+            "latency": asdict(self.latency),
+            "kv_cache": {"num_blocks": self.num_kv_blocks, "block_size": self.block_size},
+            "cold_start_s": self.cold_start_s,
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+
+_TOP_KEYS = {"schema_version", "name", "provenance", "latency", "kv_cache", "cold_start_s"}
+_PROVENANCE_KEYS = {"hardware", "model", "method", "date"}
+
+
+def _check_keys(where: str, obj: Any, required: set[str], optional: set[str] = frozenset()) -> None:
+    if not isinstance(obj, dict):
+        raise ProfileError(f"{where}: expected an object, got {type(obj).__name__}")
+    unknown = set(obj) - required - optional
+    if unknown:
+        raise ProfileError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(required | optional)}")
+    missing = required - set(obj)
+    if missing:
+        raise ProfileError(f"{where}: missing key(s) {sorted(missing)}")
+
+
+def profile_from_dict(data: Any, source: str = "<dict>") -> Profile:
+    """Validate a parsed profile; every error names ``source`` and the offending key."""
+    try:
+        _check_keys(source, data, _TOP_KEYS)
+        if data["schema_version"] != SCHEMA_VERSION:
+            raise ProfileError(f"schema_version {data['schema_version']!r} unsupported (expected {SCHEMA_VERSION})")
+        prov = data["provenance"]
+        if not isinstance(prov, dict) or not set(prov) >= _PROVENANCE_KEYS:
+            raise ProfileError(f"provenance must be an object with at least {sorted(_PROVENANCE_KEYS)}")
+        lat = data["latency"]
+        _check_keys("latency", lat, {"l_min_s", "saturation_batch", "alpha_s", "prefill_s_per_token"},
+                    {"prefill_s_per_token_context", "decode_s_per_context_token", "noise_cv"})
+        kv = data["kv_cache"]
+        _check_keys("kv_cache", kv, {"num_blocks", "block_size"})
+        for key in ("num_blocks", "block_size"):
+            value = kv[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ProfileError(f"kv_cache.{key} must be a positive int, got {value!r}")
+        cold = data["cold_start_s"]
+        if isinstance(cold, bool) or not isinstance(cold, int | float) or not math.isfinite(cold) or cold < 0:
+            raise ProfileError(f"cold_start_s must be a finite number >= 0, got {cold!r}")
+        if not isinstance(data["name"], str) or not data["name"]:
+            raise ProfileError("name must be a non-empty string")
+        return Profile(
+            name=data["name"],
+            latency=LatencyModel(**lat),
+            num_kv_blocks=kv["num_blocks"],
+            block_size=kv["block_size"],
+            cold_start_s=float(cold),
+            provenance=dict(prov),
+        )
+    except ProfileError as err:
+        if str(err).startswith(source):
+            raise
+        raise ProfileError(f"{source}: {err}") from None
+
+
+def shipped_profiles() -> list[str]:
+    """Names of the profiles bundled with the package."""
+    folder = resources.files("servegym.backends") / "profiles"
+    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load a bundled profile by name, or any profile file by path."""
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise ProfileError(f"profile file {path} does not exist")
+        text, source = path.read_text(), str(path)
+    else:
+        resource = resources.files("servegym.backends") / "profiles" / f"{name_or_path}.json"
+        if not resource.is_file():
+            raise ProfileError(f"unknown profile {name_or_path!r}; shipped: {shipped_profiles()}")
+        text, source = resource.read_text(), f"profile {name_or_path!r}"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProfileError(f"{source}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}") from None
+    return profile_from_dict(data, source)

@@ -1,0 +1,103 @@
+"""Engine configuration: a frozen dataclass validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+
+
+class PreemptionRule(StrEnum):
+    """Which running requests are evicted (by recompute) when an iteration would overflow the KV cache."""
+
+    LIFO = "lifo"
+    """Most recently activated first (vLLM; the flow-control paper)."""
+    CLEAR_ALL = "clear_all"
+    """Evict every running request (alpha-protection greedy)."""
+    FEWEST_GENERATED = "fewest_generated"
+    """Fewest generated tokens first, newest first on ties (Amin, Chen-Ye-Zhou 2025)."""
+
+
+class LengthMode(StrEnum):
+    """What a policy may know about each request's output length."""
+
+    KNOWN = "known"
+    """The observed interval is ``[true, true]``."""
+    PREDICTED = "predicted"
+    """A seeded interval ``[lo, hi]`` that contains the true length."""
+    UNKNOWN = "unknown"
+    """The observed interval is ``[1, max_tokens]``."""
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Scheduler-independent settings of one serving engine (one container)."""
+
+    max_num_seqs: int = field(default=128, metadata={"help": "most requests running (prefilling or decoding) at once"})
+    max_batched_tokens: int = field(
+        default=2048, metadata={"help": "per-iteration token budget: decode tokens plus prefill chunk tokens"}
+    )
+    prefill_chunk_tokens: int = field(
+        default=512, metadata={"help": "most prompt tokens one request ingests in one iteration (chunked prefill)"}
+    )
+    preemption: PreemptionRule = field(
+        default=PreemptionRule.LIFO, metadata={"help": "victim rule when an iteration would overflow the KV cache"}
+    )
+    length_mode: LengthMode = field(
+        default=LengthMode.UNKNOWN, metadata={"help": "what policies observe of output lengths"}
+    )
+    prediction_error: float = field(
+        default=0.5,
+        metadata={"help": "predicted mode: lo >= true*(1-e*u1), hi <= true*(1+e*u2), u ~ U(0,1), seeded"},
+    )
+    max_tokens: int = field(
+        default=2048,
+        metadata={"help": "per-request output cap; longer outputs stop here (counted as truncated)"},
+    )
+    num_kv_blocks: int | None = field(default=None, metadata={"help": "override the backend's KV block count"})
+    block_size: int | None = field(default=None, metadata={"help": "override the backend's tokens per KV block"})
+    itl_smoothing: float = field(
+        default=0.2, metadata={"help": "EMA weight of the newest step in the smoothed ITL and KV-rate signals"}
+    )
+    idle_tick_s: float | None = field(
+        default=None,
+        metadata={"help": "clock advance of an iteration with nothing to run while requests wait "
+                  "(None: the backend's baseline step latency)"},
+    )
+    check_invariants: bool = field(
+        default=False, metadata={"help": "verify request conservation and KV accounting after every step (slow)"}
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "preemption", PreemptionRule(self.preemption))
+        object.__setattr__(self, "length_mode", LengthMode(self.length_mode))
+        for name in ("max_num_seqs", "max_batched_tokens", "prefill_chunk_tokens", "max_tokens"):
+            _positive_int(name, getattr(self, name))
+        for name in ("num_kv_blocks", "block_size"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if self.prefill_chunk_tokens > self.max_batched_tokens:
+            raise ValueError(
+                f"prefill_chunk_tokens ({self.prefill_chunk_tokens}) exceeds max_batched_tokens "
+                f"({self.max_batched_tokens}): no chunk could ever be scheduled"
+            )
+        if self.max_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_batched_tokens ({self.max_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}) "
+                "so that every running request can decode each iteration"
+            )
+        if not 0.0 <= self.prediction_error < 1.0:
+            raise ValueError(f"prediction_error must be in [0, 1), got {self.prediction_error}")
+        if not 0.0 < self.itl_smoothing <= 1.0:
+            raise ValueError(f"itl_smoothing must be in (0, 1], got {self.itl_smoothing}")
+        if self.idle_tick_s is not None and not self.idle_tick_s > 0.0:
+            raise ValueError(f"idle_tick_s must be > 0, got {self.idle_tick_s}")
+
+    @classmethod
+    def field_help(cls) -> dict[str, str]:
+        """One help string per field, for CLIs and docs."""
+        return {f.name: f.metadata.get("help", "") for f in fields(cls)}

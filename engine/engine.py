@@ -1,0 +1,351 @@
+"""The serving engine: one call to :meth:`Engine.step` is one iteration (one forward pass).
+
+Running requests live in a dense table (one row per request, in activation order) so that the per-step
+work is a handful of numpy operations, independent of how many requests the episode holds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from servegym.backends.base import EMPTY, Backend, StepBatch
+from servegym.engine.config import EngineConfig, LengthMode
+from servegym.engine.log import EpisodeLog, RejectReason, State
+from servegym.engine.preemption import pick_victims
+from servegym.workloads.base import Workload
+
+# Columns of the running table. The first six are what policies observe of a running request.
+PROMPT, KV, GEN, LO, HI, PREFILL_LEFT, REQ, OUT, SEG, TARGET = range(10)
+RUNNING_OBS_COLUMNS = ("prompt_tokens", "kv_tokens", "generated", "output_lo", "output_hi", "prefill_left")
+
+
+class StepOutcome(NamedTuple):
+    """What one iteration did. Counts are of requests unless named tokens."""
+
+    dt_s: float
+    decode_tokens: int
+    prefill_tokens: int
+    admitted: int
+    refused: int
+    preempted: int
+    finished: int
+    arrived: int
+    rejected: int
+    in_system: int
+    """Requests waiting or running during the iteration (what the latency reward integrates)."""
+    arrival_lag_s: float
+    """Sum over this step's accepted arrivals of (clock - arrival): their time in system before now."""
+
+
+class Engine:
+    """A continuous-batching LLM serving engine over a paged KV cache.
+
+    Args:
+        config: scheduler-independent engine settings.
+        backend: times iterations (calibrated model or real model).
+        workload: yields each episode's requests.
+    """
+
+    def __init__(self, config: EngineConfig, backend: Backend, workload: Workload) -> None:
+        self.config = config
+        self.backend = backend
+        self.workload = workload
+        self.num_kv_blocks = config.num_kv_blocks or backend.num_kv_blocks
+        self.block_size = config.block_size or backend.block_size
+        base = backend.baseline_step_s
+        self.idle_tick_s = config.idle_tick_s or base or 0.05
+        self._run = np.zeros((config.max_num_seqs, 10), dtype=np.int64)
+        self.log: EpisodeLog | None = None
+
+    # ------------------------------------------------------------------ episode
+    def reset(self, rng: np.random.Generator) -> None:
+        """Start an episode: draw the workload, hide or reveal lengths, jump to the first arrival."""
+        cfg = self.config
+        spec = self.workload.sample(rng)
+        output = spec.output_tokens
+        truncated = output > cfg.max_tokens
+        output = np.minimum(output, cfg.max_tokens)
+        lo, hi = self._length_intervals(rng, output)
+        self.log = EpisodeLog(spec.arrival_s, spec.prompt_tokens, output, lo, hi, truncated,
+                              self.num_kv_blocks, self.block_size)
+        self.backend.reset(rng)
+        self.clock = float(spec.arrival_s[0]) if len(spec) else 0.0
+        self.n_running = 0
+        self.n_prefilling = 0
+        self.used_blocks = 0
+        self.queue = EMPTY
+        self.queue_version = 0
+        self.arrived = self.finished = self.rejected = 0
+        self._next = 0
+        base = self.backend.baseline_step_s
+        self.itl_last = 0.0
+        self.itl_smoothed = base if base else 0.0
+        self.kv_free_delta = 0.0
+        self._kv_free_prev = 1.0
+        self.last_dt = 0.0
+        self._prefill_rows = 0
+        self.last = StepOutcome(0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0)
+        self.step_index = -1  # arrivals at reset become visible at step 0
+        arrived, rejected, lag = self._ingest_arrivals()
+        self.step_index = 0
+        self.last = self.last._replace(arrived=arrived, rejected=rejected, arrival_lag_s=lag)
+        if cfg.check_invariants:
+            self.check_invariants()
+
+    def _length_intervals(self, rng: np.random.Generator, output: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mode = self.config.length_mode
+        if mode is LengthMode.KNOWN:
+            return output.copy(), output.copy()
+        if mode is LengthMode.UNKNOWN:
+            return np.ones_like(output), np.full_like(output, self.config.max_tokens)
+        err = self.config.prediction_error
+        u = rng.random((2, output.size))
+        lo = np.maximum(1, np.floor(output * (1.0 - err * u[0]))).astype(np.int64)
+        hi = np.minimum(self.config.max_tokens, np.ceil(output * (1.0 + err * u[1]))).astype(np.int64)
+        return lo, hi
+
+    @property
+    def done(self) -> bool:
+        """The workload is exhausted and the system is empty."""
+        return self._next == self.log.num_requests and self.queue.size == 0 and self.n_running == 0
+
+    @property
+    def running(self) -> np.ndarray:
+        """The running table (rows in activation order); a read-only view."""
+        view = self._run[: self.n_running]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def next_arrival_s(self) -> float:
+        log = self.log
+        return float(log.arrival_s[self._next]) if self._next < log.num_requests else math.inf
+
+    # ------------------------------------------------------------------ step
+    def step(self, admit: np.ndarray) -> StepOutcome:
+        """Run one iteration.
+
+        Args:
+            admit: queue positions to admit, in admission order (distinct, each in ``[0, len(queue))``).
+                Admission stops at the first request that does not fit (``max_num_seqs`` or free KV
+                blocks for its first chunk); it and the rest stay waiting (counted as ``refused``).
+        """
+        if self.done:
+            raise RuntimeError("the episode is over (workload exhausted, system empty); call reset()")
+        in_system = self.queue.size + self.n_running
+        admitted, refused = self._admit(admit) if len(admit) else (0, 0)
+        preempted = 0
+        if self.n_running:
+            plan, need = self._plan()
+            while need > self.num_kv_blocks - self.used_blocks:
+                preempted += self._evict(pick_victims(self.config.preemption, self._run[: self.n_running, GEN]))
+                plan, need = self._plan()
+        if self.n_running:
+            decode_tokens, prefill_tokens, finished = self._execute(plan, need)
+        else:
+            self._idle()
+            decode_tokens = prefill_tokens = finished = 0
+        arrived, rejected, lag = self._ingest_arrivals()
+        kv_free = 1.0 - self.used_blocks / self.num_kv_blocks
+        a = self.config.itl_smoothing
+        self.kv_free_delta += a * ((kv_free - self._kv_free_prev) - self.kv_free_delta)
+        self._kv_free_prev = kv_free
+        self.log.step_rows.append((
+            self.clock, self.last_dt, decode_tokens, self._prefill_rows, prefill_tokens, self.n_running,
+            self.queue.size, self.used_blocks, admitted, preempted, finished, arrived, rejected,
+        ))
+        self.step_index += 1
+        self.last = StepOutcome(self.last_dt, decode_tokens, prefill_tokens, admitted, refused, preempted,
+                                finished, arrived, rejected, in_system, lag)
+        if self.config.check_invariants:
+            self.check_invariants()
+        return self.last
+
+    def _admit(self, positions: np.ndarray) -> tuple[int, int]:
+        cfg, log, run, bs = self.config, self.log, self._run, self.block_size
+        free = self.num_kv_blocks - self.used_blocks
+        taken: list[int] = []
+        for pos in positions:
+            rid = int(self.queue[pos])
+            target = int(log.prompt[rid] + log.saved_gen[rid])
+            first = min(cfg.prefill_chunk_tokens, target)
+            blocks = -(-(first + (first == target)) // bs)
+            if self.n_running >= cfg.max_num_seqs or blocks > free:
+                break
+            free -= blocks
+            run[self.n_running] = (log.prompt[rid], 0, log.saved_gen[rid], log.out_lo[rid], log.out_hi[rid],
+                                   target, rid, log.output[rid], -1, target)
+            self.n_running += 1
+            self.n_prefilling += 1
+            log.state[rid] = State.PREFILLING
+            if math.isnan(log.admit_s[rid]):
+                log.admit_s[rid] = self.clock
+            taken.append(int(pos))
+        if taken:
+            self.queue = np.delete(self.queue, taken)
+            self.queue_version += 1
+        return len(taken), len(positions) - len(taken)
+
+    def _plan(self) -> tuple[tuple | None, int]:
+        """Decide this iteration's tokens; return the plan and the KV blocks it needs."""
+        n, run, bs = self.n_running, self._run, self.block_size
+        if self.n_prefilling == 0:
+            return None, int(np.count_nonzero(run[:n, KV] % bs == 0))
+        left = run[:n, PREFILL_LEFT]
+        decoding = left == 0
+        pre_rows = np.flatnonzero(~decoding)
+        want = np.minimum(left[pre_rows], self.config.prefill_chunk_tokens)
+        budget = self.config.max_batched_tokens - int(np.count_nonzero(decoding))
+        chunk = np.clip(budget - (np.cumsum(want) - want), 0, want)
+        completes = chunk == left[pre_rows]
+        new_tokens = decoding.astype(np.int64)
+        new_tokens[pre_rows] = chunk + completes
+        kv = run[:n, KV]
+        need = int(((kv + new_tokens + bs - 1) // bs - (kv + bs - 1) // bs).sum())
+        return (decoding, pre_rows, chunk, completes, new_tokens), need
+
+    def _execute(self, plan: tuple | None, need: int) -> tuple[int, int, int]:
+        n, run, log = self.n_running, self._run, self.log
+        if plan is None:
+            batch = StepBatch(run[:n, REQ], run[:n, KV], EMPTY, EMPTY, EMPTY)
+            prefill_tokens, self._prefill_rows = 0, 0
+        else:
+            decoding, pre_rows, chunk, completes, new_tokens = plan
+            active = chunk > 0
+            rows = pre_rows[active]
+            batch = StepBatch(run[:n, REQ][decoding], run[:n, KV][decoding], run[rows, REQ],
+                              run[rows, TARGET] - run[rows, PREFILL_LEFT], chunk[active])
+            prefill_tokens, self._prefill_rows = int(chunk.sum()), int(rows.size)
+        decode_tokens = batch.decode_ids.size
+        dt = self.backend.execute(batch)
+        if not (dt > 0 and math.isfinite(dt)):
+            raise RuntimeError(f"backend returned an invalid step latency {dt!r}")
+        self.clock += dt
+        self.last_dt = dt
+        if decode_tokens:
+            self.itl_last = dt
+            self.itl_smoothed += self.config.itl_smoothing * (dt - self.itl_smoothed)
+        self.used_blocks += need
+        if plan is None:
+            run[:n, KV : GEN + 1] += 1
+        else:
+            run[:n, KV] += new_tokens
+            run[:n, GEN] += decoding
+            run[pre_rows, PREFILL_LEFT] -= chunk
+            done_rows = pre_rows[completes]
+            if done_rows.size:
+                run[done_rows, GEN] += 1
+                run[done_rows, SEG] = self.step_index
+                ids = run[done_rows, REQ]
+                log.state[ids] = State.DECODING
+                first = ids[np.isnan(log.first_token_s[ids])]
+                log.first_token_s[first] = self.clock
+                self.n_prefilling -= done_rows.size
+            decode_tokens += done_rows.size
+        finished = run[:n, GEN] >= run[:n, OUT]
+        count = int(np.count_nonzero(finished)) if finished.any() else 0
+        if count:
+            self._finish(np.flatnonzero(finished))
+        return decode_tokens, prefill_tokens, count
+
+    def _finish(self, rows: np.ndarray) -> None:
+        run, log = self._run, self.log
+        ids = run[rows, REQ]
+        log.finish_s[ids] = self.clock
+        log.state[ids] = State.FINISHED
+        log.seg_req.extend(ids.tolist())
+        log.seg_first.extend(run[rows, SEG].tolist())
+        log.seg_last.extend([self.step_index] * rows.size)
+        self.finished += rows.size
+        self._remove_rows(rows)
+        self.backend.release(ids)
+
+    def _evict(self, rows: np.ndarray) -> int:
+        """Preempt ``rows`` by recompute: free their blocks and put them at the queue front."""
+        run, log = self._run, self.log
+        ids = run[rows, REQ].copy()
+        log.state[ids] = State.PREEMPTED
+        log.saved_gen[ids] = run[rows, GEN]
+        log.n_preempt[ids] += 1
+        seg = run[rows, SEG]
+        opened = seg >= 0
+        log.seg_req.extend(ids[opened].tolist())
+        log.seg_first.extend(seg[opened].tolist())
+        log.seg_last.extend([self.step_index - 1] * int(opened.sum()))
+        self.n_prefilling -= int(np.count_nonzero(run[rows, PREFILL_LEFT]))
+        self._remove_rows(rows)
+        self.queue = np.concatenate([ids, self.queue])
+        self.queue_version += 1
+        self.backend.release(ids)
+        return ids.size
+
+    def _remove_rows(self, rows: np.ndarray) -> None:
+        n, run, bs = self.n_running, self._run, self.block_size
+        self.used_blocks -= int(((run[rows, KV] + bs - 1) // bs).sum())
+        keep = np.ones(n, dtype=bool)
+        keep[rows] = False
+        kept = run[:n][keep]
+        run[: kept.shape[0]] = kept
+        self.n_running = kept.shape[0]
+
+    def _idle(self) -> None:
+        """Nothing to run: poll for ``idle_tick_s`` if requests wait, else jump to the next arrival."""
+        dt = self.idle_tick_s if self.queue.size else self.next_arrival_s - self.clock
+        self.clock += dt
+        self.last_dt = dt
+        self._prefill_rows = 0
+
+    def _ingest_arrivals(self) -> tuple[int, int, float]:
+        """Queue every request that arrived by now; reject those that could never fit in the KV cache."""
+        log = self.log
+        if self._next >= log.num_requests or log.arrival_s[self._next] > self.clock:
+            return 0, 0, 0.0
+        stop = int(np.searchsorted(log.arrival_s, self.clock, side="right"))
+        ids = np.arange(self._next, stop)
+        arrived = ids.size
+        self._next = stop
+        self.arrived += arrived
+        never_fits = log.prompt[ids] + log.output[ids] > self.num_kv_blocks * self.block_size
+        rejected = int(np.count_nonzero(never_fits))
+        if rejected:
+            bad = ids[never_fits]
+            log.state[bad] = State.REJECTED
+            log.reject_reason[bad] = RejectReason.EXCEEDS_KV_CAPACITY
+            self.rejected += rejected
+            ids = ids[~never_fits]
+        log.state[ids] = State.WAITING
+        log.enqueue_step[ids] = self.step_index + 1
+        if ids.size:
+            self.queue = np.concatenate([self.queue, ids])
+            self.queue_version += 1
+        return arrived, rejected, float((self.clock - log.arrival_s[ids]).sum())
+
+    # ------------------------------------------------------------------ checks
+    def check_invariants(self) -> None:
+        """Raise AssertionError if conservation or KV accounting is broken."""
+        log, n, bs = self.log, self.n_running, self.block_size
+        c = log.counts()
+        if c["arrived"] != c["waiting"] + c["running"] + c["finished"] + c["rejected"]:
+            raise AssertionError(f"conservation broken: {c}")
+        if (c["arrived"], c["waiting"], c["running"], c["finished"], c["rejected"]) != (
+            self.arrived, self.queue.size, n, self.finished, self.rejected
+        ):
+            raise AssertionError(
+                f"counters disagree with states: {c} vs arrived={self.arrived} queue={self.queue.size} "
+                f"running={n} finished={self.finished} rejected={self.rejected}"
+            )
+        rows = self._run[:n]
+        held = int(((rows[:, KV] + bs - 1) // bs).sum())
+        if held != self.used_blocks or not 0 <= self.used_blocks <= self.num_kv_blocks:
+            raise AssertionError(f"KV accounting broken: rows hold {held}, used={self.used_blocks}")
+        if np.unique(self.queue).size != self.queue.size:
+            raise AssertionError("a request is queued twice")
+        states = log.state[self.queue]
+        if not np.all((states == State.WAITING) | (states == State.PREEMPTED)):
+            raise AssertionError("a queued request is not waiting")
+        if int(np.count_nonzero(rows[:, PREFILL_LEFT])) != self.n_prefilling:
+            raise AssertionError("prefilling count drifted")
+        if np.any(rows[:, GEN] > rows[:, OUT]):
+            raise AssertionError("a request generated past its output length")

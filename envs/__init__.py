@@ -1,0 +1,20 @@
+"""Gymnasium environments over the serving engine."""
+
+from servegym.envs.observation import (
+    ENGINE_FEATURES,
+    ENGINE_INDEX,
+    QUEUE_FEATURES,
+    QUEUE_INDEX,
+    RUNNING_INDEX,
+)
+from servegym.envs.serving import REWARDS, ServingEnv
+
+__all__ = [
+    "ENGINE_FEATURES",
+    "ENGINE_INDEX",
+    "QUEUE_FEATURES",
+    "QUEUE_INDEX",
+    "REWARDS",
+    "RUNNING_INDEX",
+    "ServingEnv",
+]

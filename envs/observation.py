@@ -1,0 +1,91 @@
+"""Observation layout shared by the env, hand-coded policies and learned agents."""
+
+from __future__ import annotations
+
+import numpy as np
+from gymnasium import spaces
+from servegym.engine.engine import GEN, HI, RUNNING_OBS_COLUMNS, Engine
+
+ENGINE_FEATURES = (
+    "itl_last_s",        # latency of the last iteration that decoded (s)
+    "itl_smoothed_s",    # EMA of itl_last_s (weight EngineConfig.itl_smoothing)
+    "baseline_step_s",   # the profile's l_min (0 when the backend has none)
+    "batch_size",        # running requests (prefilling + decoding)
+    "prefilling",        # running requests still ingesting their prompt
+    "token_load",        # sum over running requests of (output_hi - generated): remaining-token upper bound
+    "queue_depth",       # waiting requests (all of them, not only the visible window)
+    "kv_free_frac",      # free KV blocks / all blocks
+    "kv_free_delta",     # EMA of the per-step change of kv_free_frac (negative while KV fills)
+    "kv_capacity_tokens",  # KV blocks x block size
+    "last_preempted",    # requests preempted in the last iteration
+    "last_admitted",     # requests admitted in the last iteration
+    "last_finished",     # requests finished in the last iteration
+)
+QUEUE_FEATURES = ("prompt_tokens", "wait_s", "wait_steps", "output_lo", "output_hi", "generated")
+"""Per visible waiting request, queue head first. ``generated`` > 0 marks a preempted request."""
+
+ENGINE_INDEX = {name: i for i, name in enumerate(ENGINE_FEATURES)}
+QUEUE_INDEX = {name: i for i, name in enumerate(QUEUE_FEATURES)}
+RUNNING_INDEX = {name: i for i, name in enumerate(RUNNING_OBS_COLUMNS)}
+
+
+def observation_space(queue_window: int, running_slots: int) -> spaces.Dict:
+    low = np.zeros(len(ENGINE_FEATURES), dtype=np.float32)
+    low[ENGINE_INDEX["kv_free_delta"]] = -np.inf
+    high = np.full(len(ENGINE_FEATURES), np.inf, dtype=np.float32)
+    return spaces.Dict({
+        "engine": spaces.Box(low, high, dtype=np.float32),
+        "queue": spaces.Box(0.0, np.inf, (queue_window, len(QUEUE_FEATURES)), dtype=np.float32),
+        "running": spaces.Box(0.0, np.inf, (running_slots, len(RUNNING_OBS_COLUMNS)), dtype=np.float32),
+    })
+
+
+class ObservationEncoder:
+    """Builds observations from an engine; caches the static part of the queue window between changes."""
+
+    def __init__(self, queue_window: int, running_slots: int) -> None:
+        self.queue_window = queue_window
+        self.running_slots = running_slots
+        self._version = -1
+        self._queue_static = np.zeros((queue_window, len(QUEUE_FEATURES)), dtype=np.float32)
+        self._arrival = np.zeros(0)
+        self._enqueue = np.zeros(0)
+
+    def reset(self) -> None:
+        self._version = -1
+
+    def encode(self, engine: Engine) -> dict[str, np.ndarray]:
+        if engine.queue_version != self._version:
+            self._refresh_queue(engine)
+        k = self._arrival.size
+        queue = self._queue_static.copy()
+        if k:
+            queue[:k, 1] = engine.clock - self._arrival
+            queue[:k, 2] = engine.step_index - self._enqueue
+        n = engine.n_running
+        running = np.zeros((self.running_slots, len(RUNNING_OBS_COLUMNS)), dtype=np.float32)
+        rows = engine.running
+        running[:n] = rows[:, : len(RUNNING_OBS_COLUMNS)]
+        last = engine.last
+        token_load = float(rows[:, HI].sum() - rows[:, GEN].sum()) if n else 0.0
+        vector = np.array((
+            engine.itl_last, engine.itl_smoothed, engine.backend.baseline_step_s or 0.0, n,
+            engine.n_prefilling, token_load, engine.queue.size,
+            1.0 - engine.used_blocks / engine.num_kv_blocks, engine.kv_free_delta,
+            engine.num_kv_blocks * engine.block_size, last.preempted, last.admitted, last.finished,
+        ), dtype=np.float32)
+        return {"engine": vector, "queue": queue, "running": running}
+
+    def _refresh_queue(self, engine: Engine) -> None:
+        log = engine.log
+        ids = engine.queue[: self.queue_window]
+        k = ids.size
+        static = self._queue_static
+        static[:] = 0.0
+        static[:k, 0] = log.prompt[ids]
+        static[:k, 3] = log.out_lo[ids]
+        static[:k, 4] = log.out_hi[ids]
+        static[:k, 5] = log.saved_gen[ids]
+        self._arrival = log.arrival_s[ids]
+        self._enqueue = log.enqueue_step[ids]
+        self._version = engine.queue_version

@@ -1,0 +1,27 @@
+"""Pure metric functions over episode logs."""
+
+from servegym.metrics.core import (
+    e2e_latency,
+    goodput,
+    inter_token_latencies,
+    itl_cv,
+    kv_utilisation,
+    makespan,
+    percentiles,
+    queue_growth_slope,
+    summarize,
+    ttft,
+)
+
+__all__ = [
+    "e2e_latency",
+    "goodput",
+    "inter_token_latencies",
+    "itl_cv",
+    "kv_utilisation",
+    "makespan",
+    "percentiles",
+    "queue_growth_slope",
+    "summarize",
+    "ttft",
+]

@@ -1,0 +1,115 @@
+"""Episode metrics as pure functions of an :class:`~servegym.engine.EpisodeLog`."""
+
+from __future__ import annotations
+
+import numpy as np
+from servegym.engine.log import STEP_FIELDS, EpisodeLog, State
+
+PERCENTILES = (50, 95, 99)
+
+
+def ttft(log: EpisodeLog) -> np.ndarray:
+    """Time to first token (s) of every request that emitted one."""
+    have = ~np.isnan(log.first_token_s)
+    return log.first_token_s[have] - log.arrival_s[have]
+
+
+def e2e_latency(log: EpisodeLog) -> np.ndarray:
+    """End-to-end latency (s), arrival to last token, of every finished request."""
+    done = log.state == State.FINISHED
+    return log.finish_s[done] - log.arrival_s[done]
+
+
+def inter_token_latencies(log: EpisodeLog) -> list[np.ndarray]:
+    """Per request, the gaps (s) between consecutive output tokens (preemption stalls included)."""
+    return [np.diff(times) for times in log.all_token_times()]
+
+
+def itl_cv(gaps: np.ndarray) -> float:
+    """Coefficient of variation std/mean of inter-token latencies pooled over all requests.
+
+    The TWP paper reports ITL CV as the dispersion of token-to-token latency; servegym pools every gap of
+    every request (population std). NaN when there are no gaps.
+    """
+    if gaps.size == 0 or gaps.mean() == 0:
+        return float("nan")
+    return float(gaps.std() / gaps.mean())
+
+
+def percentiles(values: np.ndarray, prefix: str) -> dict[str, float]:
+    if values.size == 0:
+        return {f"{prefix}_p{p}": float("nan") for p in PERCENTILES}
+    return {f"{prefix}_p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES),
+                                                       strict=True)}
+
+
+def makespan(log: EpisodeLog) -> float:
+    """Seconds from the first arrival to the end of the last iteration."""
+    if not log.step_rows or log.num_requests == 0:
+        return 0.0
+    return float(log.step_rows[-1][0] - log.arrival_s[0])
+
+
+def goodput(log: EpisodeLog, ttft_slo_s: float, itl_slo_s: float) -> float:
+    """Finished requests per second that met both SLOs: TTFT and mean inter-token latency (TPOT)."""
+    span = makespan(log)
+    if span <= 0:
+        return 0.0
+    done = np.flatnonzero(log.state == State.FINISHED)
+    first, finish, out = log.first_token_s[done], log.finish_s[done], log.output[done]
+    tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), 0.0)
+    ok = (first - log.arrival_s[done] <= ttft_slo_s) & (tpot <= itl_slo_s)
+    return float(np.count_nonzero(ok) / span)
+
+
+def kv_utilisation(log: EpisodeLog) -> tuple[float, float]:
+    """Time-weighted mean and the max of the used KV fraction after each step."""
+    steps = log.steps()
+    if steps.size == 0:
+        return 0.0, 0.0
+    used = steps[:, STEP_FIELDS.index("kv_used_blocks")] / log.num_kv_blocks
+    dt = steps[:, STEP_FIELDS.index("dt_s")]
+    mean = float(np.dot(used, dt) / dt.sum()) if dt.sum() > 0 else float(used.mean())
+    return mean, float(used.max())
+
+
+def queue_growth_slope(log: EpisodeLog) -> float:
+    """Least-squares slope (requests/s) of the waiting-queue length over time; ~0 when stable."""
+    steps = log.steps()
+    if steps.shape[0] < 2:
+        return 0.0
+    t, q = steps[:, STEP_FIELDS.index("end_s")], steps[:, STEP_FIELDS.index("waiting")]
+    if np.ptp(t) == 0:
+        return 0.0
+    return float(np.polyfit(t, q, 1)[0])
+
+
+def summarize(log: EpisodeLog, ttft_slo_s: float = 2.0, itl_slo_s: float = 0.2) -> dict[str, float]:
+    """The standard metric set of one episode."""
+    gaps_per_request = inter_token_latencies(log)
+    gaps = np.concatenate(gaps_per_request) if gaps_per_request else np.zeros(0)
+    span = makespan(log)
+    finished = int(np.count_nonzero(log.state == State.FINISHED))
+    tokens = int(log.output[log.state == State.FINISHED].sum())
+    kv_mean, kv_max = kv_utilisation(log)
+    counts = log.counts()
+    out = {
+        "requests": float(log.num_requests),
+        "finished": float(finished),
+        "rejected": float(counts["rejected"]),
+        "unfinished": float(counts["waiting"] + counts["running"]),
+        "makespan_s": span,
+        "throughput_rps": finished / span if span > 0 else 0.0,
+        "throughput_tps": tokens / span if span > 0 else 0.0,
+        "goodput_rps": goodput(log, ttft_slo_s, itl_slo_s),
+        **percentiles(ttft(log), "ttft"),
+        **percentiles(e2e_latency(log), "e2e"),
+        "itl_mean": float(gaps.mean()) if gaps.size else float("nan"),
+        **{k: v for k, v in percentiles(gaps, "itl").items() if not k.endswith("p95")},
+        "itl_cv": itl_cv(gaps),
+        "kv_util_mean": kv_mean,
+        "kv_util_max": kv_max,
+        "preemptions": float(log.n_preempt.sum()),
+        "queue_slope_rps": queue_growth_slope(log),
+    }
+    return out

@@ -1,0 +1,99 @@
+"""The policy interface and the registry every policy file adds itself to."""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+from servegym.envs.observation import ENGINE_INDEX
+
+Observation = dict[str, np.ndarray]
+
+
+class Policy(ABC):
+    """A scheduler that drives the env through ``step`` alone.
+
+    Subclasses implement :meth:`act` on one observation and may keep state between steps (reset by
+    :meth:`reset`). :meth:`predict` follows stable-baselines3's contract so that SB3's ``evaluate_policy``
+    scores hand-coded and learned policies with the same code; on a batch of observations it keeps one copy
+    of the policy per environment.
+    """
+
+    name: ClassVar[str] = ""
+    source: ClassVar[str] = ""
+    """Where the policy comes from (paper, system)."""
+    rule: ClassVar[str] = ""
+    """The one-line rule it implements."""
+    engine_overrides: ClassVar[dict[str, Any]] = {}
+    """EngineConfig fields the policy needs (e.g. its preemption rule); runners apply them."""
+
+    def reset(self) -> None:
+        """Forget per-episode state."""
+
+    @abstractmethod
+    def act(self, obs: Observation) -> np.ndarray:
+        """Return a ``MultiDiscrete`` action (int64, one rank per visible queue slot, 0 = wait)."""
+
+    def predict(
+        self,
+        observation: Observation,
+        state: Any = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = True,
+    ) -> tuple[np.ndarray, Any]:
+        if observation["engine"].ndim == 1:
+            if episode_start is not None and np.any(episode_start):
+                self.reset()
+            return self.act(observation), state
+        n = observation["engine"].shape[0]
+        clones: list[Policy] = getattr(self, "_clones", [])
+        if len(clones) != n:
+            clones = [copy.deepcopy(self) for _ in range(n)]
+            for clone in clones:
+                clone.reset()
+            self._clones = clones
+        actions = []
+        for i, clone in enumerate(clones):
+            if episode_start is not None and episode_start[i]:
+                clone.reset()
+            actions.append(clone.act({k: v[i] for k, v in observation.items()}))
+        return np.stack(actions), state
+
+
+def engine_feature(obs: Observation, name: str) -> float:
+    """One named entry of ``obs["engine"]`` (see ``ENGINE_FEATURES``)."""
+    return float(obs["engine"][ENGINE_INDEX[name]])
+
+
+def admit_first(obs: Observation, count: int) -> np.ndarray:
+    """The action that admits the first ``count`` visible waiting requests in queue order."""
+    action = np.zeros(obs["queue"].shape[0], dtype=np.int64)
+    action[:count] = 1
+    return action
+
+
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register_policy(cls: type[Policy]) -> type[Policy]:
+    """Class decorator adding a policy to :data:`POLICIES`; a duplicate or missing name is an error."""
+    if not cls.name or not cls.source or not cls.rule:
+        raise ValueError(f"{cls.__name__} must set name, source and rule")
+    if cls.name in POLICIES:
+        raise ValueError(f"policy name {cls.name!r} is already registered by {POLICIES[cls.name].__name__}")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def make_policy(name: str, **params: Any) -> Policy:
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; registered: {sorted(POLICIES)}") from None
+    return cls(**params)
+
+
+PolicyFactory = Callable[..., Policy]

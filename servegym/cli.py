@@ -1,0 +1,102 @@
+"""The ``servegym`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+
+from servegym.backends import DEFAULT_PROFILE, shipped_profiles
+from servegym.policies import POLICIES, make_policy
+from servegym.runner import make_env, run_episode, write_csvs
+from servegym.workloads import WORKLOADS
+
+SUMMARY_ROWS = (
+    ("requests", "requests", "{:.0f}"), ("finished", "finished", "{:.0f}"), ("rejected", "rejected", "{:.0f}"),
+    ("unfinished", "unfinished", "{:.0f}"), ("makespan_s", "makespan (s)", "{:.2f}"),
+    ("throughput_rps", "throughput (req/s)", "{:.3f}"), ("throughput_tps", "throughput (tok/s)", "{:.1f}"),
+    ("goodput_rps", "goodput (req/s)", "{:.3f}"), ("ttft_p50", "TTFT P50 (s)", "{:.3f}"),
+    ("ttft_p95", "TTFT P95 (s)", "{:.3f}"), ("ttft_p99", "TTFT P99 (s)", "{:.3f}"),
+    ("e2e_p50", "E2E P50 (s)", "{:.3f}"), ("e2e_p99", "E2E P99 (s)", "{:.3f}"),
+    ("itl_mean", "ITL mean (ms)", "ms"), ("itl_p50", "ITL P50 (ms)", "ms"), ("itl_p99", "ITL P99 (ms)", "ms"),
+    ("itl_cv", "ITL CV", "{:.3f}"), ("kv_util_mean", "KV util mean", "{:.3f}"),
+    ("kv_util_max", "KV util max", "{:.3f}"), ("preemptions", "preemptions", "{:.0f}"),
+    ("queue_slope_rps", "queue growth (req/s)", "{:+.3f}"),
+)
+
+
+def format_summary(summary: dict[str, float]) -> str:
+    lines = []
+    for key, label, fmt in SUMMARY_ROWS:
+        value = summary[key]
+        if math.isnan(value):
+            text = "n/a"
+        elif fmt == "ms":
+            text = f"{value * 1e3:.1f}"
+        else:
+            text = fmt.format(value)
+        lines.append(f"  {label:<22} {text:>12}")
+    return "\n".join(lines)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    policy = make_policy(args.policy)
+    engine = {"length_mode": args.length_mode} if args.length_mode else {}
+    env = make_env(policy, max_episode_steps=args.max_steps, workload=args.workload, profile=args.profile,
+                   engine=engine)
+    print(f"servegym run: policy={args.policy} workload={args.workload} profile={args.profile} seed={args.seed}")
+    result = run_episode(env, policy, seed=args.seed, progress=not args.quiet)
+    print(f"{result.steps} steps{' (truncated)' if result.truncated else ''}, "
+          f"reward {result.total_reward:.2f}")
+    print(format_summary(result.summary))
+    if args.out:
+        req, steps = write_csvs(result.log, args.out)
+        print(f"wrote {req} and {steps}")
+    return 0
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    width = max(len(name) for name in POLICIES)
+    for name, cls in sorted(POLICIES.items()):
+        print(f"{name:<{width}}  {cls.rule}  [{cls.source}]")
+    return 0
+
+
+def cmd_workloads(args: argparse.Namespace) -> int:
+    width = max(len(name) for name in WORKLOADS)
+    for name, (_, description) in WORKLOADS.items():
+        print(f"{name:<{width}}  {description}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="servegym", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run one episode of a policy and print its metrics")
+    run.add_argument("--policy", default="fcfs", choices=sorted(POLICIES))
+    run.add_argument("--workload", default="medium", choices=sorted(WORKLOADS))
+    run.add_argument("--profile", default=DEFAULT_PROFILE,
+                     help=f"shipped profile ({', '.join(shipped_profiles())}) or a JSON path")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None)
+    run.add_argument("--max-steps", type=int, default=200_000, help="truncate the episode after this many steps")
+    run.add_argument("--out", default=None, help="folder for requests.csv and steps.csv")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=cmd_run)
+    sub.add_parser("policies", help="list the registered policies").set_defaults(func=cmd_policies)
+    sub.add_parser("workloads", help="list the named workloads").set_defaults(func=cmd_workloads)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as err:
+        print(f"servegym: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

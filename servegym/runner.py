@@ -1,0 +1,90 @@
+"""Run one policy through one env episode, with nothing but ``env.step``."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from servegym import ENV_ID
+from servegym.engine import STEP_FIELDS, EpisodeLog, State
+from servegym.envs import ServingEnv
+from servegym.metrics import summarize
+from servegym.policies import Policy
+
+
+@dataclass
+class EpisodeResult:
+    log: EpisodeLog
+    summary: dict[str, float]
+    steps: int
+    truncated: bool
+    total_reward: float
+
+
+def make_env(policy: Policy | None = None, max_episode_steps: int | None = None, **env_kwargs: Any) -> gym.Env:
+    """``gym.make`` the serving env with the policy's engine overrides merged into ``engine``."""
+    engine = dict(env_kwargs.pop("engine", None) or {})
+    if policy is not None:
+        engine = {**policy.engine_overrides, **engine}
+    return gym.make(ENV_ID, engine=engine, max_episode_steps=max_episode_steps, **env_kwargs)
+
+
+def run_episode(env: gym.Env, policy: Policy, seed: int, progress: bool = False) -> EpisodeResult:
+    """Reset with ``seed``, let ``policy`` act until the episode ends, and summarise it."""
+    obs, _ = env.reset(seed=seed)
+    policy.reset()
+    bar = _progress_bar(env) if progress else None
+    steps, total, terminated, truncated = 0, 0.0, False, False
+    while not (terminated or truncated):
+        obs, reward, terminated, truncated, info = env.step(policy.act(obs))
+        steps += 1
+        total += reward
+        if bar is not None and steps % 200 == 0:
+            bar.set_postfix(t=f"{info['clock_s']:.1f}s", run=info["running"], wait=info["waiting"])
+            bar.update(200)
+    if bar is not None:
+        bar.close()
+    log = serving_env(env).engine.log
+    return EpisodeResult(log, summarize(log), steps, truncated, total)
+
+
+def serving_env(env: gym.Env) -> ServingEnv:
+    inner = env.unwrapped
+    if not isinstance(inner, ServingEnv):
+        raise TypeError(f"expected a ServingEnv, got {type(inner).__name__}")
+    return inner
+
+
+def _progress_bar(env: gym.Env):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is optional: install servegym[cli]
+        return None
+    return tqdm(desc="steps", unit="step", total=env.spec.max_episode_steps if env.spec else None, leave=False)
+
+
+def write_csvs(log: EpisodeLog, out_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``requests.csv`` (one row per request) and ``steps.csv`` (one row per iteration)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    req_path, step_path = out / "requests.csv", out / "steps.csv"
+    columns = {
+        "request": np.arange(log.num_requests), "arrival_s": log.arrival_s, "prompt_tokens": log.prompt,
+        "output_tokens": log.output, "output_lo": log.out_lo, "output_hi": log.out_hi,
+        "state": [State(s).name.lower() for s in log.state], "admit_s": log.admit_s, "first_token_s": log.first_token_s, "finish_s": log.finish_s,
+        "preemptions": log.n_preempt, "reject_reason": log.reject_reason, "truncated": log.truncated,
+    }
+    with req_path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(columns)
+        writer.writerows(zip(*columns.values(), strict=True))
+    with step_path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(STEP_FIELDS)
+        writer.writerows(log.step_rows)
+    return req_path, step_path

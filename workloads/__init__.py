@@ -1,0 +1,27 @@
+"""Workloads: arrival processes, length distributions, trace replay and the named scenarios."""
+
+from servegym.workloads.arrivals import Gamma, MarkovModulated, Poisson
+from servegym.workloads.base import RequestSpec, Workload
+from servegym.workloads.lengths import Choice, Empirical, PairedEmpirical, RangeMix
+from servegym.workloads.scenarios import WORKLOADS, make_workload
+from servegym.workloads.synthetic import FixedWorkload, SyntheticWorkload
+from servegym.workloads.trace import TraceError, TraceWorkload, bundled_trace
+
+__all__ = [
+    "WORKLOADS",
+    "Choice",
+    "Empirical",
+    "FixedWorkload",
+    "Gamma",
+    "MarkovModulated",
+    "PairedEmpirical",
+    "Poisson",
+    "RangeMix",
+    "RequestSpec",
+    "SyntheticWorkload",
+    "TraceError",
+    "TraceWorkload",
+    "Workload",
+    "bundled_trace",
+    "make_workload",
+]
