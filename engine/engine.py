@@ -75,6 +75,8 @@ class Engine:
         self.n_running = 0
         self.n_prefilling = 0
         self.used_blocks = 0
+        self.token_load = 0  # sum over running rows of (output_hi - generated)
+        self._finish_countdown = 0  # iterations before any decoding request can finish (0: check now)
         self.queue = EMPTY
         self.queue_version = 0
         self.arrived = self.finished = self.rejected = 0
@@ -113,10 +115,12 @@ class Engine:
 
     @property
     def running(self) -> np.ndarray:
-        """The running table (rows in activation order); a read-only view."""
-        view = self._run[: self.n_running]
-        view.flags.writeable = False
-        return view
+        """The observable columns of the running table (rows in activation order), as a copy."""
+        return self._run[: self.n_running, : len(RUNNING_OBS_COLUMNS)].copy()
+
+    def copy_running_into(self, out: np.ndarray) -> None:
+        """Write the observable running columns into the first rows of ``out`` (no allocation)."""
+        out[: self.n_running] = self._run[: self.n_running, : len(RUNNING_OBS_COLUMNS)]
 
     @property
     def next_arrival_s(self) -> float:
@@ -179,6 +183,7 @@ class Engine:
                                    target, rid, log.output[rid], -1, target)
             self.n_running += 1
             self.n_prefilling += 1
+            self.token_load += int(log.out_hi[rid] - log.saved_gen[rid])
             log.state[rid] = State.PREFILLING
             if math.isnan(log.admit_s[rid]):
                 log.admit_s[rid] = self.clock
@@ -244,11 +249,19 @@ class Engine:
                 log.first_token_s[first] = self.clock
                 self.n_prefilling -= done_rows.size
             decode_tokens += done_rows.size
-        finished = run[:n, GEN] >= run[:n, OUT]
-        count = int(np.count_nonzero(finished)) if finished.any() else 0
-        if count:
-            self._finish(np.flatnonzero(finished))
-        return decode_tokens, prefill_tokens, count
+        self.token_load -= decode_tokens
+        self._finish_countdown -= 1
+        if plan is not None or self._finish_countdown <= 0:
+            # Only decoding rows can finish; prefilling rows still have their output ahead of them.
+            left = run[:n, OUT] - run[:n, GEN]
+            done = np.flatnonzero(left == 0)
+            if done.size:
+                self._finish(done)
+            n = self.n_running
+            decoding_left = run[:n, OUT] - run[:n, GEN] + run[:n, PREFILL_LEFT] * (1 << 40)
+            self._finish_countdown = int(decoding_left.min()) if n else 0
+            return decode_tokens, prefill_tokens, int(done.size)
+        return decode_tokens, prefill_tokens, 0
 
     def _finish(self, rows: np.ndarray) -> None:
         run, log = self._run, self.log
@@ -284,6 +297,7 @@ class Engine:
     def _remove_rows(self, rows: np.ndarray) -> None:
         n, run, bs = self.n_running, self._run, self.block_size
         self.used_blocks -= int(((run[rows, KV] + bs - 1) // bs).sum())
+        self.token_load -= int((run[rows, HI] - run[rows, GEN]).sum())
         keep = np.ones(n, dtype=bool)
         keep[rows] = False
         kept = run[:n][keep]
@@ -345,6 +359,8 @@ class Engine:
         states = log.state[self.queue]
         if not np.all((states == State.WAITING) | (states == State.PREEMPTED)):
             raise AssertionError("a queued request is not waiting")
+        if int((rows[:, HI] - rows[:, GEN]).sum()) != self.token_load:
+            raise AssertionError("token load drifted")
         if int(np.count_nonzero(rows[:, PREFILL_LEFT])) != self.n_prefilling:
             raise AssertionError("prefilling count drifted")
         if np.any(rows[:, GEN] > rows[:, OUT]):

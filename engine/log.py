@@ -89,8 +89,8 @@ class EpisodeLog:
     def token_times(self, request: int) -> np.ndarray:
         """Emission time of every output token of ``request``, in order."""
         ends = self.step_column("end_s")
-        parts = [ends[first : last + 1] for r, first, last in zip(self.seg_req, self.seg_first, self.seg_last, strict=True)
-                 if r == request]
+        segments = zip(self.seg_req, self.seg_first, self.seg_last, strict=True)
+        parts = [ends[first : last + 1] for r, first, last in segments if r == request]
         return np.concatenate(parts) if parts else np.zeros(0)
 
     def all_token_times(self) -> list[np.ndarray]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from gymnasium import spaces
-from servegym.engine.engine import GEN, HI, RUNNING_OBS_COLUMNS, Engine
+from servegym.engine.engine import RUNNING_OBS_COLUMNS, Engine
 
 ENGINE_FEATURES = (
     "itl_last_s",        # latency of the last iteration that decoded (s)
@@ -56,6 +56,8 @@ class ObservationEncoder:
 
     def encode(self, engine: Engine) -> dict[str, np.ndarray]:
         if engine.queue_version != self._version:
+            self._baseline = engine.backend.baseline_step_s or 0.0
+            self._capacity = engine.num_kv_blocks * engine.block_size
             self._refresh_queue(engine)
         k = self._arrival.size
         queue = self._queue_static.copy()
@@ -64,15 +66,12 @@ class ObservationEncoder:
             queue[:k, 2] = engine.step_index - self._enqueue
         n = engine.n_running
         running = np.zeros((self.running_slots, len(RUNNING_OBS_COLUMNS)), dtype=np.float32)
-        rows = engine.running
-        running[:n] = rows[:, : len(RUNNING_OBS_COLUMNS)]
+        engine.copy_running_into(running)
         last = engine.last
-        token_load = float(rows[:, HI].sum() - rows[:, GEN].sum()) if n else 0.0
         vector = np.array((
-            engine.itl_last, engine.itl_smoothed, engine.backend.baseline_step_s or 0.0, n,
-            engine.n_prefilling, token_load, engine.queue.size,
-            1.0 - engine.used_blocks / engine.num_kv_blocks, engine.kv_free_delta,
-            engine.num_kv_blocks * engine.block_size, last.preempted, last.admitted, last.finished,
+            engine.itl_last, engine.itl_smoothed, self._baseline, n, engine.n_prefilling, engine.token_load,
+            engine.queue.size, 1.0 - engine.used_blocks / engine.num_kv_blocks, engine.kv_free_delta,
+            self._capacity, last.preempted, last.admitted, last.finished,
         ), dtype=np.float32)
         return {"engine": vector, "queue": queue, "running": running}
 

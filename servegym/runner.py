@@ -76,7 +76,8 @@ def write_csvs(log: EpisodeLog, out_dir: str | Path) -> tuple[Path, Path]:
     columns = {
         "request": np.arange(log.num_requests), "arrival_s": log.arrival_s, "prompt_tokens": log.prompt,
         "output_tokens": log.output, "output_lo": log.out_lo, "output_hi": log.out_hi,
-        "state": [State(s).name.lower() for s in log.state], "admit_s": log.admit_s, "first_token_s": log.first_token_s, "finish_s": log.finish_s,
+        "state": [State(s).name.lower() for s in log.state], "admit_s": log.admit_s,
+        "first_token_s": log.first_token_s, "finish_s": log.finish_s,
         "preemptions": log.n_preempt, "reject_reason": log.reject_reason, "truncated": log.truncated,
     }
     with req_path.open("w", newline="") as handle:
