@@ -15,9 +15,9 @@ import time
 
 import gymnasium as gym
 import numpy as np
+from servegym.workloads import FixedWorkload, RequestSpec
 
 import servegym
-from servegym.workloads import FixedWorkload, RequestSpec
 
 
 def time_steps(env: gym.Env, action, steps: int) -> float:
@@ -32,8 +32,8 @@ def time_steps(env: gym.Env, action, steps: int) -> float:
 def servegym_rate(steps: int, repeats: int) -> tuple[float, dict]:
     n = 320
     spec = RequestSpec(np.zeros(n), np.full(n, 100), np.full(n, steps * repeats + 1000))
-    env = gym.make(servegym.ENV_ID, workload=FixedWorkload(spec), engine={"max_num_seqs": 64, "max_tokens": 10**6, "num_kv_blocks": 10**7},
-                   max_episode_steps=10**9)
+    engine = {"max_num_seqs": 64, "max_tokens": 10**6, "num_kv_blocks": 10**7}
+    env = gym.make(servegym.ENV_ID, workload=FixedWorkload(spec), engine=engine, max_episode_steps=10**9)
     env.reset(seed=0)
     w = env.unwrapped.queue_window
     admit = np.ones(w, dtype=np.int64)

@@ -6,6 +6,8 @@ from servegym.envs.observation import (
     QUEUE_FEATURES,
     QUEUE_INDEX,
     RUNNING_INDEX,
+    queue_matrix,
+    running_matrix,
 )
 from servegym.envs.serving import REWARDS, ServingEnv
 
@@ -17,4 +19,6 @@ __all__ = [
     "REWARDS",
     "RUNNING_INDEX",
     "ServingEnv",
+    "queue_matrix",
+    "running_matrix",
 ]

@@ -17,27 +17,50 @@ ENGINE_FEATURES = (
     "kv_free_frac",      # free KV blocks / all blocks
     "kv_free_delta",     # EMA of the per-step change of kv_free_frac (negative while KV fills)
     "kv_capacity_tokens",  # KV blocks x block size
+    "kv_block_size",     # tokens per KV block: a request holds ceil(tokens / block size) blocks
     "last_preempted",    # requests preempted in the last iteration
     "last_admitted",     # requests admitted in the last iteration
     "last_finished",     # requests finished in the last iteration
 )
 QUEUE_FEATURES = ("prompt_tokens", "wait_s", "wait_steps", "output_lo", "output_hi", "generated")
-"""Per visible waiting request, queue head first. ``generated`` > 0 marks a preempted request."""
+"""Per visible waiting request, queue head first. ``generated`` > 0 marks a preempted request.
+
+Observations are flat (SB3 accepts only 1-D boxes); :func:`queue_matrix` and :func:`running_matrix` give
+the row views.
+"""
 
 ENGINE_INDEX = {name: i for i, name in enumerate(ENGINE_FEATURES)}
 QUEUE_INDEX = {name: i for i, name in enumerate(QUEUE_FEATURES)}
 RUNNING_INDEX = {name: i for i, name in enumerate(RUNNING_OBS_COLUMNS)}
 
 
+BIG = 1e9
+"""Upper bound of unbounded counts, tokens and seconds (finite, so that checkers and normalisers accept it)."""
+
+
 def observation_space(queue_window: int, running_slots: int) -> spaces.Dict:
     low = np.zeros(len(ENGINE_FEATURES), dtype=np.float32)
-    low[ENGINE_INDEX["kv_free_delta"]] = -np.inf
-    high = np.full(len(ENGINE_FEATURES), np.inf, dtype=np.float32)
+    high = np.full(len(ENGINE_FEATURES), BIG, dtype=np.float32)
+    low[ENGINE_INDEX["kv_free_delta"]] = -1.0
+    high[ENGINE_INDEX["kv_free_delta"]] = 1.0
+    high[ENGINE_INDEX["kv_free_frac"]] = 1.0
     return spaces.Dict({
         "engine": spaces.Box(low, high, dtype=np.float32),
-        "queue": spaces.Box(0.0, np.inf, (queue_window, len(QUEUE_FEATURES)), dtype=np.float32),
-        "running": spaces.Box(0.0, np.inf, (running_slots, len(RUNNING_OBS_COLUMNS)), dtype=np.float32),
+        "queue": spaces.Box(0.0, BIG, (queue_window * len(QUEUE_FEATURES),), dtype=np.float32),
+        "running": spaces.Box(0.0, BIG, (running_slots * len(RUNNING_OBS_COLUMNS),), dtype=np.float32),
     })
+
+
+def queue_matrix(obs: dict[str, np.ndarray]) -> np.ndarray:
+    """``obs["queue"]`` as a ``(W, len(QUEUE_FEATURES))`` view (a leading batch axis is kept)."""
+    q = obs["queue"]
+    return q.reshape(*q.shape[:-1], -1, len(QUEUE_FEATURES))
+
+
+def running_matrix(obs: dict[str, np.ndarray]) -> np.ndarray:
+    """``obs["running"]`` as a ``(max_num_seqs, len(RUNNING_OBS_COLUMNS))`` view."""
+    r = obs["running"]
+    return r.reshape(*r.shape[:-1], -1, len(RUNNING_OBS_COLUMNS))
 
 
 class ObservationEncoder:
@@ -71,9 +94,9 @@ class ObservationEncoder:
         vector = np.array((
             engine.itl_last, engine.itl_smoothed, self._baseline, n, engine.n_prefilling, engine.token_load,
             engine.queue.size, 1.0 - engine.used_blocks / engine.num_kv_blocks, engine.kv_free_delta,
-            self._capacity, last.preempted, last.admitted, last.finished,
+            self._capacity, engine.block_size, last.preempted, last.admitted, last.finished,
         ), dtype=np.float32)
-        return {"engine": vector, "queue": queue, "running": running}
+        return {"engine": vector, "queue": queue.reshape(-1), "running": running.reshape(-1)}
 
     def _refresh_queue(self, engine: Engine) -> None:
         log = engine.log

@@ -41,13 +41,14 @@ class ServingEnv(gym.Env):
 
     ## Observation Space
 
-    A `Dict` of float32 boxes (SB3 `MultiInputPolicy`); rows beyond the live count are zero.
+    A `Dict` of flat float32 boxes (SB3 `MultiInputPolicy`); `queue_matrix(obs)` and `running_matrix(obs)`
+    give row views. Rows beyond the live count are zero.
 
     | key | shape | content |
     |-----|-------|---------|
-    | `engine` | `(13,)` | `ENGINE_FEATURES`: last and smoothed ITL, baseline `l_min`, batch size, prefilling count, token load, queue depth, KV free fraction and its smoothed rate of change, KV capacity, last step's preempted/admitted/finished |
-    | `queue` | `(W, 6)` | per visible waiting request: prompt tokens, wait s, wait steps, output lo, output hi, generated (preempted) |
-    | `running` | `(max_num_seqs, 6)` | per running request in activation order: prompt tokens, KV tokens, generated, output lo, output hi, prompt tokens left to prefill |
+    | `engine` | `(14,)` | `ENGINE_FEATURES`: last and smoothed ITL, baseline `l_min`, batch size, prefilling count, token load, queue depth, KV free fraction and its smoothed rate of change, KV capacity and block size, last step's preempted/admitted/finished |
+    | `queue` | `(W * 6,)` | per visible waiting request: prompt tokens, wait s, wait steps, output lo, output hi, generated (preempted) |
+    | `running` | `(max_num_seqs * 6,)` | per running request in activation order: prompt tokens, KV tokens, generated, output lo, output hi, prompt tokens left to prefill |
 
     Output lengths show as an interval `[lo, hi]`: exact when `length_mode="known"`, a seeded interval around
     the truth when `"predicted"`, `[1, max_tokens]` when `"unknown"`.

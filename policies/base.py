@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
-from servegym.envs.observation import ENGINE_INDEX
+from servegym.envs.observation import ENGINE_INDEX, QUEUE_FEATURES
 
 Observation = dict[str, np.ndarray]
 
@@ -70,7 +70,7 @@ def engine_feature(obs: Observation, name: str) -> float:
 
 def admit_first(obs: Observation, count: int) -> np.ndarray:
     """The action that admits the first ``count`` visible waiting requests in queue order."""
-    action = np.zeros(obs["queue"].shape[0], dtype=np.int64)
+    action = np.zeros(obs["queue"].shape[0] // len(QUEUE_FEATURES), dtype=np.int64)
     action[:count] = 1
     return action
 

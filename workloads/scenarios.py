@@ -1,8 +1,9 @@
 """Named workloads. Rates are set against the shipped ``paper-v100-llama3.2-3b`` profile (see README).
 
-With the TWP paper's length mix (mean output 65 tokens) and the default engine, FCFS on that profile keeps
-up with about 4.4 requests/s at most (measured by ``benchmarks/capacity.py``). The scenarios sit below,
-near, above and in bursts over that.
+With the TWP paper's length mix (mean prompt 245, mean output 65 tokens) and the default engine
+(``max_num_seqs=128``), FCFS on that profile keeps its backlog near zero up to about 5.5 requests/s and
+serves at most about 5.6 requests/s when overloaded (measured by ``benchmarks/capacity.py``). The scenarios
+sit below, near, above and in bursts over that capacity.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ TWP_OUTPUTS = Choice((20, 50, 200), (0.5, 0.3, 0.2))
 GSM8K_SHAPED_PROMPTS = RangeMix(((30, 80), (120, 250), (350, 512)), (0.6, 0.3, 0.1))
 """The TWP paper's GSM8K-shaped prompt lengths."""
 
-SCENARIO_RATES = {"low": 2.0, "medium": 4.0, "high": 6.0}
-"""Poisson rates (requests/s): about 0.45x, 0.9x and 1.35x the FCFS capacity of the shipped profile."""
-BURST = MarkovModulated(base_rate=2.0, burst_rate=12.0, calm_s=8.0, burst_s=3.0)
-"""Calm at 2 req/s, bursts of 12 req/s (2.7x capacity) lasting 3 s on average; mean rate 4.7 req/s."""
+CAPACITY_RPS = 5.5
+"""FCFS capacity of the shipped profile on the TWP length mix (see the module docstring)."""
+SCENARIO_RATES = {"low": 2.5, "medium": 5.0, "high": 7.5}
+"""Poisson rates (requests/s): about 0.45x, 0.9x and 1.35x :data:`CAPACITY_RPS`."""
+BURST = MarkovModulated(base_rate=2.0, burst_rate=14.0, calm_s=10.0, burst_s=3.0)
+"""Calm at 2 req/s, bursts of 14 req/s (2.5x capacity) lasting 3 s on average; mean 4.8 req/s (0.87x)."""
 DURATION_S = 60.0
 
 
@@ -47,21 +50,21 @@ def gsm8k_pairs(tokens_per_word: float = 1.0) -> PairedEmpirical:
 
 
 WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
-    "low": (lambda: _twp(SCENARIO_RATES["low"]), "TWP length mix, Poisson 2 req/s for 60 s (below capacity)"),
-    "medium": (lambda: _twp(SCENARIO_RATES["medium"]), "TWP length mix, Poisson 4 req/s for 60 s (near capacity)"),
-    "high": (lambda: _twp(SCENARIO_RATES["high"]), "TWP length mix, Poisson 6 req/s for 60 s (above capacity)"),
-    "burst": (lambda: _twp(BURST), "TWP length mix, MMPP-2: 2 req/s calm, 12 req/s bursts, for 60 s"),
+    "low": (lambda: _twp(SCENARIO_RATES["low"]), "TWP length mix, Poisson 2.5 req/s for 60 s (0.45x capacity)"),
+    "medium": (lambda: _twp(SCENARIO_RATES["medium"]), "TWP length mix, Poisson 5 req/s for 60 s (0.9x capacity)"),
+    "high": (lambda: _twp(SCENARIO_RATES["high"]), "TWP length mix, Poisson 7.5 req/s for 60 s (1.35x capacity)"),
+    "burst": (lambda: _twp(BURST), "TWP length mix, MMPP-2: 2 req/s calm (10 s), 14 req/s bursts (3 s), for 60 s"),
     "twp-gsm8k": (
         lambda: _twp(SCENARIO_RATES["medium"], GSM8K_SHAPED_PROMPTS),
-        "GSM8K-shaped prompts (60% 30-80, 30% 120-250, 10% 350-512), TWP outputs, Poisson 4 req/s",
+        "GSM8K-shaped prompts (60% 30-80, 30% 120-250, 10% 350-512), TWP outputs, Poisson 5 req/s",
     ),
     "gsm8k": (
         lambda: SyntheticWorkload(Poisson(SCENARIO_RATES["medium"]), DURATION_S, paired=gsm8k_pairs()),
-        "GSM8K question/answer word counts as token lengths, Poisson 4 req/s for 60 s",
+        "GSM8K question/answer word counts as token lengths, Poisson 5 req/s for 60 s",
     ),
     "gamma-bursty": (
         lambda: _twp(Gamma(SCENARIO_RATES["medium"], cv=3.0)),
-        "TWP length mix, gamma renewal arrivals at 4 req/s with inter-arrival CV 3 (bursty)",
+        "TWP length mix, gamma renewal arrivals at 5 req/s with inter-arrival CV 3 (bursty)",
     ),
     "azure-code": (
         lambda: TraceWorkload(str(bundled_trace()), duration_s=120.0),

@@ -1,0 +1,165 @@
+"""Every kind of bad input gets a clear error (or a documented, counted rejection) and loses nothing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from servegym.backends import ProfileError, load_profile
+from servegym.engine import EngineConfig
+from servegym.workloads import RequestSpec, TraceError, TraceWorkload
+from tests.conftest import admit_all, fixed, make
+
+
+@pytest.fixture
+def env():
+    env = make(fixed([0.0, 0.0, 0.0], [10, 10, 10], [5, 5, 5]))
+    env.reset(seed=0)
+    return env
+
+
+@pytest.mark.parametrize(
+    ("action", "error", "match"),
+    [
+        (np.ones(5, dtype=np.int64), ValueError, "shape"),
+        (np.ones((32, 1), dtype=np.int64), ValueError, "shape"),
+        (np.ones(32, dtype=np.float32), TypeError, "integer"),
+        (np.full(32, np.nan), ValueError, "NaN"),
+        (np.full(32, 33, dtype=np.int64), ValueError, r"\[0, 32\]"),
+        (np.full(32, -1, dtype=np.int64), ValueError, r"\[0, 32\]"),
+    ],
+)
+def test_invalid_actions_raise_and_change_nothing(env, action, error, match):
+    before = env.unwrapped.engine.queue.copy()
+    with pytest.raises(error, match=match):
+        env.step(action)
+    assert env.unwrapped.engine.queue.tolist() == before.tolist()
+    assert env.unwrapped.engine.step_index == 0
+
+
+def test_admitting_an_empty_slot_is_counted_or_refused():
+    lenient = make(fixed([0.0], [10], [5]))
+    lenient.reset(seed=0)
+    _, _, _, _, info = lenient.step(admit_all(lenient))  # slot 0 is real, slots 1..31 are empty
+    assert info["invalid_admissions"] == 31 and info["admitted"] == 1
+    strict = make(fixed([0.0], [10], [5]), strict_actions=True)
+    strict.reset(seed=0)
+    with pytest.raises(ValueError, match="empty queue slot"):
+        strict.step(admit_all(strict))
+    assert strict.unwrapped.engine.queue.size == 1
+
+
+@pytest.mark.parametrize(
+    ("arrival", "prompt", "output", "match"),
+    [
+        ([0.0], [0], [5], "prompt_tokens must be >= 1"),
+        ([0.0], [10], [-3], "output_tokens must be >= 1"),
+        ([0.0], [10.5], [5], "whole numbers"),
+        ([0.0], [np.nan], [5], "whole numbers"),
+        ([np.nan], [10], [5], "finite"),
+        ([1.0, 0.5], [10, 10], [5, 5], "sorted"),
+        ([-1.0], [10], [5], ">= 0"),
+        ([0.0, 1.0], [10], [5], "equal length"),
+    ],
+)
+def test_bad_request_specs(arrival, prompt, output, match):
+    with pytest.raises(ValueError, match=match):
+        RequestSpec(np.asarray(arrival), np.asarray(prompt), np.asarray(output))
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"block_size": 0}, "block_size must be a positive int"),
+        ({"num_kv_blocks": -5}, "num_kv_blocks must be a positive int"),
+        ({"prefill_chunk_tokens": 4096, "max_batched_tokens": 2048}, "exceeds max_batched_tokens"),
+        ({"max_batched_tokens": 64, "max_num_seqs": 128, "prefill_chunk_tokens": 64}, "must be >= max_num_seqs"),
+        ({"preemption": "random"}, "random"),
+        ({"length_mode": "psychic"}, "psychic"),
+        ({"prediction_error": 1.5}, "prediction_error"),
+        ({"max_num_seqs": 2.5}, "max_num_seqs must be a positive int"),
+        ({"idle_tick_s": 0.0}, "idle_tick_s"),
+    ],
+)
+def test_impossible_engine_configs(fields, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(**fields)
+
+
+def test_unknown_engine_field_in_env_kwargs():
+    with pytest.raises(TypeError, match="blok_size"):
+        make(engine={"blok_size": 16})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"), [({"reward": "vibes"}, "unknown reward"), ({"workload": "nope"}, "unknown workload"),
+                          ({"queue_window": 0}, "queue_window"), ({"profile": "no-such-profile"}, "unknown profile")],
+)
+def test_bad_env_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make(**kwargs)
+
+
+def write_profile(tmp_path, mutate):
+    data = load_profile("paper-v100-llama3.2-3b").to_json()
+    mutate(data)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda d: d["latency"].update(l_minn_s=0.04), r"latency: unknown key\(s\) \['l_minn_s'\]"),
+        (lambda d: d.update(colour="blue"), r"unknown key\(s\) \['colour'\]"),
+        (lambda d: d["latency"].pop("alpha_s"), r"missing key\(s\) \['alpha_s'\]"),
+        (lambda d: d["latency"].update(alpha_s=-1.0), "alpha_s must be >= 0"),
+        (lambda d: d["latency"].update(l_min_s="fast"), "l_min_s must be a finite number"),
+        (lambda d: d["kv_cache"].update(block_size=0), "block_size must be a positive int"),
+        (lambda d: d.update(schema_version=99), "schema_version 99 unsupported"),
+        (lambda d: d["provenance"].pop("hardware"), "provenance"),
+    ],
+)
+def test_bad_profiles_name_the_file_and_key(tmp_path, mutate, match):
+    path = write_profile(tmp_path, mutate)
+    with pytest.raises(ProfileError, match=match) as err:
+        load_profile(path)
+    assert str(path) in str(err.value)
+
+
+def test_profile_invalid_json_names_the_line(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text('{\n  "name": "x",\n  oops\n}')
+    with pytest.raises(ProfileError, match="line 3"):
+        load_profile(path)
+
+
+def test_profile_round_trips(tmp_path):
+    profile = load_profile("paper-v100-llama3.2-3b")
+    profile.save(tmp_path / "copy.json")
+    assert load_profile(tmp_path / "copy.json") == profile
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ("", "line 1: empty file"),
+        ("time,prompt,output\n", "line 1: header"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no requests"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,10,5\nyesterday,10,5\n", "line 3"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,ten,5\n", "line 2: ContextTokens 'ten'"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,10,0\n", "line 2: token counts must be >= 1"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,10\n", "line 2: expected 3 columns"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04,10,5\n2023-11-16 18:17:03,10,5\n",
+         "line 3: TIMESTAMP goes back"),
+    ],
+)
+def test_bad_trace_files_name_file_line_and_problem(tmp_path, body, match):
+    path = tmp_path / "trace.csv"
+    path.write_text(body)
+    with pytest.raises(TraceError, match=match) as err:
+        TraceWorkload(str(path)).sample(np.random.default_rng(0))
+    assert str(path.resolve()) in str(err.value) or str(path) in str(err.value)

@@ -1,0 +1,210 @@
+"""Engine dynamics: chunked prefill, analytic timing, KV preemption, conservation, the latency model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from servegym.backends import load_profile, step_latency
+from servegym.engine import PreemptionRule, State
+from servegym.engine.preemption import pick_victims
+from servegym.workloads import Choice, MarkovModulated, SyntheticWorkload
+from tests.conftest import admit_all, fixed, make, no_action
+
+PROFILE = load_profile("paper-v100-llama3.2-3b")
+L = PROFILE.latency
+
+
+def run_to_end(env, policy=admit_all, limit=100_000):
+    for _ in range(limit):
+        _, _, terminated, truncated, _ = env.step(policy(env))
+        if terminated or truncated:
+            return
+    raise AssertionError("episode did not end")
+
+
+def test_latency_model_is_flat_then_linear():
+    batches = np.arange(0, 40)
+    lat = np.array([step_latency(L, int(b)) for b in batches])
+    assert np.all(lat[: L.saturation_batch + 1] == L.l_min_s)
+    beyond = lat[L.saturation_batch :]
+    np.testing.assert_allclose(np.diff(beyond), L.alpha_s)
+    assert step_latency(L, 4, prefill_tokens=100) == pytest.approx(L.l_min_s + 100 * L.prefill_s_per_token)
+
+
+def test_chunked_prefill_1000_tokens_chunk_64_takes_16_steps():
+    env = make(fixed([0.0], [1000], [5]), engine={"prefill_chunk_tokens": 64})
+    env.reset(seed=0)
+    log = env.unwrapped.engine.log
+    emitted = []
+    for _ in range(16):
+        _, _, _, _, info = env.step(admit_all(env))
+        emitted.append(info["decode_tokens"])
+        assert info["prefill_tokens"] <= 64
+    assert emitted == [0] * 15 + [1]
+    assert log.first_token_s[0] == pytest.approx(env.unwrapped.engine.clock)
+
+
+@pytest.mark.parametrize(("prompt", "output", "chunk"), [(1000, 20, 64), (37, 1, 512), (300, 50, 128)])
+def test_single_request_finishes_when_the_profile_predicts(prompt, output, chunk):
+    arrival = 3.5
+    env = make(fixed([arrival], [prompt], [output]), engine={"prefill_chunk_tokens": chunk})
+    env.reset(seed=0)
+    run_to_end(env)
+    # Independent arithmetic: ceil(p/C) prefill steps (the last emits token 1), then o - 1 decode steps of l(1).
+    expected, start = arrival, 0
+    while start < prompt:
+        c = min(chunk, prompt - start)
+        attention = c * start + c * (c + 1) / 2
+        expected += L.l_min_s + L.prefill_s_per_token * c + L.prefill_s_per_token_context * attention
+        start += c
+    expected += (output - 1) * L.l_min_s
+    log = env.unwrapped.engine.log
+    assert log.finish_s[0] == pytest.approx(expected, rel=1e-12)
+    assert len(log.token_times(0)) == output
+
+
+def small_kv_env(rule: str, blocks: int = 10):
+    # Three 32-token prompts (2 blocks each) that each want 100 output tokens: they overflow 10 blocks.
+    workload = fixed([0.0, 0.0, 0.0], [32, 32, 32], [100, 100, 100])
+    return make(workload, engine={"num_kv_blocks": blocks, "block_size": 16, "preemption": rule})
+
+
+def step_until_preemption(env, limit=200):
+    for _ in range(limit):
+        _, _, _, _, info = env.step(admit_all(env) if env.unwrapped.engine.n_running == 0 else no_action(env))
+        if info["preempted"]:
+            return info
+    raise AssertionError("no preemption happened")
+
+
+def test_lifo_preempts_the_most_recently_activated():
+    env = small_kv_env("lifo")
+    env.reset(seed=0)
+    step_until_preemption(env)
+    log = env.unwrapped.engine.log
+    assert log.n_preempt.tolist() == [0, 0, 1]
+    assert log.state[2] == State.PREEMPTED
+    assert env.unwrapped.engine.queue.tolist() == [2]
+
+
+def test_clear_all_preempts_every_running_request():
+    env = small_kv_env("clear_all")
+    env.reset(seed=0)
+    info = step_until_preemption(env)
+    assert info["preempted"] == 3 and info["running"] == 0
+    assert env.unwrapped.engine.queue.tolist() == [0, 1, 2]
+    assert env.unwrapped.engine.used_blocks == 0
+
+
+def test_preempted_request_recomputes_and_keeps_its_tokens():
+    env = small_kv_env("lifo", blocks=12)
+    env.reset(seed=0)
+    run_to_end(env)
+    log = env.unwrapped.engine.log
+    assert log.n_preempt.sum() >= 1
+    for r in range(3):
+        times = log.token_times(r)
+        assert times.size == 100 and np.all(np.diff(times) > 0)
+    assert np.all(log.state == State.FINISHED)
+
+
+def test_victim_rules():
+    gen = np.array([5, 2, 9, 2])
+    assert pick_victims(PreemptionRule.LIFO, gen).tolist() == [3]
+    assert pick_victims(PreemptionRule.CLEAR_ALL, gen).tolist() == [0, 1, 2, 3]
+    assert pick_victims(PreemptionRule.FEWEST_GENERATED, gen).tolist() == [3]
+    assert pick_victims(PreemptionRule.FEWEST_GENERATED, np.array([1, 7, 3])).tolist() == [0]
+
+
+def test_fewest_generated_spares_a_newer_request_with_more_tokens():
+    # Request 0 runs alone for a while, gets preempted by growth, then returns with its tokens; the newer
+    # request 1 has fewer generated tokens, so it is evicted first even though request 0 is newer in the batch.
+    env = make(fixed([0.0, 0.0], [16, 16], [60, 60]), engine={"num_kv_blocks": 7, "block_size": 16,
+                                                              "preemption": "fewest_generated"})
+    env.reset(seed=0)
+    one = np.zeros(env.unwrapped.queue_window, dtype=np.int64)
+    one[0] = 1
+    for _ in range(30):
+        env.step(one if env.unwrapped.engine.n_running == 0 else no_action(env))
+    env.step(one)  # admit request 1 beside request 0 (which holds 30 tokens already)
+    step_until_preemption(env)
+    assert env.unwrapped.engine.log.n_preempt.tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("rule", ["lifo", "clear_all", "fewest_generated"])
+def test_conservation_under_random_actions(rule):
+    workload = SyntheticWorkload(
+        MarkovModulated(2.0, 30.0, 5.0, 2.0), 600.0,
+        prompt=Choice((50, 200, 800, 4000), (0.4, 0.3, 0.25, 0.05)), output=Choice((20, 50, 200), (0.5, 0.3, 0.2)),
+    )
+    env = make(workload, engine={"num_kv_blocks": 200, "preemption": rule, "check_invariants": True,
+                                 "max_num_seqs": 32, "prefill_chunk_tokens": 256})
+    env.reset(seed=11)
+    env.action_space.seed(11)
+    rng = np.random.default_rng(11)
+    steps = preempted = 0
+    while steps < 10_000:
+        action = env.action_space.sample() * (rng.random(env.unwrapped.queue_window) < 0.1)
+        _, _, terminated, truncated, info = env.step(action)
+        preempted += info["preempted"]
+        steps += 1
+        counts = env.unwrapped.engine.log.counts()
+        assert counts["arrived"] == counts["waiting"] + counts["running"] + counts["finished"] + counts["rejected"]
+        if terminated or truncated:
+            env.reset()
+    log = env.unwrapped.engine.log
+    assert preempted > 0
+    assert log.counts()["rejected"] > 0 or np.any(log.reject_reason)
+
+
+def test_request_larger_than_kv_is_rejected_and_counted():
+    env = make(fixed([0.0, 0.1], [5000, 10], [10, 10]), engine={"num_kv_blocks": 100, "block_size": 16})
+    _, info = env.reset(seed=0)
+    assert info["rejected"] == 1 and info["arrived"] == 1
+    run_to_end(env)
+    log = env.unwrapped.engine.log
+    assert log.state.tolist() == [State.REJECTED, State.FINISHED]
+    assert log.reject_reason[0] == 1
+
+
+def test_clock_jumps_to_next_arrival_when_idle():
+    env = make(fixed([0.0, 100.0], [10, 10], [2, 2]))
+    env.reset(seed=0)
+    for _ in range(2):  # prefill + first token, then the second token: request 0 is done
+        _, _, _, _, info = env.step(admit_all(env))
+    assert info["finished"] == 1 and info["clock_s"] < 1.0
+    _, _, _, _, info = env.step(admit_all(env))
+    assert info["clock_s"] == 100.0 and info["waiting"] == 1 and info["decode_tokens"] == 0
+
+
+def test_step_after_episode_end_raises():
+    env = make(fixed([0.0], [10], [1]))
+    env.reset(seed=0)
+    _, _, terminated, _, _ = env.step(admit_all(env))
+    assert terminated
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(admit_all(env))
+
+
+def test_outputs_longer_than_max_tokens_are_truncated_and_flagged():
+    env = make(fixed([0.0], [10], [500]), engine={"max_tokens": 100})
+    env.reset(seed=0)
+    run_to_end(env)
+    log = env.unwrapped.engine.log
+    assert log.truncated[0] and log.token_times(0).size == 100
+
+
+def test_token_budget_caps_each_iteration():
+    env = make(fixed(np.zeros(40), np.full(40, 500), np.full(40, 30)),
+               engine={"max_batched_tokens": 1024, "prefill_chunk_tokens": 256, "max_num_seqs": 64})
+    env.reset(seed=0)
+    for _ in range(60):
+        _, _, terminated, _, info = env.step(admit_all(env))
+        assert info["prefill_tokens"] + info["decode_tokens"] <= 1024 + info["running"]
+        if terminated:
+            break
+    steps = env.unwrapped.engine.log.steps()
+    assert steps[:, 4].max() <= 1024 and math.isclose(steps[:, 4].max(), 1024)

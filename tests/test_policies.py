@@ -1,0 +1,91 @@
+"""The policy interface, the registry, and a conformance suite over every registered policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servegym.envs import queue_matrix
+from servegym.policies import POLICIES, Policy, make_policy, register_policy
+from servegym.runner import make_env, run_episode
+from tests.conftest import fixed
+
+ALL = sorted(POLICIES)
+
+
+def test_registry_refuses_duplicates_and_nameless_policies():
+    class Again(Policy):
+        name, source, rule = "fcfs", "x", "y"
+
+        def act(self, obs):
+            return np.zeros(32, dtype=np.int64)
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_policy(Again)
+
+    class Nameless(Policy):
+        def act(self, obs):
+            return np.zeros(32, dtype=np.int64)
+
+    with pytest.raises(ValueError, match="must set name"):
+        register_policy(Nameless)
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("nope")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_policy_emits_only_valid_actions(name):
+    policy = make_policy(name)
+    env = make_env(policy, workload="burst", strict_actions=True, engine={"check_invariants": True})
+    obs, _ = env.reset(seed=0)
+    policy.reset()
+    for _ in range(500):
+        action = policy.act(obs)
+        assert env.action_space.contains(action)
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            break
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_policy_is_deterministic(name):
+    results = [run_episode(make_env(make_policy(name), workload="low"), make_policy(name), seed=4) for _ in range(2)]
+    assert results[0].summary == results[1].summary
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_policy_works_with_sb3_evaluate_policy(name):
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    policy = make_policy(name)
+    venv = make_vec_env(lambda: make_env(policy, workload="low", max_episode_steps=300), n_envs=2, seed=0)
+    mean, std = evaluate_policy(policy, venv, n_eval_episodes=2, deterministic=True)
+    assert np.isfinite(mean) and mean < 0
+
+
+def test_fcfs_admits_in_arrival_order_while_kv_allows():
+    # 6 requests of 100-token prompts need 7 blocks each (prompt + first token); 20 blocks hold two.
+    policy = make_policy("fcfs")
+    env = make_env(policy, workload=fixed(np.zeros(6), np.full(6, 100), np.full(6, 50)),
+                   engine={"num_kv_blocks": 20, "block_size": 16})
+    obs, _ = env.reset(seed=0)
+    action = policy.act(obs)
+    assert action[:2].tolist() == [1, 1] and not action[2:].any()
+    obs, _, _, _, info = env.step(action)
+    assert info["admitted"] == 2 and info["refused"] == 0
+    assert env.unwrapped.engine.queue.tolist() == [2, 3, 4, 5]
+    assert queue_matrix(obs)[0, 0] == 100
+
+
+def test_fcfs_never_skips_ahead():
+    # The head (a 300-token prompt) does not fit; FCFS must not admit the small request behind it.
+    policy = make_policy("fcfs")
+    env = make_env(policy, workload=fixed([0.0, 0.0, 0.0], [150, 300, 10], [100, 5, 5]),
+                   engine={"num_kv_blocks": 20, "block_size": 16})
+    obs, _ = env.reset(seed=0)
+    obs, *_ = env.step(policy.act(obs))
+    for _ in range(3):
+        action = policy.act(obs)
+        assert not action.any()
+        obs, *_ = env.step(action)
