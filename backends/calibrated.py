@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from servegym.backends.base import StepBatch
 from servegym.backends.profile import LatencyModel, Profile
 

@@ -3,8 +3,8 @@
 Usage: python benchmarks/capacity.py [--profile NAME] [--duration 300]
 
 Prints, per rate, the served throughput, the mean decode batch while requests arrive, the backlog when the
-last one arrives, and P99 TTFT and ITL. The capacity is the highest rate whose backlog stays near zero; the named scenarios (low/medium/high/burst) are set
-against it (see servegym/workloads/scenarios.py).
+last one arrives, and P99 TTFT and ITL. The capacity is the highest rate whose backlog stays near zero;
+the named scenarios (low/medium/high/burst) are set against it (see workloads/scenarios.py).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ import time
 
 import gymnasium as gym
 import numpy as np
-from servegym.workloads import FixedWorkload, RequestSpec
 
 import servegym
+from servegym.workloads import FixedWorkload, RequestSpec
 
 
 def time_steps(env: gym.Env, action, steps: int) -> float:

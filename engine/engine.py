@@ -10,6 +10,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
+
 from servegym.backends.base import EMPTY, Backend, StepBatch
 from servegym.engine.config import EngineConfig, LengthMode
 from servegym.engine.log import EpisodeLog, RejectReason, State

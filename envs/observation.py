@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from gymnasium import spaces
+
 from servegym.engine.engine import RUNNING_OBS_COLUMNS, Engine
 
 ENGINE_FEATURES = (

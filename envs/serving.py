@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
 from servegym.backends import DEFAULT_PROFILE, Backend, CalibratedBackend, Profile, load_profile
 from servegym.engine import Engine, EngineConfig
 from servegym.envs.observation import ObservationEncoder, observation_space

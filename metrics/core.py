@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from servegym.engine.log import STEP_FIELDS, EpisodeLog, State
 
 PERCENTILES = (50, 95, 99)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
+
 from servegym.envs.observation import ENGINE_INDEX, QUEUE_FEATURES
 
 Observation = dict[str, np.ndarray]

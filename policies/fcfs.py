@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX, queue_matrix
 from servegym.policies.base import Observation, Policy, admit_first, engine_feature, register_policy
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
-from servegym.workloads import FixedWorkload, RequestSpec
 
 import servegym
+from servegym.workloads import FixedWorkload, RequestSpec
 
 
 def fixed(arrival, prompt, output) -> FixedWorkload:

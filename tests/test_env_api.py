@@ -8,9 +8,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
-from servegym.envs import ENGINE_FEATURES, ServingEnv, queue_matrix, running_matrix
 
 import servegym
+from servegym.envs import ENGINE_FEATURES, ServingEnv, queue_matrix, running_matrix
 from tests.conftest import admit_all, make
 
 WORKLOADS = ["low", "burst", "gsm8k", "azure-code"]

@@ -60,7 +60,7 @@ def test_policy_works_with_sb3_evaluate_policy(name):
 
     policy = make_policy(name)
     venv = make_vec_env(lambda: make_env(policy, workload="low", max_episode_steps=300), n_envs=2, seed=0)
-    mean, std = evaluate_policy(policy, venv, n_eval_episodes=2, deterministic=True)
+    mean, _ = evaluate_policy(policy, venv, n_eval_episodes=2, deterministic=True)
     assert np.isfinite(mean) and mean < 0
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
+
 from servegym.workloads.arrivals import Gamma, MarkovModulated, Poisson
 from servegym.workloads.base import Workload
 from servegym.workloads.lengths import Choice, PairedEmpirical, RangeMix

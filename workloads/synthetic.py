@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from servegym.workloads.arrivals import ArrivalProcess
 from servegym.workloads.base import RequestSpec
 from servegym.workloads.lengths import LengthDist, PairedEmpirical

@@ -11,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+
 from servegym.workloads.base import RequestSpec
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
