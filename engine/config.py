@@ -44,6 +44,9 @@ class EngineConfig:
     prefill_chunk_tokens: int = field(
         default=512, metadata={"help": "most prompt tokens one request ingests in one iteration (chunked prefill)"}
     )
+    max_prefill_tokens: int | None = field(
+        default=None, metadata={"help": "per-iteration cap on prefill tokens over all requests (None: no cap)"}
+    )
     preemption: PreemptionRule = field(
         default=PreemptionRule.LIFO, metadata={"help": "victim rule when an iteration would overflow the KV cache"}
     )
@@ -77,7 +80,7 @@ class EngineConfig:
         object.__setattr__(self, "length_mode", LengthMode(self.length_mode))
         for name in ("max_num_seqs", "max_batched_tokens", "prefill_chunk_tokens", "max_tokens"):
             _positive_int(name, getattr(self, name))
-        for name in ("num_kv_blocks", "block_size"):
+        for name in ("num_kv_blocks", "block_size", "max_prefill_tokens"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
         if self.prefill_chunk_tokens > self.max_batched_tokens:

@@ -119,6 +119,11 @@ class Engine:
         """The observable columns of the running table (rows in activation order), as a copy."""
         return self._run[: self.n_running, : len(RUNNING_OBS_COLUMNS)].copy()
 
+    @property
+    def running_ids(self) -> np.ndarray:
+        """Request ids of the running rows, in activation order (oldest first)."""
+        return self._run[: self.n_running, REQ].copy()
+
     def copy_running_into(self, out: np.ndarray) -> None:
         """Write the observable running columns into the first rows of ``out`` (no allocation)."""
         out[: self.n_running] = self._run[: self.n_running, : len(RUNNING_OBS_COLUMNS)]
@@ -204,6 +209,8 @@ class Engine:
         pre_rows = np.flatnonzero(~decoding)
         want = np.minimum(left[pre_rows], self.config.prefill_chunk_tokens)
         budget = self.config.max_batched_tokens - int(np.count_nonzero(decoding))
+        if self.config.max_prefill_tokens is not None:
+            budget = min(budget, self.config.max_prefill_tokens)
         chunk = np.clip(budget - (np.cumsum(want) - want), 0, want)
         completes = chunk == left[pre_rows]
         new_tokens = decoding.astype(np.int64)

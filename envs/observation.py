@@ -22,7 +22,9 @@ ENGINE_FEATURES = (
     "last_preempted",    # requests preempted in the last iteration
     "last_admitted",     # requests admitted in the last iteration
     "last_finished",     # requests finished in the last iteration
+    "length_mode",       # what output_lo/hi mean: 0 known (exact), 1 predicted (interval), 2 unknown ([1, max])
 )
+LENGTH_MODE_CODE = {"known": 0, "predicted": 1, "unknown": 2}
 QUEUE_FEATURES = ("prompt_tokens", "wait_s", "wait_steps", "output_lo", "output_hi", "generated")
 """Per visible waiting request, queue head first. ``generated`` > 0 marks a preempted request.
 
@@ -45,6 +47,7 @@ def observation_space(queue_window: int, running_slots: int) -> spaces.Dict:
     low[ENGINE_INDEX["kv_free_delta"]] = -1.0
     high[ENGINE_INDEX["kv_free_delta"]] = 1.0
     high[ENGINE_INDEX["kv_free_frac"]] = 1.0
+    high[ENGINE_INDEX["length_mode"]] = 2.0
     return spaces.Dict({
         "engine": spaces.Box(low, high, dtype=np.float32),
         "queue": spaces.Box(0.0, BIG, (queue_window * len(QUEUE_FEATURES),), dtype=np.float32),
@@ -75,13 +78,15 @@ class ObservationEncoder:
         self._arrival = np.zeros(0)
         self._enqueue = np.zeros(0)
 
-    def reset(self) -> None:
+    def reset(self, engine: Engine) -> None:
+        """Start an episode: forget the cached queue and read the per-episode constants."""
         self._version = -1
+        self._baseline = engine.backend.baseline_step_s or 0.0
+        self._capacity = engine.num_kv_blocks * engine.block_size
+        self._length_mode = LENGTH_MODE_CODE[engine.config.length_mode.value]
 
     def encode(self, engine: Engine) -> dict[str, np.ndarray]:
         if engine.queue_version != self._version:
-            self._baseline = engine.backend.baseline_step_s or 0.0
-            self._capacity = engine.num_kv_blocks * engine.block_size
             self._refresh_queue(engine)
         k = self._arrival.size
         queue = self._queue_static.copy()
@@ -95,7 +100,7 @@ class ObservationEncoder:
         vector = np.array((
             engine.itl_last, engine.itl_smoothed, self._baseline, n, engine.n_prefilling, engine.token_load,
             engine.queue.size, 1.0 - engine.used_blocks / engine.num_kv_blocks, engine.kv_free_delta,
-            self._capacity, engine.block_size, last.preempted, last.admitted, last.finished,
+            self._capacity, engine.block_size, last.preempted, last.admitted, last.finished, self._length_mode,
         ), dtype=np.float32)
         return {"engine": vector, "queue": queue.reshape(-1), "running": running.reshape(-1)}
 

@@ -47,7 +47,7 @@ class ServingEnv(gym.Env):
 
     | key | shape | content |
     |-----|-------|---------|
-    | `engine` | `(14,)` | `ENGINE_FEATURES`: last and smoothed ITL, baseline `l_min`, batch size, prefilling count, token load, queue depth, KV free fraction and its smoothed rate of change, KV capacity and block size, last step's preempted/admitted/finished |
+    | `engine` | `(15,)` | `ENGINE_FEATURES`: last and smoothed ITL, baseline `l_min`, batch size, prefilling count, token load, queue depth, KV free fraction and its smoothed rate of change, KV capacity and block size, last step's preempted/admitted/finished, length mode (0 known, 1 predicted, 2 unknown) |
     | `queue` | `(W * 6,)` | per visible waiting request: prompt tokens, wait s, wait steps, output lo, output hi, generated (preempted) |
     | `running` | `(max_num_seqs * 6,)` | per running request in activation order: prompt tokens, KV tokens, generated, output lo, output hi, prompt tokens left to prefill |
 
@@ -135,7 +135,7 @@ class ServingEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         self.engine.reset(self.np_random)
-        self._encoder.reset()
+        self._encoder.reset(self.engine)
         self._invalid = 0
         return self._encoder.encode(self.engine), self._info()
 

@@ -28,8 +28,9 @@ class Policy(ABC):
     """Where the policy comes from (paper, system)."""
     rule: ClassVar[str] = ""
     """The one-line rule it implements."""
-    engine_overrides: ClassVar[dict[str, Any]] = {}
-    """EngineConfig fields the policy needs (e.g. its preemption rule); runners apply them."""
+    def engine_overrides(self) -> dict[str, Any]:
+        """EngineConfig fields this policy needs (its preemption rule, prefill chunk); runners apply them."""
+        return {}
 
     def reset(self) -> None:
         """Forget per-episode state."""
@@ -67,6 +68,28 @@ class Policy(ABC):
 def engine_feature(obs: Observation, name: str) -> float:
     """One named entry of ``obs["engine"]`` (see ``ENGINE_FEATURES``)."""
     return float(obs["engine"][ENGINE_INDEX[name]])
+
+
+def output_estimate(lo: np.ndarray, hi: np.ndarray, length_mode: float, unknown_prior: float | None) -> np.ndarray:
+    """A point estimate of output length from the observed interval ``[lo, hi]``.
+
+    Known lengths: exact. Predicted: the interval's midpoint. Unknown: ``unknown_prior`` (an operator's
+    estimate of the mean, clipped to the interval), or ``hi`` (``max_tokens``) when the prior is None.
+    """
+    if length_mode == 0:
+        return lo.astype(np.float64)
+    if length_mode == 1:
+        return (lo + hi) / 2.0
+    if unknown_prior is None:
+        return hi.astype(np.float64)
+    return np.clip(np.full(lo.shape, float(unknown_prior)), lo, hi)
+
+
+def ranks_action(obs: Observation, slots: list[int] | np.ndarray) -> np.ndarray:
+    """The action that admits queue ``slots`` in the given order (rank 1 first)."""
+    action = np.zeros(obs["queue"].shape[0] // len(QUEUE_FEATURES), dtype=np.int64)
+    action[np.asarray(slots, dtype=np.int64)] = np.arange(1, len(slots) + 1)
+    return action
 
 
 def admit_first(obs: Observation, count: int) -> np.ndarray:

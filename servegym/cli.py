@@ -7,10 +7,12 @@ import math
 import sys
 from collections.abc import Sequence
 
-from servegym.backends import DEFAULT_PROFILE, shipped_profiles
+from servegym.backends import DEFAULT_PROFILE, load_profile, shipped_profiles
+from servegym.engine import EngineConfig
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import make_env, run_episode, write_csvs
-from servegym.workloads import WORKLOADS
+from servegym.stability import workload_stability
+from servegym.workloads import WORKLOADS, make_workload
 
 SUMMARY_ROWS = (
     ("requests", "requests", "{:.0f}"), ("finished", "finished", "{:.0f}"), ("rejected", "rejected", "{:.0f}"),
@@ -50,9 +52,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{result.steps} steps{' (truncated)' if result.truncated else ''}, "
           f"reward {result.total_reward:.2f}")
     print(format_summary(result.summary))
+    if args.policy == "flow-control":
+        print("stability (flow-control paper):")
+        print(_stability_text(args.workload, args.profile, EngineConfig(**{**policy.engine_overrides(), **engine})))
     if args.out:
         req, steps = write_csvs(result.log, args.out)
         print(f"wrote {req} and {steps}")
+    return 0
+
+
+def _stability_text(workload: str, profile: str, config: EngineConfig, eps: float = 0.1) -> str:
+    report = workload_stability(make_workload(workload), load_profile(profile), config, eps)
+    return "\n".join(f"  {line}" for line in report.lines())
+
+
+def cmd_stability(args: argparse.Namespace) -> int:
+    engine = {"length_mode": args.length_mode} if args.length_mode else {}
+    print(f"servegym stability: workload={args.workload} profile={args.profile}")
+    print(_stability_text(args.workload, args.profile, EngineConfig(**engine), args.eps))
     return 0
 
 
@@ -84,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default=None, help="folder for requests.csv and steps.csv")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
+    stab = sub.add_parser("stability", help="flow-control stability conditions of a workload on a profile")
+    stab.add_argument("--workload", default="medium", choices=sorted(WORKLOADS))
+    stab.add_argument("--profile", default=DEFAULT_PROFILE)
+    stab.add_argument("--eps", type=float, default=0.1, help="safety margin of the sufficient condition")
+    stab.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None)
+    stab.set_defaults(func=cmd_stability)
     sub.add_parser("policies", help="list the registered policies").set_defaults(func=cmd_policies)
     sub.add_parser("workloads", help="list the named workloads").set_defaults(func=cmd_workloads)
     return parser

@@ -30,7 +30,7 @@ def make_env(policy: Policy | None = None, max_episode_steps: int | None = None,
     """``gym.make`` the serving env with the policy's engine overrides merged into ``engine``."""
     engine = dict(env_kwargs.pop("engine", None) or {})
     if policy is not None:
-        engine = {**policy.engine_overrides, **engine}
+        engine = {**policy.engine_overrides(), **engine}
     return gym.make(ENV_ID, engine=engine, max_episode_steps=max_episode_steps, **env_kwargs)
 
 

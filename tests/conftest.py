@@ -29,3 +29,14 @@ def no_action(env: gym.Env) -> np.ndarray:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+def flat_profile(alpha_s: float = 0.0, saturation_batch: int = 10**6, num_kv_blocks: int = 12_000,
+                 block_size: int = 16, prefill_s_per_token: float = 0.0):
+    """A test profile: l_min = 43 ms, optional slope beyond B0, no prefill cost unless asked."""
+    from servegym.backends import LatencyModel, Profile
+
+    latency = LatencyModel(l_min_s=0.043, saturation_batch=saturation_batch, alpha_s=alpha_s,
+                           prefill_s_per_token=prefill_s_per_token)
+    return Profile("test", latency, num_kv_blocks, block_size, 0.0,
+                   {"hardware": "none", "model": "none", "method": "test fixture", "date": "2026-11-29"})

@@ -1,0 +1,70 @@
+"""Flow control (Dong & Cao: "Flow-Controlled Scheduling for LLM Inference with Provable Stability Guarantees").
+
+At most ``b`` new requests join the active set per step, taken first-in first-out; a fractional ``b`` is a
+rate, enforced by a token bucket. On KV overflow the engine evicts last-in first-out (the most recently
+activated first) and evicted requests return to the queue head to recompute. The rule needs no output
+lengths, so it runs unchanged in the paper's known-length and unknown-length settings; the lengths enter
+only through the stability analysis (:mod:`servegym.stability`) that picks ``b``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX, queue_matrix
+from servegym.policies.base import Observation, Policy, admit_first, engine_feature, register_policy
+
+
+@dataclass(frozen=True)
+class FlowControlParams:
+    activation_budget: float = field(
+        default=1.0, metadata={"help": "b: most activations per step; a fraction is a rate (one every 1/b steps)"}
+    )
+    respect_free_kv: bool = field(
+        default=True, metadata={"help": "also stop when the head's prompt does not fit in free KV (no thrashing)"}
+    )
+
+    def __post_init__(self) -> None:
+        b = self.activation_budget
+        if isinstance(b, bool) or not isinstance(b, int | float) or not (math.isfinite(b) and b > 0):
+            raise ValueError(f"activation_budget must be a finite number > 0, got {b!r}")
+
+
+@register_policy
+class FlowControl(Policy):
+    """Admit at most ``b`` requests per step in FIFO order; evict LIFO on KV overflow."""
+
+    name = "flow-control"
+    source = "Dong & Cao: Flow-Controlled Scheduling for LLM Inference with Provable Stability Guarantees"
+    rule = "at most b activations per step (token bucket for fractional b), FIFO admission, LIFO eviction"
+
+    def __init__(self, **params: Any) -> None:
+        self.params = FlowControlParams(**params)
+        self.reset()
+
+    def engine_overrides(self) -> dict[str, Any]:
+        return {"preemption": "lifo"}
+
+    def reset(self) -> None:
+        self.bucket = 0.0
+
+    def act(self, obs: Observation) -> np.ndarray:
+        b = self.params.activation_budget
+        # Credits accrue at b per step and cap at max(b, 1): an idle spell cannot bank a burst.
+        self.bucket = min(self.bucket + b, max(b, 1.0))
+        queue = queue_matrix(obs)
+        visible = min(int(engine_feature(obs, "queue_depth")), queue.shape[0])
+        slots = obs["running"].shape[0] // len(RUNNING_INDEX) - int(engine_feature(obs, "batch_size"))
+        count = min(int(self.bucket), visible, max(slots, 0))
+        if self.params.respect_free_kv and count:
+            block = engine_feature(obs, "kv_block_size")
+            free = round(engine_feature(obs, "kv_free_frac") * engine_feature(obs, "kv_capacity_tokens") / block)
+            need = np.cumsum(np.ceil((queue[:count, QUEUE_INDEX["prompt_tokens"]]
+                                      + queue[:count, QUEUE_INDEX["generated"]] + 1) / block))
+            count = int(np.searchsorted(need, free, side="right"))
+        self.bucket -= count
+        return admit_first(obs, count)

@@ -1,0 +1,187 @@
+"""Token Window Pacing (Desai, N K, Addya: "Stable Token-level Scheduling for Serverless LLM Inference").
+
+Each decode step, in this order: monitor the smoothed ITL, update the token window, rank the waiting
+requests, gate them against the window and the KV guard, and stage admitted prompts in chunks of ``C``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX, queue_matrix, running_matrix
+from servegym.policies.base import Observation, Policy, engine_feature, output_estimate, ranks_action, register_policy
+
+_Q = QUEUE_INDEX
+_R = RUNNING_INDEX
+
+
+@dataclass(frozen=True)
+class TWPParams:
+    """TWP's knobs; defaults follow the paper (``H0 = 400``, ``gamma = 0.15``, ``C = 64``)."""
+
+    initial_window: float = field(default=400.0, metadata={"help": "H0: base token window (tokens)"})
+    gain: float = field(default=0.15, metadata={"help": "gamma: smoothing of H_{t+1} = H_t + gamma (H* - H_t)"})
+    prefill_chunk_tokens: int = field(default=64, metadata={"help": "C: prompt tokens staged per step"})
+    queue_norm: float = field(default=32.0, metadata={"help": "Q: queue depth at which the window doubles"})
+    window_min: float = field(default=32.0, metadata={"help": "H_min: lower clamp of the window"})
+    window_max: float = field(default=4096.0, metadata={"help": "H_max: upper clamp of the window"})
+    itl_filter: float = field(default=0.3, metadata={"help": "EMA weight of the newest ITL in l_hat"})
+    max_wait_steps: int = field(default=200, metadata={"help": "T_max: steps after which a request is forced in"})
+    weights: tuple[float, float, float] = field(
+        default=(0.5, 0.3, 0.2), metadata={"help": "w1 > w2 > w3: starvation, token balance, fairness"}
+    )
+    kv_guard: float = field(default=0.05, metadata={"help": "delta_kv at rest: minimum free KV fraction to admit"})
+    kv_guard_max: float = field(default=0.3, metadata={"help": "the tightest delta_kv"})
+    kv_guard_gain: float = field(default=50.0, metadata={"help": "delta_kv rise per unit of KV consumed per step"})
+    kv_guard_relax: float = field(default=0.1, metadata={"help": "fraction of the gap closed per step when relaxing"})
+    unknown_output_tokens: float | None = field(
+        default=128.0, metadata={"help": "length estimate when lengths are unknown (None: use max_tokens)"}
+    )
+
+    def __post_init__(self) -> None:
+        positive = ("initial_window", "gain", "queue_norm", "window_min", "window_max", "itl_filter")
+        for name in positive:
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
+        if self.gain > 1 or self.itl_filter > 1 or self.kv_guard_relax > 1:
+            raise ValueError("gain, itl_filter and kv_guard_relax must be <= 1")
+        if self.window_min > self.window_max:
+            raise ValueError(f"window_min {self.window_min} exceeds window_max {self.window_max}")
+        if not (isinstance(self.prefill_chunk_tokens, int) and self.prefill_chunk_tokens > 0):
+            raise ValueError(f"prefill_chunk_tokens must be a positive int, got {self.prefill_chunk_tokens!r}")
+        if not (isinstance(self.max_wait_steps, int) and self.max_wait_steps > 0):
+            raise ValueError(f"max_wait_steps must be a positive int, got {self.max_wait_steps!r}")
+        w1, w2, w3 = self.weights
+        if not w1 > w2 > w3 > 0:
+            raise ValueError(f"weights must satisfy w1 > w2 > w3 > 0, got {self.weights}")
+        if not 0 <= self.kv_guard <= self.kv_guard_max < 1:
+            raise ValueError("need 0 <= kv_guard <= kv_guard_max < 1")
+
+
+@register_policy
+class TokenWindowPacing(Policy):
+    """Admit against a token window that breathes with smoothed ITL and queue depth."""
+
+    name = "twp"
+    source = "Desai, N K, Addya: Stable Token-level Scheduling for Serverless LLM Inference"
+    rule = "token window H_t steered by ITL and queue, KV guard, forced admission after T_max, chunked prefill C"
+
+    def __init__(self, **params: Any) -> None:
+        self.params = TWPParams(**params)
+        self.reset()
+
+    @classmethod
+    def from_saturation(cls, saturation_batch: int, mean_output_tokens: float, **params: Any) -> TokenWindowPacing:
+        """The alternative start ``H0 = B0 * mean_output_len``."""
+        return cls(initial_window=float(saturation_batch * mean_output_tokens), **params)
+
+    def engine_overrides(self) -> dict[str, Any]:
+        c = self.params.prefill_chunk_tokens
+        return {"prefill_chunk_tokens": c, "max_prefill_tokens": c}
+
+    def reset(self) -> None:
+        self.window = self.params.initial_window
+        self.itl_hat: float | None = None
+        self.itl_floor = math.inf
+        self.kv_guard = self.params.kv_guard
+        self.forced_total = 0
+        self.trace: dict[str, list[float]] = {k: [] for k in ("window", "target", "sigma", "kv_guard", "token_load",
+                                                               "forced", "admitted", "queue_depth", "batch_size")}
+
+    def diagnostics(self) -> dict[str, np.ndarray]:
+        """Per step: H_t, H*, sigma, delta_kv, token load K_t, forced and total admissions, queue, batch."""
+        return {k: np.asarray(v) for k, v in self.trace.items()}
+
+    # ------------------------------------------------------------------ the five stages
+    def _monitor(self, obs: Observation) -> float:
+        p = self.params
+        itl = engine_feature(obs, "itl_last_s")
+        if itl > 0:
+            self.itl_hat = itl if self.itl_hat is None else self.itl_hat + p.itl_filter * (itl - self.itl_hat)
+            self.itl_floor = min(self.itl_floor, itl)
+        baseline = engine_feature(obs, "baseline_step_s")
+        l_min = baseline if baseline > 0 else self.itl_floor
+        return self.itl_hat / l_min if self.itl_hat is not None and math.isfinite(l_min) else 1.0
+
+    def _update_window(self, sigma: float, queue_depth: float) -> float:
+        p = self.params
+        target = p.initial_window * (1.0 + min(1.0, queue_depth / p.queue_norm)) / max(0.5, sigma)
+        self.window = min(p.window_max, max(p.window_min, self.window + p.gain * (target - self.window)))
+        return target
+
+    def _update_kv_guard(self, obs: Observation) -> None:
+        p = self.params
+        consumption = max(0.0, -engine_feature(obs, "kv_free_delta"))
+        target = min(p.kv_guard_max, p.kv_guard + p.kv_guard_gain * consumption)
+        # Tighten at once when KV is being eaten; relax gradually once usage is stable.
+        relaxed = self.kv_guard + p.kv_guard_relax * (target - self.kv_guard)
+        self.kv_guard = target if target > self.kv_guard else relaxed
+
+    def _rank(self, queue: np.ndarray, want: np.ndarray, mean_remaining: float) -> np.ndarray:
+        p = self.params
+        w1, w2, w3 = p.weights
+        starvation = queue[:, _Q["wait_steps"]] / p.max_wait_steps
+        balance = np.exp(-np.abs(want - mean_remaining) / (mean_remaining + 1.0))
+        fairness = queue[:, _Q["wait_s"]] / (queue[:, _Q["prompt_tokens"]] + want)
+        top = fairness.max(initial=0.0)
+        fairness = fairness / top if top > 0 else fairness
+        score = w1 * starvation + w2 * balance + w3 * fairness
+        return np.argsort(-score, kind="stable")
+
+    def act(self, obs: Observation) -> np.ndarray:
+        p = self.params
+        mode = engine_feature(obs, "length_mode")
+        depth = engine_feature(obs, "queue_depth")
+        sigma = self._monitor(obs)
+        target = self._update_window(sigma, depth)
+        self._update_kv_guard(obs)
+
+        batch = int(engine_feature(obs, "batch_size"))
+        running = running_matrix(obs)[:batch]
+        remaining = np.maximum(
+            output_estimate(running[:, _R["output_lo"]], running[:, _R["output_hi"]], mode, p.unknown_output_tokens)
+            - running[:, _R["generated"]], 1.0)
+        token_load = float(remaining.sum())
+        mean_remaining = float(remaining.mean()) if batch else 0.0
+
+        queue = queue_matrix(obs)
+        visible = min(int(depth), queue.shape[0])
+        queue = queue[:visible]
+        want = np.maximum(
+            output_estimate(queue[:, _Q["output_lo"]], queue[:, _Q["output_hi"]], mode, p.unknown_output_tokens)
+            - queue[:, _Q["generated"]], 1.0)
+        block = engine_feature(obs, "kv_block_size")
+        capacity_blocks = engine_feature(obs, "kv_capacity_tokens") / block
+        blocks = np.ceil((queue[:, _Q["prompt_tokens"]] + queue[:, _Q["generated"]] + 1) / block) / capacity_blocks
+        kv_free = engine_feature(obs, "kv_free_frac")
+        slots = running_matrix(obs).shape[0] - batch
+
+        forced = np.flatnonzero(queue[:, _Q["wait_steps"]] > p.max_wait_steps)
+        forced = forced[np.argsort(-queue[forced, _Q["wait_steps"]], kind="stable")][: max(slots, 0)]
+        admitted = forced.tolist()
+        token_load_after = token_load + float(want[forced].sum())
+        kv_free -= float(blocks[forced].sum())
+        for i in self._rank(queue, want, mean_remaining):
+            if len(admitted) >= slots:
+                break
+            if i in forced:
+                continue
+            # The gate: stop at the first candidate that fails; never skip ahead to a smaller one.
+            if token_load_after + want[i] > self.window or kv_free - blocks[i] <= self.kv_guard:
+                break
+            admitted.append(int(i))
+            token_load_after += want[i]
+            kv_free -= blocks[i]
+        self.forced_total += forced.size
+        for key, value in (("window", self.window), ("target", target), ("sigma", sigma), ("kv_guard", self.kv_guard),
+                           ("token_load", token_load), ("forced", forced.size), ("admitted", len(admitted)),
+                           ("queue_depth", depth), ("batch_size", batch)):
+            self.trace[key].append(value)
+        return ranks_action(obs, admitted)
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self.params)

@@ -1,0 +1,108 @@
+"""The flow-control paper's stability conditions, evaluated for a workload on a profile.
+
+A request with prompt ``l`` and output ``o`` holds ``l + t`` KV tokens at its ``t``-th decode step, so it
+occupies ``l*o + (o + o**2)/2`` token-steps in all. With ``lambda`` arrivals per step and ``M`` KV tokens:
+
+* necessary for any stable policy: ``lambda * E[l*o + (o + o**2)/2] <= M``;
+* sufficient for flow control with budget ``b``: ``b * E[l*o + (o + o**2)/2] <= (1 - eps) * M``.
+
+Arrivals are counted per engine step, so a rate in requests/s is converted with the step latency at the
+concurrency the load implies (Little's law on the profile's latency model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from servegym.backends import LatencyModel, Profile, step_latency
+from servegym.engine import EngineConfig
+from servegym.workloads import Workload
+
+
+def token_steps(prompt: np.ndarray, output: np.ndarray) -> float:
+    """``E[l*o + (o + o**2)/2]``: mean KV token-steps one request occupies."""
+    prompt, output = np.asarray(prompt, dtype=np.float64), np.asarray(output, dtype=np.float64)
+    return float(np.mean(prompt * output + (output + output**2) / 2.0))
+
+
+def necessary_condition(rate_per_step: float, mean_token_steps: float, kv_tokens: float) -> bool:
+    return rate_per_step * mean_token_steps <= kv_tokens
+
+
+def sufficient_condition(budget: float, mean_token_steps: float, kv_tokens: float, eps: float) -> bool:
+    return budget * mean_token_steps <= (1.0 - eps) * kv_tokens
+
+
+def suggest_budget(mean_token_steps: float, kv_tokens: float, eps: float) -> float:
+    """The largest activation budget ``b`` that meets the sufficient condition."""
+    return (1.0 - eps) * kv_tokens / mean_token_steps
+
+
+def step_time_at_load(rate_per_s: float, mean_output: float, model: LatencyModel, max_batch: int) -> float:
+    """Decode step latency at the concurrency ``B = rate * step * E[o]`` (fixed point, capped at max_batch)."""
+    step = model.l_min_s
+    for _ in range(100):
+        batch = min(max_batch, rate_per_s * step * mean_output)
+        new = step_latency(model, round(batch))
+        if abs(new - step) < 1e-12:
+            break
+        step = new
+    return step
+
+
+@dataclass(frozen=True)
+class StabilityReport:
+    rate_per_s: float
+    step_s: float
+    rate_per_step: float
+    mean_token_steps: float
+    kv_tokens: int
+    eps: float
+
+    @property
+    def load_ratio(self) -> float:
+        """``lambda * E[...] / M``: above 1 no policy keeps the queue bounded."""
+        return self.rate_per_step * self.mean_token_steps / self.kv_tokens
+
+    @property
+    def necessary_ok(self) -> bool:
+        return necessary_condition(self.rate_per_step, self.mean_token_steps, self.kv_tokens)
+
+    @property
+    def suggested_budget(self) -> float:
+        return suggest_budget(self.mean_token_steps, self.kv_tokens, self.eps)
+
+    def lines(self) -> list[str]:
+        return [
+            f"arrival rate          {self.rate_per_s:.3f} req/s = {self.rate_per_step:.4f} req/step "
+            f"(step {self.step_s * 1e3:.1f} ms at the implied batch)",
+            f"E[l*o + (o+o^2)/2]    {self.mean_token_steps:,.0f} token-steps per request",
+            f"KV memory M           {self.kv_tokens:,} tokens",
+            f"load ratio            {self.load_ratio:.3f} "
+            f"(necessary condition {'met' if self.necessary_ok else 'VIOLATED'})",
+            f"suggested b           {self.suggested_budget:.3f} activations/step (eps = {self.eps})",
+        ]
+
+
+def analyse(prompt: np.ndarray, output: np.ndarray, rate_per_s: float, kv_tokens: int, model: LatencyModel,
+            max_batch: int, eps: float = 0.1) -> StabilityReport:
+    """Stability report for requests like ``(prompt, output)`` arriving at ``rate_per_s``."""
+    if not 0 <= eps < 1:
+        raise ValueError(f"eps must be in [0, 1), got {eps}")
+    step = step_time_at_load(rate_per_s, float(np.mean(output)), model, max_batch)
+    return StabilityReport(rate_per_s, step, rate_per_s * step, token_steps(prompt, output), kv_tokens, eps)
+
+
+def workload_stability(workload: Workload, profile: Profile, config: EngineConfig, eps: float = 0.1,
+                       seed: int = 0) -> StabilityReport:
+    """Stability report of one sampled episode of ``workload`` on ``profile`` with ``config``'s KV and caps."""
+    spec = workload.sample(np.random.default_rng(seed))
+    if len(spec) < 2:
+        raise ValueError("the workload needs at least two requests to estimate its rate")
+    span = float(spec.arrival_s[-1] - spec.arrival_s[0])
+    rate = (len(spec) - 1) / span if span > 0 else float("inf")
+    kv_tokens = (config.num_kv_blocks or profile.num_kv_blocks) * (config.block_size or profile.block_size)
+    output = np.minimum(spec.output_tokens, config.max_tokens)
+    return analyse(spec.prompt_tokens, output, rate, kv_tokens, profile.latency, config.max_num_seqs, eps)

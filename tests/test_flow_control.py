@@ -1,0 +1,137 @@
+"""Flow control: the activation budget, LIFO eviction, and the stability analysis against simulation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from servegym.engine import EngineConfig
+from servegym.metrics import queue_growth_slope
+from servegym.policies import make_policy
+from servegym.policies.flow_control import FlowControl
+from servegym.runner import make_env, run_episode
+from servegym.stability import analyse, necessary_condition, suggest_budget, token_steps, workload_stability
+from servegym.workloads import Choice, Poisson, SyntheticWorkload, make_workload
+from tests.conftest import fixed, flat_profile
+
+
+def test_never_more_than_b_activations_per_step_over_fuzzed_steps():
+    rng = np.random.default_rng(5)
+    steps = 0
+    while steps < 10_000:
+        b = float(rng.choice([0.25, 0.5, 1.0, 2.0, 3.0, 1.5]))
+        policy = FlowControl(activation_budget=b)
+        workload = SyntheticWorkload(Poisson(float(rng.uniform(5, 60))), 30.0,
+                                     prompt=Choice((20, 200, 800), (0.5, 0.3, 0.2)), output=Choice((5, 50), (0.5, 0.5)))
+        env = make_env(policy, workload=workload, strict_actions=True,
+                       engine={"num_kv_blocks": int(rng.integers(200, 2000)), "check_invariants": True})
+        obs, _ = env.reset(seed=int(rng.integers(1 << 30)))
+        policy.reset()
+        admitted = []
+        for _ in range(1000):
+            obs, _, terminated, truncated, info = env.step(policy.act(obs))
+            admitted.append(info["admitted"])
+            if terminated or truncated:
+                break
+        admitted = np.asarray(admitted)
+        steps += admitted.size
+        assert admitted.max() <= math.ceil(b)
+        # A fractional budget is a rate: no window of k steps activates more than b*k + 1.
+        window = max(1, round(4 / b))
+        sums = np.convolve(admitted, np.ones(window, dtype=int), mode="valid")
+        assert sums.max() <= b * window + 1
+
+
+def test_fractional_budget_activates_one_every_1_over_b_steps():
+    policy = FlowControl(activation_budget=0.25)
+    env = make_env(policy, workload=fixed(np.zeros(50), np.full(50, 10), np.full(50, 500)))
+    obs, _ = env.reset(seed=0)
+    admitted = []
+    for _ in range(40):
+        obs, _, _, _, info = env.step(policy.act(obs))
+        admitted.append(info["admitted"])
+    assert admitted == [0, 0, 0, 1] * 10
+
+
+def test_evictions_are_lifo():
+    # One activation per step; 8 requests of 16-token prompts grow until 30 blocks overflow.
+    policy = FlowControl(activation_budget=1.0)
+    env = make_env(policy, workload=fixed(np.zeros(8), np.full(8, 16), np.full(8, 200)),
+                   engine={"num_kv_blocks": 30, "block_size": 16})
+    obs, _ = env.reset(seed=0)
+    engine = env.unwrapped.engine
+    victims = []
+    for _ in range(300):
+        active = engine.running_ids.tolist()
+        obs, _, terminated, _, info = env.step(policy.act(obs))
+        if info["preempted"]:
+            evicted = [r for r in active if r in engine.queue.tolist()]
+            assert len(evicted) == info["preempted"]
+            # The evicted requests are the most recently activated ones, newest first.
+            assert evicted == active[len(active) - len(evicted):]
+            victims.extend(evicted)
+        if terminated:
+            break
+    assert victims, "the cache never overflowed"
+
+
+def constant_latency_env(policy, rate_per_step, n_steps, kv_tokens):
+    step = 0.043
+    workload = SyntheticWorkload(Poisson(rate_per_step / step), n_steps * step,
+                                 prompt=Choice((10,), (1.0,)), output=Choice((40,), (1.0,)))
+    return make_env(policy, workload=workload, profile=flat_profile(num_kv_blocks=kv_tokens, block_size=1),
+                    engine={"max_num_seqs": 512, "max_batched_tokens": 4096}, max_episode_steps=n_steps)
+
+
+def test_stability_analysis_agrees_with_simulation():
+    kv = 4000
+    per_request = token_steps(np.array([10]), np.array([40]))
+    assert per_request == 10 * 40 + (40 + 1600) / 2
+    critical = kv / per_request  # arrivals per step at the necessary bound
+    assert necessary_condition(0.99 * critical, per_request, kv) and not necessary_condition(1.01 * critical,
+                                                                                                 per_request, kv)
+    b = suggest_budget(per_request, kv, eps=0.1)
+
+    # 20% above the bound: even with an unlimited budget no policy keeps up; the queue grows linearly.
+    over = FlowControl(activation_budget=50.0)
+    result = run_episode(constant_latency_env(over, 1.2 * critical, 3000, kv), over, seed=0)
+    steps = result.log.steps()
+    waiting = steps[:, 6]
+    slope_per_step = np.polyfit(np.arange(waiting.size), waiting, 1)[0]
+    assert slope_per_step > 0.3 * 0.2 * critical
+    assert waiting[-500:].mean() > 2 * waiting[1000:1500].mean() > 0
+
+    # 50% below the bound with the suggested b: the queue stays bounded.
+    under = FlowControl(activation_budget=b)
+    result = run_episode(constant_latency_env(under, 0.5 * critical, 3000, kv), under, seed=0)
+    waiting = result.log.steps()[:, 6]
+    assert waiting.max() < 20
+    assert abs(queue_growth_slope(result.log)) < 0.05
+
+
+def test_stability_report_for_a_named_workload(capsys):
+    from servegym.backends import load_profile
+
+    report = workload_stability(make_workload("burst"), load_profile("paper-v100-llama3.2-3b"), EngineConfig())
+    assert report.necessary_ok and 0 < report.load_ratio < 1
+    assert report.suggested_budget == pytest.approx(0.9 * report.kv_tokens / report.mean_token_steps)
+    with pytest.raises(ValueError, match="eps"):
+        analyse(np.array([1]), np.array([1]), 1.0, 10, load_profile("paper-v100-llama3.2-3b").latency, 8, eps=1.5)
+
+
+def test_cli_reports_stability(capsys):
+    from servegym.cli import main
+
+    assert main(["stability", "--workload", "high"]) == 0
+    out = capsys.readouterr().out
+    assert "load ratio" in out and "suggested b" in out
+
+
+@pytest.mark.parametrize("length_mode", ["known", "unknown"])
+def test_flow_control_runs_with_known_and_unknown_lengths(length_mode):
+    policy = make_policy("flow-control", activation_budget=2.0)
+    env = make_env(policy, workload="medium", engine={"length_mode": length_mode})
+    result = run_episode(env, policy, seed=1)
+    assert result.summary["finished"] == result.summary["requests"]
