@@ -8,6 +8,7 @@ import pytest
 from servegym.envs import queue_matrix
 from servegym.policies import POLICIES, Policy, make_policy, register_policy
 from servegym.runner import make_env, run_episode
+from servegym.workloads import WORKLOADS
 from tests.conftest import fixed
 
 ALL = sorted(POLICIES)
@@ -89,3 +90,16 @@ def test_fcfs_never_skips_ahead():
         action = policy.act(obs)
         assert not action.any()
         obs, *_ = env.step(action)
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+@pytest.mark.parametrize("name", ALL)
+def test_every_policy_runs_on_every_workload(name, workload):
+    policy = make_policy(name)
+    env = make_env(policy, workload=workload, strict_actions=True, max_episode_steps=300)
+    obs, _ = env.reset(seed=0)
+    for _ in range(300):
+        obs, _, terminated, truncated, _ = env.step(policy.act(obs))
+        if terminated or truncated:
+            break
+    assert env.unwrapped.engine.finished > 0
