@@ -12,10 +12,9 @@ from typing import NamedTuple
 import numpy as np
 
 from servegym.backends.base import EMPTY, Backend, StepBatch
-from servegym.engine.config import EngineConfig, LengthMode
+from servegym.engine.config import EngineConfig
 from servegym.engine.log import EpisodeLog, RejectReason, State
 from servegym.engine.preemption import pick_victims
-from servegym.workloads.base import Workload
 
 # Columns of the running table. The first six are what policies observe of a running request.
 PROMPT, KV, GEN, LO, HI, PREFILL_LEFT, REQ, OUT, SEG, TARGET = range(10)
@@ -23,36 +22,34 @@ RUNNING_OBS_COLUMNS = ("prompt_tokens", "kv_tokens", "generated", "output_lo", "
 
 
 class StepOutcome(NamedTuple):
-    """What one iteration did. Counts are of requests unless named tokens."""
+    """What one iteration of one engine did. Counts are of requests unless named tokens."""
 
     dt_s: float
     decode_tokens: int
+    """Output tokens emitted (decodes plus first tokens of completed prefills)."""
     prefill_tokens: int
     admitted: int
     refused: int
     preempted: int
     finished: int
-    arrived: int
-    rejected: int
-    in_system: int
-    """Requests waiting or running during the iteration (what the latency reward integrates)."""
-    arrival_lag_s: float
-    """Sum over this step's accepted arrivals of (clock - arrival): their time in system before now."""
 
 
 class Engine:
-    """A continuous-batching LLM serving engine over a paged KV cache.
+    """One container's continuous-batching LLM serving engine over a paged KV cache.
+
+    The engine serves the requests routed to it (:meth:`receive`); a :class:`~servegym.engine.Cluster`
+    owns the workload, the routing and the event clock across containers.
 
     Args:
         config: scheduler-independent engine settings.
         backend: times iterations (calibrated model or real model).
-        workload: yields each episode's requests.
+        container: this engine's index in its pool.
     """
 
-    def __init__(self, config: EngineConfig, backend: Backend, workload: Workload) -> None:
+    def __init__(self, config: EngineConfig, backend: Backend, container: int = 0) -> None:
         self.config = config
         self.backend = backend
-        self.workload = workload
+        self.container = container
         self.num_kv_blocks = config.num_kv_blocks or backend.num_kv_blocks
         self.block_size = config.block_size or backend.block_size
         base = backend.baseline_step_s
@@ -61,27 +58,22 @@ class Engine:
         self.log: EpisodeLog | None = None
 
     # ------------------------------------------------------------------ episode
-    def reset(self, rng: np.random.Generator) -> None:
-        """Start an episode: draw the workload, hide or reveal lengths, jump to the first arrival."""
-        cfg = self.config
-        spec = self.workload.sample(rng)
-        output = spec.output_tokens
-        truncated = output > cfg.max_tokens
-        output = np.minimum(output, cfg.max_tokens)
-        lo, hi = self._length_intervals(rng, output)
-        self.log = EpisodeLog(spec.arrival_s, spec.prompt_tokens, output, lo, hi, truncated,
-                              self.num_kv_blocks, self.block_size)
+    def reset(self, log: EpisodeLog, rng: np.random.Generator, clock: float, ready_at: float = -math.inf) -> None:
+        """Start an episode at ``clock`` with an empty queue; the model is loaded from ``ready_at`` on."""
+        self.log = log
         self.backend.reset(rng)
-        self.clock = float(spec.arrival_s[0]) if len(spec) else 0.0
+        self.clock = clock
+        self.ready_at = ready_at
+        self.idle_since = clock
         self.n_running = 0
         self.n_prefilling = 0
         self.used_blocks = 0
         self.token_load = 0  # sum over running rows of (output_hi - generated)
         self._finish_countdown = 0  # iterations before any decoding request can finish (0: check now)
+        self._phases: np.ndarray | None = None  # decode rows per block phase; None after the table changes
         self.queue = EMPTY
         self.queue_version = 0
         self.arrived = self.finished = self.rejected = 0
-        self._next = 0
         base = self.backend.baseline_step_s
         self.itl_last = 0.0
         self.itl_smoothed = base if base else 0.0
@@ -89,30 +81,13 @@ class Engine:
         self._kv_free_prev = 1.0
         self.last_dt = 0.0
         self._prefill_rows = 0
-        self.last = StepOutcome(0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0)
-        self.step_index = -1  # arrivals at reset become visible at step 0
-        arrived, rejected, lag = self._ingest_arrivals()
+        self.finished_ids = EMPTY
         self.step_index = 0
-        self.last = self.last._replace(arrived=arrived, rejected=rejected, arrival_lag_s=lag)
-        if cfg.check_invariants:
-            self.check_invariants()
-
-    def _length_intervals(self, rng: np.random.Generator, output: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        mode = self.config.length_mode
-        if mode is LengthMode.KNOWN:
-            return output.copy(), output.copy()
-        if mode is LengthMode.UNKNOWN:
-            return np.ones_like(output), np.full_like(output, self.config.max_tokens)
-        err = self.config.prediction_error
-        u = rng.random((2, output.size))
-        lo = np.maximum(1, np.floor(output * (1.0 - err * u[0]))).astype(np.int64)
-        hi = np.minimum(self.config.max_tokens, np.ceil(output * (1.0 + err * u[1]))).astype(np.int64)
-        return lo, hi
+        self.last = StepOutcome(0.0, 0, 0, 0, 0, 0, 0)
 
     @property
-    def done(self) -> bool:
-        """The workload is exhausted and the system is empty."""
-        return self._next == self.log.num_requests and self.queue.size == 0 and self.n_running == 0
+    def has_work(self) -> bool:
+        return self.queue.size > 0 or self.n_running > 0
 
     @property
     def running(self) -> np.ndarray:
@@ -128,25 +103,47 @@ class Engine:
         """Write the observable running columns into the first rows of ``out`` (no allocation)."""
         out[: self.n_running] = self._run[: self.n_running, : len(RUNNING_OBS_COLUMNS)]
 
-    @property
-    def next_arrival_s(self) -> float:
+    def receive(self, ids: np.ndarray, now: float) -> tuple[int, float]:
+        """Queue requests routed here at time ``now``; reject those that could never fit in the KV cache.
+
+        Returns the number rejected and the summed lag ``now - arrival`` of the accepted ones.
+        """
         log = self.log
-        return float(log.arrival_s[self._next]) if self._next < log.num_requests else math.inf
+        if self.clock < now:  # the engine sat idle until now
+            self.clock = now
+        self.arrived += ids.size
+        log.container[ids] = self.container
+        never_fits = log.prompt[ids] + log.output[ids] > self.num_kv_blocks * self.block_size
+        rejected = int(np.count_nonzero(never_fits))
+        if rejected:
+            bad = ids[never_fits]
+            log.state[bad] = State.REJECTED
+            log.reject_reason[bad] = RejectReason.EXCEEDS_KV_CAPACITY
+            log.finish_s[bad] = log.arrival_s[bad]
+            self.rejected += rejected
+            ids = ids[~never_fits]
+        if ids.size:
+            log.state[ids] = State.WAITING
+            log.enqueue_step[ids] = self.step_index
+            self.queue = np.concatenate([self.queue, ids])
+            self.queue_version += 1
+        return rejected, float((now - log.arrival_s[ids]).sum())
 
     # ------------------------------------------------------------------ step
-    def step(self, admit: np.ndarray) -> StepOutcome:
+    def step(self, admit: np.ndarray, next_arrival_s: float = math.inf) -> StepOutcome:
         """Run one iteration.
 
         Args:
             admit: queue positions to admit, in admission order (distinct, each in ``[0, len(queue))``).
                 Admission stops at the first request that does not fit (``max_num_seqs`` or free KV
                 blocks for its first chunk); it and the rest stay waiting (counted as ``refused``).
+                Nothing is admitted while the model is still loading (``clock < ready_at``).
+            next_arrival_s: when the next request reaches the pool; an engine with nothing to do jumps there.
         """
-        if self.done:
-            raise RuntimeError("the episode is over (workload exhausted, system empty); call reset()")
-        in_system = self.queue.size + self.n_running
+        had_work = self.queue.size or self.n_running
         admitted, refused = self._admit(admit) if len(admit) else (0, 0)
         preempted = 0
+        self.finished_ids = EMPTY
         if self.n_running:
             plan, need = self._plan()
             while need > self.num_kv_blocks - self.used_blocks:
@@ -155,25 +152,27 @@ class Engine:
         if self.n_running:
             decode_tokens, prefill_tokens, finished = self._execute(plan, need)
         else:
-            self._idle()
+            self._idle(next_arrival_s)
             decode_tokens = prefill_tokens = finished = 0
-        arrived, rejected, lag = self._ingest_arrivals()
+        if had_work and not (self.queue.size or self.n_running):
+            self.idle_since = self.clock
         kv_free = 1.0 - self.used_blocks / self.num_kv_blocks
         a = self.config.itl_smoothing
         self.kv_free_delta += a * ((kv_free - self._kv_free_prev) - self.kv_free_delta)
         self._kv_free_prev = kv_free
-        self.log.step_rows.append((
+        self.log.step_rows[self.container].append((
             self.clock, self.last_dt, decode_tokens, self._prefill_rows, prefill_tokens, self.n_running,
-            self.queue.size, self.used_blocks, admitted, preempted, finished, arrived, rejected,
+            self.queue.size, self.used_blocks, admitted, preempted, finished,
         ))
         self.step_index += 1
-        self.last = StepOutcome(self.last_dt, decode_tokens, prefill_tokens, admitted, refused, preempted,
-                                finished, arrived, rejected, in_system, lag)
+        self.last = StepOutcome(self.last_dt, decode_tokens, prefill_tokens, admitted, refused, preempted, finished)
         if self.config.check_invariants:
             self.check_invariants()
         return self.last
 
     def _admit(self, positions: np.ndarray) -> tuple[int, int]:
+        if self.clock < self.ready_at:
+            return 0, len(positions)
         cfg, log, run, bs = self.config, self.log, self._run, self.block_size
         free = self.num_kv_blocks - self.used_blocks
         taken: list[int] = []
@@ -189,6 +188,7 @@ class Engine:
                                    target, rid, log.output[rid], -1, target)
             self.n_running += 1
             self.n_prefilling += 1
+            self._phases = None
             self.token_load += int(log.out_hi[rid] - log.saved_gen[rid])
             log.state[rid] = State.PREFILLING
             if math.isnan(log.admit_s[rid]):
@@ -203,7 +203,12 @@ class Engine:
         """Decide this iteration's tokens; return the plan and the KV blocks it needs."""
         n, run, bs = self.n_running, self._run, self.block_size
         if self.n_prefilling == 0:
-            return None, int(np.count_nonzero(run[:n, KV] % bs == 0))
+            # Every row decodes one token, so a row needs a new block when its KV count is a multiple of the
+            # block size. Counting rows by (KV - step) mod block size makes that count a lookup until the
+            # table changes.
+            if self._phases is None:
+                self._phases = np.bincount((run[:n, KV] - self.step_index) % bs, minlength=bs)
+            return None, int(self._phases[-self.step_index % bs])
         left = run[:n, PREFILL_LEFT]
         decoding = left == 0
         pre_rows = np.flatnonzero(~decoding)
@@ -244,6 +249,7 @@ class Engine:
         if plan is None:
             run[:n, KV : GEN + 1] += 1
         else:
+            self._phases = None
             run[:n, KV] += new_tokens
             run[:n, GEN] += decoding
             run[pre_rows, PREFILL_LEFT] -= chunk
@@ -274,6 +280,7 @@ class Engine:
     def _finish(self, rows: np.ndarray) -> None:
         run, log = self._run, self.log
         ids = run[rows, REQ]
+        self.finished_ids = ids.copy()
         log.finish_s[ids] = self.clock
         log.state[ids] = State.FINISHED
         log.seg_req.extend(ids.tolist())
@@ -311,53 +318,25 @@ class Engine:
         kept = run[:n][keep]
         run[: kept.shape[0]] = kept
         self.n_running = kept.shape[0]
+        self._phases = None
 
-    def _idle(self) -> None:
-        """Nothing to run: poll for ``idle_tick_s`` if requests wait, else jump to the next arrival."""
-        dt = self.idle_tick_s if self.queue.size else self.next_arrival_s - self.clock
+    def _idle(self, next_arrival_s: float) -> None:
+        """Nothing runs: wait for the model to load, poll for ``idle_tick_s`` while requests wait, or jump
+        to the next arrival when the queue is empty."""
+        if self.queue.size and self.clock < self.ready_at:
+            dt = self.ready_at - self.clock
+        elif self.queue.size:
+            dt = self.idle_tick_s
+        else:
+            dt = max(0.0, next_arrival_s - self.clock) if math.isfinite(next_arrival_s) else 0.0
         self.clock += dt
         self.last_dt = dt
         self._prefill_rows = 0
 
-    def _ingest_arrivals(self) -> tuple[int, int, float]:
-        """Queue every request that arrived by now; reject those that could never fit in the KV cache."""
-        log = self.log
-        if self._next >= log.num_requests or log.arrival_s[self._next] > self.clock:
-            return 0, 0, 0.0
-        stop = int(np.searchsorted(log.arrival_s, self.clock, side="right"))
-        ids = np.arange(self._next, stop)
-        arrived = ids.size
-        self._next = stop
-        self.arrived += arrived
-        never_fits = log.prompt[ids] + log.output[ids] > self.num_kv_blocks * self.block_size
-        rejected = int(np.count_nonzero(never_fits))
-        if rejected:
-            bad = ids[never_fits]
-            log.state[bad] = State.REJECTED
-            log.reject_reason[bad] = RejectReason.EXCEEDS_KV_CAPACITY
-            self.rejected += rejected
-            ids = ids[~never_fits]
-        log.state[ids] = State.WAITING
-        log.enqueue_step[ids] = self.step_index + 1
-        if ids.size:
-            self.queue = np.concatenate([self.queue, ids])
-            self.queue_version += 1
-        return arrived, rejected, float((self.clock - log.arrival_s[ids]).sum())
-
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:
-        """Raise AssertionError if conservation or KV accounting is broken."""
+        """Raise AssertionError if this engine's queue, running table or KV accounting is inconsistent."""
         log, n, bs = self.log, self.n_running, self.block_size
-        c = log.counts()
-        if c["arrived"] != c["waiting"] + c["running"] + c["finished"] + c["rejected"]:
-            raise AssertionError(f"conservation broken: {c}")
-        if (c["arrived"], c["waiting"], c["running"], c["finished"], c["rejected"]) != (
-            self.arrived, self.queue.size, n, self.finished, self.rejected
-        ):
-            raise AssertionError(
-                f"counters disagree with states: {c} vs arrived={self.arrived} queue={self.queue.size} "
-                f"running={n} finished={self.finished} rejected={self.rejected}"
-            )
         rows = self._run[:n]
         held = int(((rows[:, KV] + bs - 1) // bs).sum())
         if held != self.used_blocks or not 0 <= self.used_blocks <= self.num_kv_blocks:
@@ -367,6 +346,9 @@ class Engine:
         states = log.state[self.queue]
         if not np.all((states == State.WAITING) | (states == State.PREEMPTED)):
             raise AssertionError("a queued request is not waiting")
+        run_states = log.state[rows[:, REQ]]
+        if not np.all((run_states == State.PREFILLING) | (run_states == State.DECODING)):
+            raise AssertionError("a running request is not prefilling or decoding")
         if int((rows[:, HI] - rows[:, GEN]).sum()) != self.token_load:
             raise AssertionError("token load drifted")
         if int(np.count_nonzero(rows[:, PREFILL_LEFT])) != self.n_prefilling:

@@ -28,9 +28,10 @@ class RejectReason(IntEnum):
 
 STEP_FIELDS = (
     "end_s", "dt_s", "decode_batch", "prefill_rows", "prefill_tokens", "running", "waiting",
-    "kv_used_blocks", "admitted", "preempted", "finished", "arrived", "rejected",
+    "kv_used_blocks", "admitted", "preempted", "finished", "container",
 )
-"""Columns of :attr:`EpisodeLog.steps`, one row per iteration."""
+"""Columns of :meth:`EpisodeLog.steps`, one row per iteration of one container; ``running``, ``waiting``
+and ``kv_used_blocks`` are that container's after the iteration."""
 
 
 @dataclass
@@ -38,7 +39,8 @@ class EpisodeLog:
     """Everything that happened in an episode, as struct-of-arrays over request ids and steps.
 
     Token times are stored as decode segments: request ``seg_req[k]`` emitted one token at the end of every
-    step ``seg_first[k] .. seg_last[k]`` (inclusive). A request has one segment, plus one per preemption.
+    step ``seg_first[k] .. seg_last[k]`` (inclusive) of its container. A request has one segment, plus one
+    per preemption. ``step_rows[c]`` holds container ``c``'s iterations.
     """
 
     arrival_s: np.ndarray
@@ -49,6 +51,7 @@ class EpisodeLog:
     truncated: np.ndarray
     num_kv_blocks: int
     block_size: int
+    num_containers: int = 1
     state: np.ndarray = field(init=False)
     admit_s: np.ndarray = field(init=False)
     first_token_s: np.ndarray = field(init=False)
@@ -57,10 +60,13 @@ class EpisodeLog:
     reject_reason: np.ndarray = field(init=False)
     saved_gen: np.ndarray = field(init=False)
     enqueue_step: np.ndarray = field(init=False)
+    container: np.ndarray = field(init=False)
+    cold_start: np.ndarray = field(init=False)
+    load_wait_s: np.ndarray = field(init=False)
     seg_req: list[int] = field(default_factory=list)
     seg_first: list[int] = field(default_factory=list)
     seg_last: list[int] = field(default_factory=list)
-    step_rows: list[tuple] = field(default_factory=list)
+    step_rows: list[list[tuple]] = field(init=False)
 
     def __post_init__(self) -> None:
         n = self.arrival_s.size
@@ -72,33 +78,42 @@ class EpisodeLog:
         self.reject_reason = np.zeros(n, dtype=np.int8)
         self.saved_gen = np.zeros(n, dtype=np.int64)
         self.enqueue_step = np.zeros(n, dtype=np.int64)
+        self.container = np.full(n, -1, dtype=np.int16)
+        self.cold_start = np.zeros(n, dtype=bool)
+        self.load_wait_s = np.zeros(n)
+        self.step_rows = [[] for _ in range(self.num_containers)]
 
     @property
     def num_requests(self) -> int:
         return int(self.arrival_s.size)
 
-    def steps(self) -> np.ndarray:
-        """The step log as a float array of shape ``(num_steps, len(STEP_FIELDS))``."""
-        if not self.step_rows:
-            return np.zeros((0, len(STEP_FIELDS)))
-        return np.asarray(self.step_rows, dtype=np.float64)
+    def steps(self, container: int | None = None) -> np.ndarray:
+        """The step log as floats, shape ``(num_steps, len(STEP_FIELDS))``: one container's iterations, or
+        (``container=None``) every container's, ordered by end time."""
+        chosen = range(self.num_containers) if container is None else [container]
+        blocks = [np.asarray(self.step_rows[c], dtype=np.float64).reshape(-1, len(STEP_FIELDS) - 1) for c in chosen]
+        rows = np.vstack([np.column_stack([b, np.full(len(b), c)]) for c, b in zip(chosen, blocks, strict=True)])
+        return rows if container is not None else rows[np.argsort(rows[:, 0], kind="stable")]
 
-    def step_column(self, name: str) -> np.ndarray:
-        return self.steps()[:, STEP_FIELDS.index(name)]
+    def step_column(self, name: str, container: int | None = None) -> np.ndarray:
+        return self.steps(container)[:, STEP_FIELDS.index(name)]
+
+    def _step_ends(self) -> list[np.ndarray]:
+        return [np.asarray([row[0] for row in rows]) for rows in self.step_rows]
 
     def token_times(self, request: int) -> np.ndarray:
         """Emission time of every output token of ``request``, in order."""
-        ends = self.step_column("end_s")
+        ends = self._step_ends()
         segments = zip(self.seg_req, self.seg_first, self.seg_last, strict=True)
-        parts = [ends[first : last + 1] for r, first, last in segments if r == request]
+        parts = [ends[self.container[r]][first : last + 1] for r, first, last in segments if r == request]
         return np.concatenate(parts) if parts else np.zeros(0)
 
     def all_token_times(self) -> list[np.ndarray]:
         """Token times of every request (empty for those that emitted none)."""
-        ends = self.step_column("end_s")
+        ends = self._step_ends()
         out: list[list[np.ndarray]] = [[] for _ in range(self.num_requests)]
         for r, first, last in zip(self.seg_req, self.seg_first, self.seg_last, strict=True):
-            out[r].append(ends[first : last + 1])
+            out[r].append(ends[self.container[r]][first : last + 1])
         return [np.concatenate(p) if p else np.zeros(0) for p in out]
 
     def counts(self) -> dict[str, int]:

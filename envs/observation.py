@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
+from servegym.engine.cluster import Cluster
 from servegym.engine.engine import RUNNING_OBS_COLUMNS, Engine
 
 ENGINE_FEATURES = (
@@ -32,7 +33,12 @@ Observations are flat (SB3 accepts only 1-D boxes); :func:`queue_matrix` and :fu
 the row views.
 """
 
+POOL_FEATURES = ("deciding", "warmth", "idle_s", "queue_depth", "running", "kv_free_frac")
+"""Per container: 1 for the one whose decision this is; warmth 1 warm, 0 cold, minus seconds left while
+loading the model; seconds idle (0 while busy); its queue, batch and free KV fraction."""
+
 ENGINE_INDEX = {name: i for i, name in enumerate(ENGINE_FEATURES)}
+POOL_INDEX = {name: i for i, name in enumerate(POOL_FEATURES)}
 QUEUE_INDEX = {name: i for i, name in enumerate(QUEUE_FEATURES)}
 RUNNING_INDEX = {name: i for i, name in enumerate(RUNNING_OBS_COLUMNS)}
 
@@ -41,7 +47,7 @@ BIG = 1e9
 """Upper bound of unbounded counts, tokens and seconds (finite, so that checkers and normalisers accept it)."""
 
 
-def observation_space(queue_window: int, running_slots: int) -> spaces.Dict:
+def observation_space(queue_window: int, running_slots: int, num_containers: int) -> spaces.Dict:
     low = np.zeros(len(ENGINE_FEATURES), dtype=np.float32)
     high = np.full(len(ENGINE_FEATURES), BIG, dtype=np.float32)
     low[ENGINE_INDEX["kv_free_delta"]] = -1.0
@@ -52,6 +58,7 @@ def observation_space(queue_window: int, running_slots: int) -> spaces.Dict:
         "engine": spaces.Box(low, high, dtype=np.float32),
         "queue": spaces.Box(0.0, BIG, (queue_window * len(QUEUE_FEATURES),), dtype=np.float32),
         "running": spaces.Box(0.0, BIG, (running_slots * len(RUNNING_OBS_COLUMNS),), dtype=np.float32),
+        "pool": spaces.Box(-BIG, BIG, (num_containers * len(POOL_FEATURES),), dtype=np.float32),
     })
 
 
@@ -81,12 +88,14 @@ class ObservationEncoder:
     def reset(self, engine: Engine) -> None:
         """Start an episode: forget the cached queue and read the per-episode constants."""
         self._version = -1
+        self._container = -1
         self._baseline = engine.backend.baseline_step_s or 0.0
         self._capacity = engine.num_kv_blocks * engine.block_size
         self._length_mode = LENGTH_MODE_CODE[engine.config.length_mode.value]
 
-    def encode(self, engine: Engine) -> dict[str, np.ndarray]:
-        if engine.queue_version != self._version:
+    def encode(self, cluster: Cluster) -> dict[str, np.ndarray]:
+        engine = cluster.engine
+        if engine.queue_version != self._version or engine.container != self._container:
             self._refresh_queue(engine)
         k = self._arrival.size
         queue = self._queue_static.copy()
@@ -102,7 +111,22 @@ class ObservationEncoder:
             engine.queue.size, 1.0 - engine.used_blocks / engine.num_kv_blocks, engine.kv_free_delta,
             self._capacity, engine.block_size, last.preempted, last.admitted, last.finished, self._length_mode,
         ), dtype=np.float32)
-        return {"engine": vector, "queue": queue.reshape(-1), "running": running.reshape(-1)}
+        return {"engine": vector, "queue": queue.reshape(-1), "running": running.reshape(-1),
+                "pool": self._pool(cluster)}
+
+    @staticmethod
+    def _pool(cluster: Cluster) -> np.ndarray:
+        now, values = cluster.time, []
+        for e in cluster.engines:
+            busy = e.queue.size or e.n_running
+            warmth = 1.0 if e.ready_at <= now else (0.0 if e.ready_at == np.inf else now - e.ready_at)
+            if cluster.is_cold(e, now):
+                warmth = 0.0
+            values += (0.0, warmth, 0.0 if busy else now - e.idle_since, e.queue.size, e.n_running,
+                       1.0 - e.used_blocks / e.num_kv_blocks)
+        pool = np.array(values, dtype=np.float32)
+        pool[cluster.deciding * len(POOL_FEATURES)] = 1.0
+        return pool
 
     def _refresh_queue(self, engine: Engine) -> None:
         log = engine.log
@@ -117,3 +141,4 @@ class ObservationEncoder:
         self._arrival = log.arrival_s[ids]
         self._enqueue = log.enqueue_step[ids]
         self._version = engine.queue_version
+        self._container = engine.container

@@ -10,7 +10,7 @@ import numpy as np
 from gymnasium import spaces
 
 from servegym.backends import DEFAULT_PROFILE, Backend, CalibratedBackend, Profile, load_profile
-from servegym.engine import Engine, EngineConfig
+from servegym.engine import Cluster, Engine, EngineConfig, PoolConfig, StepOutcome
 from servegym.envs.observation import ObservationEncoder, observation_space
 from servegym.workloads import Workload, make_workload
 
@@ -31,6 +31,12 @@ class ServingEnv(gym.Env):
     requests to admit before it runs. Iteration latency comes from the backend: a calibrated latency model
     (default) or a real model.
 
+    With `pool={"num_containers": N, ...}` the engine is a serverless pool: each container has its own
+    engine and KV cache, a router assigns arrivals, idle containers go cold after `keep_alive_s` and a cold
+    one loads the model for `cold_start_s` before it can admit. Each step advances the container whose
+    iteration ends first; the action applies to it, and `obs["pool"]` says which one it is and how warm
+    every container is.
+
     ## Action Space
 
     `MultiDiscrete([W + 1] * W)` over the `W = queue_window` requests at the head of the queue. `action[i] = 0`
@@ -49,6 +55,7 @@ class ServingEnv(gym.Env):
     |-----|-------|---------|
     | `engine` | `(15,)` | `ENGINE_FEATURES`: last and smoothed ITL, baseline `l_min`, batch size, prefilling count, token load, queue depth, KV free fraction and its smoothed rate of change, KV capacity and block size, last step's preempted/admitted/finished, length mode (0 known, 1 predicted, 2 unknown) |
     | `queue` | `(W * 6,)` | per visible waiting request: prompt tokens, wait s, wait steps, output lo, output hi, generated (preempted) |
+    | `pool` | `(num_containers * 6,)` | per container: deciding (1/0), warmth (1 warm, 0 cold, -seconds left while loading), idle s, queue depth, running, KV free fraction |
     | `running` | `(max_num_seqs * 6,)` | per running request in activation order: prompt tokens, KV tokens, generated, output lo, output hi, prompt tokens left to prefill |
 
     Output lengths show as an interval `[lo, hi]`: exact when `length_mode="known"`, a seeded interval around
@@ -56,9 +63,9 @@ class ServingEnv(gym.Env):
 
     ## Rewards
 
-    `reward="latency"` (default): `-(requests in system) x step seconds`, plus minus the lag of requests that
-    arrived during the step; over an episode it sums to minus the total time requests spent in the system, so
-    maximising it minimises mean latency. `reward="tokens"`: output tokens emitted in the step.
+    `reward="latency"` (default): minus the request-seconds spent in the system since the last step (requests
+    in system x elapsed time, plus the lag of requests that arrived meanwhile); over an episode it sums to
+    minus the total time requests spent in the system, so maximising it minimises mean latency. `reward="tokens"`: output tokens emitted in the step.
 
     ## Starting State
 
@@ -83,6 +90,7 @@ class ServingEnv(gym.Env):
     | `profile` | `"paper-v100-llama3.2-3b"` | calibrated profile: a shipped name, a JSON path or a `Profile` |
     | `backend` | `None` | a `Backend` instance; overrides `profile` (e.g. the real torch backend) |
     | `engine` | `None` | an `EngineConfig` or a dict of its fields |
+    | `pool` | `None` | a `PoolConfig` or a dict of its fields (containers, keep-alive, cold start, router) |
     | `queue_window` | `32` | visible waiting requests `W` |
     | `reward` | `"latency"` | one of `REWARDS` |
     | `latency_noise_cv` | `None` | override the profile's multiplicative latency noise |
@@ -101,6 +109,7 @@ class ServingEnv(gym.Env):
         profile: str | Profile = DEFAULT_PROFILE,
         backend: Backend | None = None,
         engine: EngineConfig | dict[str, Any] | None = None,
+        pool: PoolConfig | dict[str, Any] | None = None,
         queue_window: int = 32,
         reward: str = "latency",
         latency_noise_cv: float | None = None,
@@ -109,51 +118,69 @@ class ServingEnv(gym.Env):
     ) -> None:
         if isinstance(engine, dict):
             engine = EngineConfig(**engine)
+        if isinstance(pool, dict):
+            pool = PoolConfig(**pool)
         self.engine_config = engine or EngineConfig()
+        self.pool_config = pool or PoolConfig()
         if isinstance(queue_window, bool) or not isinstance(queue_window, int) or queue_window < 1:
             raise ValueError(f"queue_window must be a positive int, got {queue_window!r}")
         if reward not in REWARDS:
             raise ValueError(f"unknown reward {reward!r}; choose from {sorted(REWARDS)}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}")
-        if backend is None:
+        n = self.pool_config.num_containers
+        if backend is not None:
+            if n != 1:
+                raise ValueError("a backend instance serves one container; use profile= for a pool")
+            backends, cold_start = [backend], 0.0
+        else:
             prof = profile if isinstance(profile, Profile) else load_profile(profile)
-            backend = CalibratedBackend(prof, noise_cv=latency_noise_cv)
+            backends = [CalibratedBackend(prof, noise_cv=latency_noise_cv) for _ in range(n)]
+            cold_start = prof.cold_start_s
         self.workload = make_workload(workload) if isinstance(workload, str) else workload
-        self.engine = Engine(self.engine_config, backend, self.workload)
+        self.cluster = Cluster(self.engine_config, self.pool_config, backends, self.workload, cold_start)
         self.queue_window = queue_window
         self.reward_name = reward
         self.strict_actions = strict_actions
         self.render_mode = render_mode
         slots = self.engine_config.max_num_seqs
         self.action_space = spaces.MultiDiscrete(np.full(queue_window, queue_window + 1, dtype=np.int64))
-        self.observation_space = observation_space(queue_window, slots)
+        self.observation_space = observation_space(queue_window, slots, n)
         self._encoder = ObservationEncoder(queue_window, slots)
         self._invalid = 0
 
     # ------------------------------------------------------------------ gym API
+    @property
+    def engine(self) -> Engine:
+        """The container whose decision the next ``step`` takes (the only one unless ``pool`` says more)."""
+        return self.cluster.engine
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        self.engine.reset(self.np_random)
-        self._encoder.reset(self.engine)
+        self.cluster.reset(self.np_random)
+        self._encoder.reset(self.cluster.engines[0])
         self._invalid = 0
-        return self._encoder.encode(self.engine), self._info()
+        info = self._info(self.engine.last, self.cluster.deciding, self.cluster.last_arrived,
+                          self.cluster.last_rejected)
+        return self._encoder.encode(self.cluster), info
 
     def step(self, action):
         order = self._decode_action(action)
-        out = self.engine.step(order)
-        if self.reward_name == "latency":
-            reward = -(out.in_system * out.dt_s + out.arrival_lag_s)
-        else:
-            reward = float(out.decode_tokens)
-        return self._encoder.encode(self.engine), reward, self.engine.done, False, self._info()
+        step = self.cluster.step(order)
+        latency = self.reward_name == "latency"
+        reward = -step.latency_accrued_s if latency else float(step.outcome.decode_tokens)
+        obs = self._encoder.encode(self.cluster)
+        return obs, reward, self.cluster.done, False, self._info(step.outcome, step.container, step.arrived,
+                                                                 step.rejected)
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":
             return None
-        e = self.engine
-        return (f"t={e.clock:9.3f}s step={e.step_index} running={e.n_running} queue={e.queue.size} "
-                f"kv={e.used_blocks}/{e.num_kv_blocks} done={e.finished} itl={e.itl_last * 1e3:.1f}ms")
+        return " | ".join(
+            f"c{e.container}{'*' if e.container == self.cluster.deciding else ' '} t={e.clock:8.3f}s "
+            f"run={e.n_running} queue={e.queue.size} kv={e.used_blocks}/{e.num_kv_blocks} done={e.finished}"
+            for e in self.cluster.engines
+        )
 
     # ------------------------------------------------------------------ actions
     def _decode_action(self, action) -> np.ndarray:
@@ -188,9 +215,11 @@ class ServingEnv(gym.Env):
         return mask.ravel()
 
     # ------------------------------------------------------------------ info
-    def _info(self) -> dict[str, Any]:
-        e, out = self.engine, self.engine.last
+    def _info(self, out: StepOutcome, container: int, arrived: int, rejected: int) -> dict[str, Any]:
+        e = self.cluster.engines[container]
         return {
+            "container": container,
+            "next_container": self.cluster.deciding,
             "clock_s": e.clock,
             "step_s": out.dt_s,
             "decode_tokens": out.decode_tokens,
@@ -199,8 +228,8 @@ class ServingEnv(gym.Env):
             "refused": out.refused,
             "preempted": out.preempted,
             "finished": out.finished,
-            "arrived": out.arrived,
-            "rejected": out.rejected,
+            "arrived": arrived,
+            "rejected": rejected,
             "running": e.n_running,
             "waiting": e.queue.size,
             "kv_used_frac": e.used_blocks / e.num_kv_blocks,
@@ -208,5 +237,6 @@ class ServingEnv(gym.Env):
         }
 
     def config_dict(self) -> dict[str, Any]:
-        """The engine configuration as plain values (for logs and result files)."""
-        return {k: getattr(v, "value", v) for k, v in asdict(self.engine_config).items()}
+        """The engine and pool configuration as plain values (for logs and result files)."""
+        both = {**asdict(self.engine_config), **{f"pool_{k}": v for k, v in asdict(self.pool_config).items()}}
+        return {k: getattr(v, "value", v) for k, v in both.items()}

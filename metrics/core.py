@@ -46,9 +46,10 @@ def percentiles(values: np.ndarray, prefix: str) -> dict[str, float]:
 
 def makespan(log: EpisodeLog) -> float:
     """Seconds from the first arrival to the end of the last iteration."""
-    if not log.step_rows or log.num_requests == 0:
+    ends = [rows[-1][0] for rows in log.step_rows if rows]
+    if not ends or log.num_requests == 0:
         return 0.0
-    return float(log.step_rows[-1][0] - log.arrival_s[0])
+    return float(max(ends) - log.arrival_s[0])
 
 
 def goodput(log: EpisodeLog, ttft_slo_s: float, itl_slo_s: float) -> float:
@@ -75,14 +76,15 @@ def kv_utilisation(log: EpisodeLog) -> tuple[float, float]:
 
 
 def queue_growth_slope(log: EpisodeLog) -> float:
-    """Least-squares slope (requests/s) of the waiting-queue length over time; ~0 when stable."""
-    steps = log.steps()
-    if steps.shape[0] < 2:
-        return 0.0
-    t, q = steps[:, STEP_FIELDS.index("end_s")], steps[:, STEP_FIELDS.index("waiting")]
-    if np.ptp(t) == 0:
-        return 0.0
-    return float(np.polyfit(t, q, 1)[0])
+    """Least-squares slope (requests/s) of the waiting-queue length over time, summed over containers;
+    about 0 when the system keeps up."""
+    total = 0.0
+    for container in range(log.num_containers):
+        steps = log.steps(container)
+        t, q = steps[:, STEP_FIELDS.index("end_s")], steps[:, STEP_FIELDS.index("waiting")]
+        if t.size >= 2 and np.ptp(t) > 0:
+            total += float(np.polyfit(t, q, 1)[0])
+    return total
 
 
 def summarize(log: EpisodeLog, ttft_slo_s: float = 2.0, itl_slo_s: float = 0.2) -> dict[str, float]:
@@ -111,6 +113,7 @@ def summarize(log: EpisodeLog, ttft_slo_s: float = 2.0, itl_slo_s: float = 0.2) 
         "kv_util_mean": kv_mean,
         "kv_util_max": kv_max,
         "preemptions": float(log.n_preempt.sum()),
+        "cold_starts": float(np.count_nonzero(log.cold_start)),
         "queue_slope_rps": queue_growth_slope(log),
     }
     return out

@@ -49,7 +49,7 @@ def run_episode(env: gym.Env, policy: Policy, seed: int, progress: bool = False)
             bar.update(200)
     if bar is not None:
         bar.close()
-    log = serving_env(env).engine.log
+    log = serving_env(env).cluster.log
     return EpisodeResult(log, summarize(log), steps, truncated, total)
 
 
@@ -79,6 +79,7 @@ def write_csvs(log: EpisodeLog, out_dir: str | Path) -> tuple[Path, Path]:
         "state": [State(s).name.lower() for s in log.state], "admit_s": log.admit_s,
         "first_token_s": log.first_token_s, "finish_s": log.finish_s,
         "preemptions": log.n_preempt, "reject_reason": log.reject_reason, "truncated": log.truncated,
+        "container": log.container, "cold_start": log.cold_start, "load_wait_s": log.load_wait_s,
     }
     with req_path.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -87,5 +88,5 @@ def write_csvs(log: EpisodeLog, out_dir: str | Path) -> tuple[Path, Path]:
     with step_path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(STEP_FIELDS)
-        writer.writerows(log.step_rows)
+        writer.writerows(log.steps().tolist())
     return req_path, step_path

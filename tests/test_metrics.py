@@ -44,7 +44,7 @@ def test_goodput_counts_only_requests_meeting_both_slos():
     # The long prompt takes four prefill steps: its TTFT is far above the short one's.
     t = np.sort(ttft(log))
     between = (t[0] + t[1]) / 2
-    span = log.step_rows[-1][0]
+    span = log.step_rows[0][-1][0]
     assert goodput(log, ttft_slo_s=between, itl_slo_s=1.0) == pytest.approx(1 / span)
     assert goodput(log, ttft_slo_s=10.0, itl_slo_s=1.0) == pytest.approx(2 / span)
     assert goodput(log, ttft_slo_s=10.0, itl_slo_s=0.001) == 0.0

@@ -1,0 +1,242 @@
+"""A serverless pool of engines with one workload, a router, keep-alive and cold starts, and an event clock.
+
+With several containers, each step advances the container whose decision is due first (the smallest clock
+among those with work); requests that arrived by then are routed first. With one warm container (the
+default) this is exactly one engine fed by the workload.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from servegym.backends.base import Backend
+from servegym.engine.config import EngineConfig, LengthMode
+from servegym.engine.engine import Engine, StepOutcome
+from servegym.engine.log import EpisodeLog
+from servegym.engine.routing import ROUTERS, Router
+from servegym.workloads.base import Workload
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """The serverless pool: how many containers, when they go cold, how requests are routed."""
+
+    num_containers: int = field(default=1, metadata={"help": "model instances, each with its own engine and KV"})
+    keep_alive_s: float | None = field(
+        default=None, metadata={"help": "idle seconds after which a container goes cold (None: never)"}
+    )
+    cold_start_s: float | None = field(
+        default=None, metadata={"help": "model load time of a cold container (None: the profile's)"}
+    )
+    cold_start_scale: float = field(
+        default=1.0, metadata={"help": "multiplier on the cold start (ServerlessLLM-style fast loading < 1)"}
+    )
+    start_cold: bool = field(default=False, metadata={"help": "containers start cold (scale from zero)"})
+    router: Router = field(default=Router.LEAST_LOADED, metadata={"help": "routing rule for arrivals"})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "router", Router(self.router))
+        n = self.num_containers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"num_containers must be an int >= 1, got {n!r}")
+        for name in ("keep_alive_s", "cold_start_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be None or a finite number >= 0, got {value!r}")
+        if not (math.isfinite(self.cold_start_scale) and self.cold_start_scale > 0):
+            raise ValueError(f"cold_start_scale must be a finite number > 0, got {self.cold_start_scale!r}")
+
+
+class ClusterStep(NamedTuple):
+    """One env step: one iteration of one container, then the routing of new arrivals."""
+
+    container: int
+    """The container that ran the iteration."""
+    outcome: StepOutcome
+    arrived: int
+    rejected: int
+    """Arrivals routed after the iteration, and how many of them could never fit."""
+    latency_accrued_s: float
+    """Request-seconds spent in the system during this step (arrival lags included); sums to total latency."""
+
+
+class Cluster:
+    """Containers fed by one workload through a router."""
+
+    def __init__(self, config: EngineConfig, pool: PoolConfig, backends: list[Backend], workload: Workload,
+                 cold_start_s: float = 0.0) -> None:
+        if len(backends) != pool.num_containers:
+            raise ValueError(f"need one backend per container: {len(backends)} for {pool.num_containers}")
+        self.config = config
+        self.pool = pool
+        self.workload = workload
+        self.engines = [Engine(config, backend, container=c) for c, backend in enumerate(backends)]
+        base = pool.cold_start_s if pool.cold_start_s is not None else cold_start_s
+        self.cold_start_s = base * pool.cold_start_scale
+        self._route = ROUTERS[pool.router]
+        self.log: EpisodeLog | None = None
+        self.done = True
+
+    # ------------------------------------------------------------------ episode
+    def reset(self, rng: np.random.Generator) -> None:
+        """Draw the workload, hide or reveal lengths, and route the first arrivals."""
+        cfg = self.config
+        spec = self.workload.sample(rng)
+        output = np.minimum(spec.output_tokens, cfg.max_tokens)
+        lo, hi = length_intervals(cfg, rng, output)
+        first = self.engines[0]
+        self.log = EpisodeLog(spec.arrival_s, spec.prompt_tokens, output, lo, hi, spec.output_tokens > cfg.max_tokens,
+                              first.num_kv_blocks, first.block_size, len(self.engines))
+        self.time = float(spec.arrival_s[0]) if len(spec) else 0.0
+        ready = math.inf if self.pool.start_cold else -math.inf
+        for engine in self.engines:
+            engine.reset(self.log, rng, self.time, ready_at=ready)
+        self._next = 0
+        self._n = self.log.num_requests
+        self._turn = 0
+        self._open = 0  # requests in the system up to self.time
+        self._pending_ends: list[float] = []  # ends recorded by engines that ran ahead of self.time
+        self.rejected = 0
+        self.cold_starts = 0
+        self.deciding = 0
+        # The clock starts at the first arrival, so these arrivals have no lag to account for.
+        self.last_arrived, self.last_rejected, _ = self._route_arrivals()
+        self._choose()
+        self._update_done()
+        if cfg.check_invariants:
+            self.check_invariants()
+
+    @property
+    def engine(self) -> Engine:
+        """The container whose decision is due."""
+        return self.engines[self.deciding]
+
+    def _update_done(self) -> None:
+        """``done``: the workload is exhausted and every container is empty."""
+        self.done = self._next == self._n and not any(e.queue.size or e.n_running for e in self.engines)
+
+    @property
+    def next_arrival_s(self) -> float:
+        return float(self.log.arrival_s[self._next]) if self._next < self._n else math.inf
+
+    # ------------------------------------------------------------------ step
+    def step(self, admit: np.ndarray) -> ClusterStep:
+        if self.done:
+            raise RuntimeError("the episode is over (workload exhausted, system empty); call reset()")
+        container = self.deciding
+        engine = self.engines[container]
+        out = engine.step(admit, self.next_arrival_s)
+        for _ in range(out.finished):
+            heapq.heappush(self._pending_ends, engine.clock)
+        old_time = self.time
+        busy = [e.clock for e in self.engines if e.queue.size or e.n_running]
+        self.time = max(old_time, min(busy) if busy else engine.clock)
+        accrued = self._advance(old_time)
+        arrived, rejected, lag = self._route_arrivals()
+        self._choose()
+        self._update_done()
+        if self.config.check_invariants:
+            self.check_invariants()
+        return ClusterStep(container, out, arrived, rejected, accrued + lag)
+
+    def _advance(self, old_time: float) -> float:
+        """Request-seconds in the system between ``old_time`` and ``self.time``."""
+        accrued = self._open * (self.time - old_time)
+        while self._pending_ends and self._pending_ends[0] <= self.time:
+            end = heapq.heappop(self._pending_ends)
+            accrued -= self.time - max(end, old_time)
+            self._open -= 1
+        return accrued
+
+    def _route_arrivals(self) -> tuple[int, int, float]:
+        """Route every request that arrived by ``self.time``; return (arrived, rejected, summed lag)."""
+        log = self.log
+        if self._next >= self._n or log.arrival_s[self._next] > self.time:
+            return 0, 0, 0.0
+        stop = int(np.searchsorted(log.arrival_s, self.time, side="right"))
+        ids = np.arange(self._next, stop)
+        targets = np.array([self._pick(int(rid)) for rid in ids])
+        rejected, lag = 0, 0.0
+        for c in np.unique(targets):
+            refused, waited = self.engines[c].receive(ids[targets == c], self.time)
+            rejected += refused
+            lag += waited
+        self._open += ids.size - rejected
+        self._next = stop
+        self.rejected += rejected
+        return ids.size, rejected, lag
+
+    def _pick(self, rid: int) -> int:
+        engines, now = self.engines, self.time
+        if len(engines) == 1:
+            c = 0
+        else:
+            load = np.array([e.queue.size + e.n_running for e in engines], dtype=np.int64)
+            holds = np.array([not self.is_cold(e, now) for e in engines])
+            c = self._route(load, holds, self._turn)
+            self._turn += 1
+        engine = engines[c]
+        if self.is_cold(engine, now):
+            self.cold_starts += 1
+            engine.ready_at = now + self.cold_start_s
+        if engine.ready_at > now:
+            self.log.cold_start[rid] = True
+            self.log.load_wait_s[rid] = engine.ready_at - now
+        return c
+
+    def is_cold(self, engine: Engine, now: float) -> bool:
+        """Cold: never loaded, or idle for longer than the keep-alive (and not loading)."""
+        if engine.ready_at == math.inf:
+            return True
+        keep = self.pool.keep_alive_s
+        return keep is not None and not engine.has_work and now - engine.idle_since > keep
+
+    def _choose(self) -> None:
+        """The deciding container: the earliest clock among those with work (else among all), lowest index on ties."""
+        if len(self.engines) == 1:
+            return
+        best, best_clock, best_busy = 0, math.inf, False
+        for e in self.engines:
+            busy = bool(e.queue.size or e.n_running)
+            if (busy and not best_busy) or (busy == best_busy and e.clock < best_clock):
+                best, best_clock, best_busy = e.container, e.clock, busy
+        self.deciding = best
+
+    # ------------------------------------------------------------------ checks
+    def check_invariants(self) -> None:
+        """Raise AssertionError if conservation or any engine's accounting is broken."""
+        c = self.log.counts()
+        if c["arrived"] != c["waiting"] + c["running"] + c["finished"] + c["rejected"]:
+            raise AssertionError(f"conservation broken: {c}")
+        queued = sum(e.queue.size for e in self.engines)
+        running = sum(e.n_running for e in self.engines)
+        finished = sum(e.finished for e in self.engines)
+        if (c["arrived"], c["waiting"], c["running"], c["finished"], c["rejected"]) != (
+            self._next, queued, running, finished, self.rejected
+        ):
+            raise AssertionError(f"counters disagree with states: {c} vs arrived={self._next} queue={queued} "
+                                 f"running={running} finished={finished} rejected={self.rejected}")
+        for engine in self.engines:
+            engine.check_invariants()
+
+
+def length_intervals(config: EngineConfig, rng: np.random.Generator, output: np.ndarray) -> tuple[np.ndarray,
+                                                                                                    np.ndarray]:
+    """The ``[lo, hi]`` a policy observes for each true output length under ``config.length_mode``."""
+    mode = config.length_mode
+    if mode is LengthMode.KNOWN:
+        return output.copy(), output.copy()
+    if mode is LengthMode.UNKNOWN:
+        return np.ones_like(output), np.full_like(output, config.max_tokens)
+    err = config.prediction_error
+    u = rng.random((2, output.size))
+    lo = np.maximum(1, np.floor(output * (1.0 - err * u[0]))).astype(np.int64)
+    hi = np.minimum(config.max_tokens, np.ceil(output * (1.0 + err * u[1]))).astype(np.int64)
+    return lo, hi
+
+
