@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from servegym.backends.base import Backend
-from servegym.engine.config import EngineConfig, LengthMode
+from servegym.engine.config import EngineConfig, LengthMode, as_enum
 from servegym.engine.engine import Engine, StepOutcome
 from servegym.engine.log import EpisodeLog
 from servegym.engine.routing import ROUTERS, Router
@@ -40,7 +40,7 @@ class PoolConfig:
     router: Router = field(default=Router.LEAST_LOADED, metadata={"help": "routing rule for arrivals"})
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "router", Router(self.router))
+        object.__setattr__(self, "router", as_enum(Router, "router", self.router))
         n = self.num_containers
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"num_containers must be an int >= 1, got {n!r}")

@@ -28,6 +28,14 @@ class LengthMode(StrEnum):
     """The observed interval is ``[1, max_tokens]``."""
 
 
+def as_enum(enum: type[StrEnum], name: str, value: object) -> StrEnum:
+    """``enum(value)`` with an error that names the field and the allowed values."""
+    try:
+        return enum(value)
+    except ValueError:
+        raise ValueError(f"{name} must be one of {[m.value for m in enum]}, got {value!r}") from None
+
+
 def _positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -76,8 +84,8 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "preemption", PreemptionRule(self.preemption))
-        object.__setattr__(self, "length_mode", LengthMode(self.length_mode))
+        object.__setattr__(self, "preemption", as_enum(PreemptionRule, "preemption", self.preemption))
+        object.__setattr__(self, "length_mode", as_enum(LengthMode, "length_mode", self.length_mode))
         for name in ("max_num_seqs", "max_batched_tokens", "prefill_chunk_tokens", "max_tokens"):
             _positive_int(name, getattr(self, name))
         for name in ("num_kv_blocks", "block_size", "max_prefill_tokens"):

@@ -3,6 +3,8 @@
 from servegym.envs.observation import (
     ENGINE_FEATURES,
     ENGINE_INDEX,
+    POOL_FEATURES,
+    POOL_INDEX,
     QUEUE_FEATURES,
     QUEUE_INDEX,
     RUNNING_INDEX,
@@ -14,6 +16,8 @@ from servegym.envs.serving import REWARDS, ServingEnv
 __all__ = [
     "ENGINE_FEATURES",
     "ENGINE_INDEX",
+    "POOL_FEATURES",
+    "POOL_INDEX",
     "QUEUE_FEATURES",
     "QUEUE_INDEX",
     "REWARDS",

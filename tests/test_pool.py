@@ -1,0 +1,127 @@
+"""The serverless pool: cold starts, keep-alive, routing, the event clock, conservation across containers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servegym.engine import PoolConfig
+from servegym.envs import POOL_INDEX
+from tests.conftest import admit_all, fixed, make
+
+
+def run_to_end(env, limit=200_000):
+    total = 0.0
+    for _ in range(limit):
+        _, reward, terminated, truncated, _ = env.step(admit_all(env))
+        total += reward
+        if terminated or truncated:
+            return total
+    raise AssertionError("episode did not end")
+
+
+def test_cold_container_adds_exactly_cold_start_to_first_ttft():
+    workload = fixed([2.0], [100], [5])
+    warm = make(workload)
+    warm.reset(seed=0)
+    run_to_end(warm)
+    cold = make(workload, pool={"start_cold": True, "cold_start_s": 7.5})
+    cold.reset(seed=0)
+    run_to_end(cold)
+    ttft_warm = warm.unwrapped.cluster.log.first_token_s[0] - 2.0
+    log = cold.unwrapped.cluster.log
+    assert log.first_token_s[0] - 2.0 == pytest.approx(ttft_warm + 7.5, abs=1e-12)
+    assert log.cold_start[0] and log.load_wait_s[0] == pytest.approx(7.5)
+
+
+def test_profile_cold_start_and_scale():
+    env = make(fixed([0.0], [10], [2]), pool={"start_cold": True, "cold_start_scale": 0.1})
+    env.reset(seed=0)
+    run_to_end(env)
+    assert env.unwrapped.cluster.log.load_wait_s[0] == pytest.approx(0.8)  # profile's 8 s at a 10x faster load
+
+
+def test_keep_alive_expiry_makes_the_container_cold_again():
+    workload = fixed([0.0, 5.0, 100.0], [10, 10, 10], [3, 3, 3])
+    env = make(workload, pool={"keep_alive_s": 30.0, "cold_start_s": 2.0})
+    env.reset(seed=0)
+    run_to_end(env)
+    log = env.unwrapped.cluster.log
+    assert log.cold_start.tolist() == [False, False, True]
+    assert log.load_wait_s[2] == pytest.approx(2.0)
+
+
+def test_loading_container_admits_nothing_until_ready():
+    env = make(fixed([0.0], [10], [3]), pool={"start_cold": True, "cold_start_s": 3.0})
+    obs, _ = env.reset(seed=0)
+    assert obs["pool"][POOL_INDEX["warmth"]] == pytest.approx(-3.0)
+    _, _, _, _, info = env.step(admit_all(env))
+    assert info["admitted"] == 0 and info["refused"] == 1 and info["clock_s"] == pytest.approx(3.0)
+    _, _, _, _, info = env.step(admit_all(env))
+    assert info["admitted"] == 1
+
+
+def three_containers(**pool):
+    n = 300
+    workload = fixed(np.linspace(0, 20, n), np.full(n, 100), np.full(n, 60))
+    return make(workload, pool={"num_containers": 3, **pool})
+
+
+def test_round_robin_router_cycles():
+    env = three_containers(router="round_robin")
+    env.reset(seed=0)
+    run_to_end(env)
+    containers = env.unwrapped.cluster.log.container
+    assert containers[:9].tolist() == [0, 1, 2] * 3
+    assert np.all(np.diff(containers.astype(int)) % 3 == 1)
+
+
+def test_event_clock_steps_the_earliest_container_and_pool_obs_says_which():
+    env = three_containers()
+    obs, _ = env.reset(seed=0)
+    cluster = env.unwrapped.cluster
+    for _ in range(300):
+        busy = [e for e in cluster.engines if e.queue.size or e.n_running]
+        if busy:
+            assert cluster.engine.clock == min(e.clock for e in busy)
+        deciding = obs["pool"].reshape(3, -1)[:, POOL_INDEX["deciding"]]
+        assert deciding.tolist() == [float(i == cluster.deciding) for i in range(3)]
+        obs, _, _, _, info = env.step(admit_all(env))
+    assert len({c for c in cluster.log.container if c >= 0}) == 3
+
+
+@pytest.mark.parametrize("router", ["least_loaded", "round_robin", "warm_first"])
+def test_conservation_and_latency_reward_across_containers(router):
+    env = make(three_containers().unwrapped.workload, pool={"num_containers": 3, "router": router, "keep_alive_s": 1.0,
+                                              "cold_start_s": 0.5}, engine={"check_invariants": True})
+    env.reset(seed=0)
+    total = run_to_end(env)
+    log = env.unwrapped.cluster.log
+    assert log.counts()["finished"] == log.num_requests
+    assert total == pytest.approx(-np.sum(log.finish_s - log.arrival_s), rel=1e-9)
+
+
+@pytest.mark.parametrize(("router", "containers", "cold"), [
+    ("warm_first", [0, 0], [True, False]),   # B joins the busy warm container 0
+    ("least_loaded", [0, 1], [True, True]),  # B goes to idle, cold container 1 and pays a cold start
+])
+def test_warm_first_prefers_a_busy_warm_container_over_a_cold_idle_one(router, containers, cold):
+    workload = fixed([0.0, 3.0], [10, 10], [200, 3])  # A keeps container 0 busy well past t = 3 s
+    env = make(workload, pool={"num_containers": 2, "router": router, "start_cold": True,
+                               "keep_alive_s": 60.0, "cold_start_s": 1.0})
+    env.reset(seed=0)
+    run_to_end(env)
+    log = env.unwrapped.cluster.log
+    assert log.container.tolist() == containers
+    assert log.cold_start.tolist() == cold
+
+
+def test_pool_config_validation():
+    with pytest.raises(ValueError, match="num_containers"):
+        PoolConfig(num_containers=0)
+    with pytest.raises(ValueError, match="keep_alive_s"):
+        PoolConfig(keep_alive_s=-1.0)
+    with pytest.raises(ValueError, match="cold_start_scale"):
+        PoolConfig(cold_start_scale=0.0)
+    with pytest.raises(ValueError, match="router"):
+        PoolConfig(router="dice")
