@@ -86,7 +86,7 @@ def test_event_clock_steps_the_earliest_container_and_pool_obs_says_which():
             assert cluster.engine.clock == min(e.clock for e in busy)
         deciding = obs["pool"].reshape(3, -1)[:, POOL_INDEX["deciding"]]
         assert deciding.tolist() == [float(i == cluster.deciding) for i in range(3)]
-        obs, _, _, _, info = env.step(admit_all(env))
+        obs, *_ = env.step(admit_all(env))
     assert len({c for c in cluster.log.container if c >= 0}) == 3
 
 
