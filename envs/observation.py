@@ -24,6 +24,8 @@ ENGINE_FEATURES = (
     "last_admitted",     # requests admitted in the last iteration
     "last_finished",     # requests finished in the last iteration
     "length_mode",       # what output_lo/hi mean: 0 known (exact), 1 predicted (interval), 2 unknown ([1, max])
+    "prefill_chunk_tokens",  # most prompt tokens one request ingests per step
+    "max_batched_tokens",    # per-step token budget (decodes + prefill chunks)
 )
 LENGTH_MODE_CODE = {"known": 0, "predicted": 1, "unknown": 2}
 QUEUE_FEATURES = ("prompt_tokens", "wait_s", "wait_steps", "output_lo", "output_hi", "generated")
@@ -92,6 +94,8 @@ class ObservationEncoder:
         self._baseline = engine.backend.baseline_step_s or 0.0
         self._capacity = engine.num_kv_blocks * engine.block_size
         self._length_mode = LENGTH_MODE_CODE[engine.config.length_mode.value]
+        self._chunk = engine.config.prefill_chunk_tokens
+        self._budget = engine.config.max_batched_tokens
 
     def encode(self, cluster: Cluster) -> dict[str, np.ndarray]:
         engine = cluster.engine
@@ -110,6 +114,7 @@ class ObservationEncoder:
             engine.itl_last, engine.itl_smoothed, self._baseline, n, engine.n_prefilling, engine.token_load,
             engine.queue.size, 1.0 - engine.used_blocks / engine.num_kv_blocks, engine.kv_free_delta,
             self._capacity, engine.block_size, last.preempted, last.admitted, last.finished, self._length_mode,
+            self._chunk, self._budget,
         ), dtype=np.float32)
         return {"engine": vector, "queue": queue.reshape(-1), "running": running.reshape(-1),
                 "pool": self._pool(cluster)}

@@ -53,7 +53,7 @@ class ServingEnv(gym.Env):
 
     | key | shape | content |
     |-----|-------|---------|
-    | `engine` | `(15,)` | `ENGINE_FEATURES`: last and smoothed ITL, baseline `l_min`, batch size, prefilling count, token load, queue depth, KV free fraction and its smoothed rate of change, KV capacity and block size, last step's preempted/admitted/finished, length mode (0 known, 1 predicted, 2 unknown) |
+    | `engine` | `(17,)` | `ENGINE_FEATURES`: last and smoothed ITL, baseline `l_min`, batch size, prefilling count, token load, queue depth, KV free fraction and its smoothed rate of change, KV capacity and block size, last step's preempted/admitted/finished, length mode (0 known, 1 predicted, 2 unknown), prefill chunk, step token budget |
     | `queue` | `(W * 6,)` | per visible waiting request: prompt tokens, wait s, wait steps, output lo, output hi, generated (preempted) |
     | `pool` | `(num_containers * 6,)` | per container: deciding (1/0), warmth (1 warm, 0 cold, -seconds left while loading), idle s, queue depth, running, KV free fraction |
     | `running` | `(max_num_seqs * 6,)` | per running request in activation order: prompt tokens, KV tokens, generated, output lo, output hi, prompt tokens left to prefill |

@@ -1,6 +1,21 @@
 """Hand-coded scheduling policies: one file each, registered by name in :data:`POLICIES`."""
 
-from servegym.policies import fcfs, flow_control, twp  # noqa: F401  (each module registers its policy)
+from servegym.policies import (  # noqa: F401  (each module registers its policy)
+    alpha_protection,
+    amin,
+    dynamic_batch,
+    fcfs,
+    flow_control,
+    hindsight,
+    mc,
+    mc_sf,
+    priority,
+    round_robin,
+    sarathi,
+    serverless_llm,
+    twp,
+    vllm,
+)
 from servegym.policies.base import (
     POLICIES,
     Policy,

@@ -32,6 +32,10 @@ class Policy(ABC):
         """EngineConfig fields this policy needs (its preemption rule, prefill chunk); runners apply them."""
         return {}
 
+    def pool_overrides(self) -> dict[str, Any]:
+        """PoolConfig fields this policy needs (its router, its loader's cold-start scale)."""
+        return {}
+
     def reset(self) -> None:
         """Forget per-episode state."""
 

@@ -27,11 +27,14 @@ class EpisodeResult:
 
 
 def make_env(policy: Policy | None = None, max_episode_steps: int | None = None, **env_kwargs: Any) -> gym.Env:
-    """``gym.make`` the serving env with the policy's engine overrides merged into ``engine``."""
+    """``gym.make`` the serving env with the policy's engine and pool overrides merged in (explicit
+    ``engine``/``pool`` entries win)."""
     engine = dict(env_kwargs.pop("engine", None) or {})
+    pool = dict(env_kwargs.pop("pool", None) or {})
     if policy is not None:
         engine = {**policy.engine_overrides(), **engine}
-    return gym.make(ENV_ID, engine=engine, max_episode_steps=max_episode_steps, **env_kwargs)
+        pool = {**policy.pool_overrides(), **pool}
+    return gym.make(ENV_ID, engine=engine, pool=pool, max_episode_steps=max_episode_steps, **env_kwargs)
 
 
 def run_episode(env: gym.Env, policy: Policy, seed: int, progress: bool = False) -> EpisodeResult:

@@ -1,0 +1,41 @@
+"""alpha-protection greedy (the flow-control paper's baseline): FCFS under a memory ceiling, clear on overflow."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servegym.policies.base import Observation, Policy, admit_first, register_policy
+from servegym.policies.common import fcfs_count, free_blocks, total_blocks
+
+
+@dataclass(frozen=True)
+class AlphaProtectionParams:
+    alpha: float = field(default=0.1, metadata={"help": "protected fraction of KV memory kept free at admission"})
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha < 1.0:
+            raise ValueError(f"alpha must be in [0, 1), got {self.alpha!r}")
+
+
+@register_policy
+class AlphaProtection(Policy):
+    """Admit FCFS while used KV stays at or below ``(1 - alpha) M``; on overflow evict every running request."""
+
+    name = "alpha-protection"
+    source = "Dong & Cao (flow-control paper), baseline: alpha-protection greedy"
+    rule = "FCFS while usage <= (1 - alpha) M; on overflow clear all running requests"
+
+    def __init__(self, **params: Any) -> None:
+        self.params = AlphaProtectionParams(**params)
+
+    def engine_overrides(self) -> dict[str, Any]:
+        return {"preemption": "clear_all"}
+
+    def act(self, obs: Observation) -> np.ndarray:
+        total = total_blocks(obs)
+        used = total - free_blocks(obs)
+        ceiling = (1.0 - self.params.alpha) * total - used
+        return admit_first(obs, fcfs_count(obs, budget_blocks=max(0.0, ceiling)))

@@ -1,0 +1,53 @@
+"""A_min (Chen, Ye, Zhou 2025): robust scheduling under interval predictions, from the lower ends up.
+
+Each request's length estimate starts at the lower end ``lo`` of its prediction interval and doubles each
+time the request outgrows it (capped at ``hi``). The estimate is a function of what the observation shows
+(``lo``, ``hi``, tokens generated), so a preempted request returns to the queue with its raised estimate.
+Admission is greedy, shortest estimate first, while the future-memory check on the estimates holds; on KV
+overflow the engine evicts the running requests with the fewest generated tokens first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX
+from servegym.policies.base import Observation, Policy, ranks_action, register_policy
+from servegym.policies.common import longest_feasible_prefix, running_rows, visible_queue
+
+
+def amin_estimate(lo: np.ndarray, hi: np.ndarray, generated: np.ndarray) -> np.ndarray:
+    """``lo * 2**k`` for the smallest ``k`` with an estimate above ``generated``, capped at ``hi``."""
+    lo = np.maximum(lo, 1.0)
+    doublings = np.ceil(np.log2(np.maximum((generated + 1.0) / lo, 1.0)))
+    return np.minimum(lo * 2.0**doublings, hi)
+
+
+@register_policy
+class AMin(Policy):
+    """Shortest lower-end estimate first under a future-memory check; estimates double when outgrown."""
+
+    name = "amin"
+    source = "Chen, Ye, Zhou: Adaptively Robust LLM Inference Optimization under Prediction Uncertainty (2025)"
+    rule = "estimate = lower end, doubled when outgrown; shortest estimate first; evict fewest-generated first"
+
+    def engine_overrides(self) -> dict[str, Any]:
+        return {"preemption": "fewest_generated"}
+
+    def reset(self) -> None:
+        self.running_estimates = np.zeros(0)
+
+    def act(self, obs: Observation) -> np.ndarray:
+        run = running_rows(obs)
+        generated = run[:, RUNNING_INDEX["generated"]]
+        self.running_estimates = amin_estimate(run[:, RUNNING_INDEX["output_lo"]], run[:, RUNNING_INDEX["output_hi"]],
+                                               generated)
+        rows = visible_queue(obs)
+        queued_gen = rows[:, QUEUE_INDEX["generated"]]
+        estimate = amin_estimate(rows[:, QUEUE_INDEX["output_lo"]], rows[:, QUEUE_INDEX["output_hi"]], queued_gen)
+        order = np.argsort(estimate - queued_gen, kind="stable")
+        count = longest_feasible_prefix(obs, np.maximum(self.running_estimates - generated, 1.0), rows[order],
+                                        np.maximum(estimate[order] - queued_gen[order], 1.0))
+        return ranks_action(obs, order[:count])

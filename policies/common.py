@@ -1,0 +1,98 @@
+"""Admission arithmetic shared by the hand-coded policies: free KV, prompt blocks, future-memory checks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX, queue_matrix, running_matrix
+from servegym.policies.base import Observation, engine_feature
+
+
+def visible_queue(obs: Observation) -> np.ndarray:
+    """The rows of the visible waiting requests (queue head first)."""
+    queue = queue_matrix(obs)
+    return queue[: min(int(engine_feature(obs, "queue_depth")), queue.shape[0])]
+
+
+def running_rows(obs: Observation) -> np.ndarray:
+    return running_matrix(obs)[: int(engine_feature(obs, "batch_size"))]
+
+
+def free_slots(obs: Observation) -> int:
+    """How many more requests the engine can run (``max_num_seqs`` minus the batch)."""
+    return max(0, obs["running"].shape[0] // len(RUNNING_INDEX) - int(engine_feature(obs, "batch_size")))
+
+
+def free_blocks(obs: Observation) -> int:
+    block = engine_feature(obs, "kv_block_size")
+    return round(engine_feature(obs, "kv_free_frac") * engine_feature(obs, "kv_capacity_tokens") / block)
+
+
+def total_blocks(obs: Observation) -> int:
+    return round(engine_feature(obs, "kv_capacity_tokens") / engine_feature(obs, "kv_block_size"))
+
+
+def admission_blocks(obs: Observation, rows: np.ndarray) -> np.ndarray:
+    """KV blocks each waiting request needs on admission: its prompt, tokens to recompute, first token."""
+    block = engine_feature(obs, "kv_block_size")
+    return np.ceil((rows[:, QUEUE_INDEX["prompt_tokens"]] + rows[:, QUEUE_INDEX["generated"]] + 1) / block)
+
+
+def prefix_that_fits(need: np.ndarray, budget: float) -> int:
+    """The longest prefix of ``need`` (in order) whose sum stays within ``budget``."""
+    return int(np.searchsorted(np.cumsum(need), budget, side="right"))
+
+
+def fcfs_count(obs: Observation, order: np.ndarray | None = None, budget_blocks: float | None = None) -> int:
+    """How many visible requests (in ``order``, default queue order) fit in free KV blocks and slots."""
+    rows = visible_queue(obs)
+    if order is not None:
+        rows = rows[order]
+    budget = free_blocks(obs) if budget_blocks is None else budget_blocks
+    return min(prefix_that_fits(admission_blocks(obs, rows), budget), free_slots(obs))
+
+
+def peak_future_tokens(current: np.ndarray, remaining: np.ndarray) -> float:
+    """The largest KV footprint (tokens) of a set of requests from now until all finish.
+
+    Request ``j`` holds ``current[j] + t`` tokens ``t`` steps from now until it finishes after
+    ``remaining[j]`` more tokens. Between completions memory only grows, so the peak sits at a completion
+    time ``t = remaining[k]``, where it is the sum over requests still running of ``current + t``.
+    """
+    if current.size == 0:
+        return 0.0
+    order = np.argsort(remaining, kind="stable")
+    rem, cur = remaining[order], current[order]
+    alive = np.arange(rem.size, 0, -1)  # requests with remaining >= rem[k]
+    suffix = np.cumsum(cur[::-1])[::-1]
+    return float(np.max(suffix + rem * alive))
+
+
+def memory_feasible(obs: Observation, running_remaining: np.ndarray, candidates: np.ndarray,
+                    candidate_remaining: np.ndarray) -> bool:
+    """Would running plus ``candidates`` (queue rows) stay within the KV cache at every future completion?
+
+    Memory is counted in tokens with one block of rounding slack per request (blocks hold whole tokens).
+    """
+    run = running_rows(obs)
+    current = np.concatenate([
+        run[:, RUNNING_INDEX["prompt_tokens"]] + run[:, RUNNING_INDEX["generated"]],
+        candidates[:, QUEUE_INDEX["prompt_tokens"]] + candidates[:, QUEUE_INDEX["generated"]],
+    ])
+    remaining = np.concatenate([running_remaining, candidate_remaining])
+    slack = (engine_feature(obs, "kv_block_size") - 1) * current.size
+    return peak_future_tokens(current, remaining) + slack <= engine_feature(obs, "kv_capacity_tokens")
+
+
+def longest_feasible_prefix(obs: Observation, running_remaining: np.ndarray, rows: np.ndarray,
+                            remaining: np.ndarray) -> int:
+    """The longest prefix of ``rows`` (in order) that keeps future memory feasible (binary search:
+    adding requests never lowers the peak)."""
+    lo, hi = 0, min(rows.shape[0], free_slots(obs))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if memory_feasible(obs, running_remaining, rows[:mid], remaining[:mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -1,0 +1,39 @@
+"""Sarathi-Serve-style stall-free batching (Agrawal et al., OSDI 2024)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servegym.policies.base import Observation, Policy, admit_first, register_policy
+from servegym.policies.vllm import admit_within_budget, budget_after_running
+
+
+@dataclass(frozen=True)
+class SarathiParams:
+    token_budget: int = field(default=512, metadata={"help": "fixed tokens per iteration (decodes + prefill chunks)"})
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.token_budget, int) and self.token_budget > 0):
+            raise ValueError(f"token_budget must be a positive int, got {self.token_budget!r}")
+
+
+@register_policy
+class SarathiServe(Policy):
+    """Every step: all decodes, then ongoing prefill chunks, then new admissions, under one fixed token budget."""
+
+    name = "sarathi"
+    source = "Agrawal et al.: Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve (OSDI 2024)"
+    rule = "stall-free batching: decodes, then ongoing prefill chunks, then admissions, under a fixed chunk budget"
+
+    def __init__(self, **params: Any) -> None:
+        self.params = SarathiParams(**params)
+
+    def engine_overrides(self) -> dict[str, Any]:
+        budget = self.params.token_budget
+        return {"max_batched_tokens": budget, "prefill_chunk_tokens": budget, "max_num_seqs": min(128, budget)}
+
+    def act(self, obs: Observation) -> np.ndarray:
+        return admit_first(obs, admit_within_budget(obs, budget_after_running(obs, self.params.token_budget)))

@@ -1,0 +1,76 @@
+"""vLLM V1-style scheduling: one token budget, running requests first, FCFS admission with chunked prefill."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX
+from servegym.policies.base import Observation, Policy, admit_first, engine_feature, register_policy
+from servegym.policies.common import free_blocks, free_slots, running_rows, visible_queue
+
+
+@dataclass(frozen=True)
+class VLLMParams:
+    max_num_batched_tokens: int = field(default=2048, metadata={"help": "token budget per step"})
+    max_num_seqs: int = field(default=128, metadata={"help": "most running requests"})
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value > 0):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+
+
+def budget_after_running(obs: Observation, budget: int) -> int:
+    """Tokens left in the step budget after every decode and every ongoing prefill chunk."""
+    run = running_rows(obs)
+    left = run[:, RUNNING_INDEX["prefill_left"]]
+    decoding = int(np.count_nonzero(left == 0))
+    chunk = engine_feature(obs, "prefill_chunk_tokens")
+    return max(0, budget - decoding - int(np.minimum(left[left > 0], chunk).sum()))
+
+
+def admit_within_budget(obs: Observation, budget_left: int) -> int:
+    """FCFS admissions while step tokens remain and each request's first chunk gets its KV blocks."""
+    rows = visible_queue(obs)
+    block = engine_feature(obs, "kv_block_size")
+    chunk = engine_feature(obs, "prefill_chunk_tokens")
+    blocks, count = free_blocks(obs), 0
+    for row in rows[: free_slots(obs)]:
+        target = row[QUEUE_INDEX["prompt_tokens"]] + row[QUEUE_INDEX["generated"]]
+        first = min(chunk, target, budget_left)
+        need = np.ceil((first + (first == target)) / block)
+        if budget_left <= 0 or need > blocks:
+            break
+        budget_left -= first
+        blocks -= need
+        count += 1
+    return count
+
+
+@register_policy
+class VLLMV1(Policy):
+    """Serve running requests first; admit FCFS while the token budget and KV blocks last; no admissions in a
+    step after a preemption; preempted requests recompute from the queue front (LIFO victims)."""
+
+    name = "vllm"
+    source = "vLLM V1 scheduler (Kwon et al., SOSP 2023; vLLM v1 engine)"
+    rule = "token budget and max_num_seqs; running first; FCFS chunked admission; none in a step that preempted"
+
+    def __init__(self, **params: Any) -> None:
+        self.params = VLLMParams(**params)
+
+    def engine_overrides(self) -> dict[str, Any]:
+        p = self.params
+        return {"max_batched_tokens": p.max_num_batched_tokens, "max_num_seqs": p.max_num_seqs,
+                "prefill_chunk_tokens": p.max_num_batched_tokens, "preemption": "lifo"}
+
+    def act(self, obs: Observation) -> np.ndarray:
+        if engine_feature(obs, "last_preempted") > 0:
+            return admit_first(obs, 0)
+        return admit_first(obs, admit_within_budget(obs, budget_after_running(obs, self.params.max_num_batched_tokens)))
