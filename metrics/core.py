@@ -106,6 +106,7 @@ def summarize(log: EpisodeLog, ttft_slo_s: float = 2.0, itl_slo_s: float = 0.2) 
         "throughput_tps": tokens / span if span > 0 else 0.0,
         "goodput_rps": goodput(log, ttft_slo_s, itl_slo_s),
         **percentiles(ttft(log), "ttft"),
+        "e2e_mean": float(e2e_latency(log).mean()) if finished else float("nan"),
         **percentiles(e2e_latency(log), "e2e"),
         "itl_mean": float(gaps.mean()) if gaps.size else float("nan"),
         **{k: v for k, v in percentiles(gaps, "itl").items() if not k.endswith("p95")},

@@ -54,7 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(format_summary(result.summary))
     if args.policy == "flow-control":
         print("stability (flow-control paper):")
-        print(_stability_text(args.workload, args.profile, EngineConfig(**{**policy.engine_overrides(), **engine})))
+        print(_stability_text(args.workload, args.profile, EngineConfig(**{**engine, **policy.engine_overrides()})))
     if args.out:
         req, steps = write_csvs(result.log, args.out)
         print(f"wrote {req} and {steps}")
@@ -70,6 +70,50 @@ def cmd_stability(args: argparse.Namespace) -> int:
     engine = {"length_mode": args.length_mode} if args.length_mode else {}
     print(f"servegym stability: workload={args.workload} profile={args.profile}")
     print(_stability_text(args.workload, args.profile, EngineConfig(**engine), args.eps))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from servegym.evaluation import compare, default_experiment, load_experiment
+
+    experiment = load_experiment(args.experiment) if args.experiment else default_experiment()
+    if args.seeds:
+        experiment = experiment.with_seeds(args.seeds)
+    out = Path(args.out or f"results/{experiment.name}")
+    runs = len(experiment.policies) * len(experiment.workloads) * len(experiment.seeds)
+    print(f"servegym compare: {experiment.name}: {len(experiment.policies)} policies x {len(experiment.workloads)} "
+          f"workloads x {len(experiment.seeds)} seeds = {runs} runs -> {out}")
+    _, paths = compare(experiment, out, workers=args.workers, progress=not args.quiet, plots=not args.no_plots)
+    print(paths["summary"].read_text())
+    for name, path in paths.items():
+        print(f"wrote {name}: {path}")
+    return 0
+
+
+PAPER_EXPERIMENTS = ("twp_paper", "flow_control_synthetic", "flow_control_trace")
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from servegym.evaluation import compare, load_experiment
+    from servegym.evaluation.reproduction import write_reproduction
+
+    results, seeds = {}, {}
+    for name in PAPER_EXPERIMENTS:
+        experiment = load_experiment(Path(args.experiments) / f"{name}.yaml")
+        if args.seeds:
+            experiment = experiment.with_seeds(args.seeds)
+        print(f"servegym reproduce: {name} ({len(experiment.seeds)} seeds)")
+        results[name], _ = compare(experiment, Path(args.results) / name, workers=args.workers,
+                                   progress=not args.quiet)
+        seeds[name] = len(experiment.seeds)
+    claims = write_reproduction(results, seeds, Path(args.doc))
+    for c in claims:
+        print(f"[{c.verdict}] {c.paper}: {c.claim}")
+    print(f"wrote {args.doc}")
     return 0
 
 
@@ -101,6 +145,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default=None, help="folder for requests.csv and steps.csv")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
+    comp = sub.add_parser("compare", help="run policies x workloads x seeds; write results, tables and plots")
+    comp.add_argument("experiment", nargs="?", default=None,
+                      help="experiment YAML (default: the built-in default experiment)")
+    comp.add_argument("--seeds", type=int, default=None, help="override the number of seeds")
+    comp.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
+    comp.add_argument("--out", default=None, help="output folder (default: results/<experiment name>)")
+    comp.add_argument("--no-plots", action="store_true")
+    comp.add_argument("--quiet", action="store_true", help="no progress bar")
+    comp.set_defaults(func=cmd_compare)
+    rep = sub.add_parser("reproduce", help="run the papers' experiments and write docs/REPRODUCTION.md")
+    rep.add_argument("--experiments", default="experiments", help="folder with the paper experiment files")
+    rep.add_argument("--results", default="docs/results", help="folder for each experiment's results")
+    rep.add_argument("--doc", default="docs/REPRODUCTION.md")
+    rep.add_argument("--seeds", type=int, default=None, help="override every experiment's seed count")
+    rep.add_argument("--workers", type=int, default=None)
+    rep.add_argument("--quiet", action="store_true")
+    rep.set_defaults(func=cmd_reproduce)
     stab = sub.add_parser("stability", help="flow-control stability conditions of a workload on a profile")
     stab.add_argument("--workload", default="medium", choices=sorted(WORKLOADS))
     stab.add_argument("--profile", default=DEFAULT_PROFILE)

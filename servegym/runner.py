@@ -27,13 +27,16 @@ class EpisodeResult:
 
 
 def make_env(policy: Policy | None = None, max_episode_steps: int | None = None, **env_kwargs: Any) -> gym.Env:
-    """``gym.make`` the serving env with the policy's engine and pool overrides merged in (explicit
-    ``engine``/``pool`` entries win)."""
+    """``gym.make`` the serving env with ``engine``/``pool`` settings, then the policy's own overrides on top.
+
+    A policy's overrides are part of its definition (TWP's chunk size, flow control's LIFO eviction, the
+    hindsight reference's true lengths), so they win; change them through the policy's parameters.
+    """
     engine = dict(env_kwargs.pop("engine", None) or {})
     pool = dict(env_kwargs.pop("pool", None) or {})
     if policy is not None:
-        engine = {**policy.engine_overrides(), **engine}
-        pool = {**policy.pool_overrides(), **pool}
+        engine = {**engine, **policy.engine_overrides()}
+        pool = {**pool, **policy.pool_overrides()}
     return gym.make(ENV_ID, engine=engine, pool=pool, max_episode_steps=max_episode_steps, **env_kwargs)
 
 

@@ -40,7 +40,7 @@ def suggest_budget(mean_token_steps: float, kv_tokens: float, eps: float) -> flo
     return (1.0 - eps) * kv_tokens / mean_token_steps
 
 
-def step_time_at_load(rate_per_s: float, mean_output: float, model: LatencyModel, max_batch: int) -> float:
+def step_time_at_load(rate_per_s: float, mean_output: float, model: LatencyModel, max_batch: float) -> float:
     """Decode step latency at the concurrency ``B = rate * step * E[o]`` (fixed point, capped at max_batch)."""
     step = model.l_min_s
     for _ in range(100):
@@ -91,7 +91,9 @@ def analyse(prompt: np.ndarray, output: np.ndarray, rate_per_s: float, kv_tokens
     """Stability report for requests like ``(prompt, output)`` arriving at ``rate_per_s``."""
     if not 0 <= eps < 1:
         raise ValueError(f"eps must be in [0, 1), got {eps}")
-    step = step_time_at_load(rate_per_s, float(np.mean(output)), model, max_batch)
+    # Concurrency is capped by max_num_seqs and by how many average requests the KV memory holds.
+    mean_footprint = float(np.mean(prompt) + np.mean(output) / 2.0)
+    step = step_time_at_load(rate_per_s, float(np.mean(output)), model, min(max_batch, kv_tokens / mean_footprint))
     return StabilityReport(rate_per_s, step, rate_per_s * step, token_steps(prompt, output), kv_tokens, eps)
 
 

@@ -1,0 +1,71 @@
+"""Policy comparisons: experiment files, a parallel grid runner, tidy results, tables and the papers' plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from servegym.evaluation.grid import TaskResult, run_grid, run_task, tasks
+from servegym.evaluation.report import markdown_summary, summarize_results, write_reports
+from servegym.evaluation.spec import (
+    Experiment,
+    ExperimentError,
+    PolicySpec,
+    WorkloadSpec,
+    build_workload,
+    experiment_from_dict,
+    load_experiment,
+)
+from servegym.evaluation.stats import mean_ci
+
+DEFAULT_EXPERIMENT = {
+    "name": "default",
+    "description": (
+        "The seed papers' policies and baselines on the four TWP scenarios (low, medium, high, burst) of the "
+        "shipped V100 profile, with predicted output lengths (a seeded interval around the truth)."
+    ),
+    "profile": "paper-v100-llama3.2-3b",
+    "seeds": 10,
+    "engine": {"length_mode": "predicted"},
+    "policies": ["twp", "flow-control", "fcfs", "round-robin", "priority", "dynamic-batch", "serverless-llm",
+                 "alpha-protection", "mc", "mc-sf", "amin", "vllm", "sarathi", "hindsight"],
+    "workloads": ["low", "medium", "high", "burst"],
+}
+
+
+def default_experiment() -> Experiment:
+    return experiment_from_dict(DEFAULT_EXPERIMENT, "the built-in default experiment")
+
+
+def compare(experiment: Experiment, out: Path, workers: int | None = None, progress: bool = True,
+            plots: bool = True) -> tuple[list[TaskResult], dict[str, Path]]:
+    """Run ``experiment`` and write ``results.csv``, ``summary.md`` and (``plots``) the PNG figures."""
+    results = run_grid(experiment, workers=workers, progress=progress)
+    paths = write_reports(experiment, results, out)
+    if plots:
+        from servegym.evaluation.plots import plot_all
+
+        for path in plot_all(results, summarize_results(results), out):
+            paths[path.stem] = path
+    return results, paths
+
+
+__all__ = [
+    "DEFAULT_EXPERIMENT",
+    "Experiment",
+    "ExperimentError",
+    "PolicySpec",
+    "TaskResult",
+    "WorkloadSpec",
+    "build_workload",
+    "compare",
+    "default_experiment",
+    "experiment_from_dict",
+    "load_experiment",
+    "markdown_summary",
+    "mean_ci",
+    "run_grid",
+    "run_task",
+    "summarize_results",
+    "tasks",
+    "write_reports",
+]

@@ -1,0 +1,95 @@
+"""Results files: a tidy CSV (one row per policy x workload x seed x metric) and a Markdown summary."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from servegym.evaluation.grid import TaskResult
+from servegym.evaluation.spec import Experiment
+from servegym.evaluation.stats import mean_ci
+
+TABLE_COLUMNS = (
+    # metric, header, scale, decimals: the TWP paper's Table III shape
+    ("throughput_rps", "Throughput (req/s)", 1.0, 3),
+    ("e2e_p99", "P99 latency (s)", 1.0, 2),
+    ("ttft_p50", "TTFT P50 (s)", 1.0, 3),
+    ("ttft_p99", "TTFT P99 (s)", 1.0, 2),
+    ("itl_mean", "ITL mean (ms)", 1e3, 1),
+    ("itl_p99", "ITL P99 (ms)", 1e3, 1),
+    ("itl_cv", "ITL CV", 1.0, 3),
+)
+
+Summary = dict[tuple[str, str, str], tuple[float, float, int]]
+"""(workload, policy, metric) -> (mean, 95% CI half-width, runs)."""
+
+
+def write_tidy_csv(results: list[TaskResult], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["policy", "workload", "seed", "metric", "value"])
+        for r in results:
+            for metric, value in r.metrics.items():
+                writer.writerow([r.policy, r.workload, r.seed, metric, repr(float(value))])
+
+
+def read_tidy_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def summarize_results(results: list[TaskResult]) -> Summary:
+    groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for r in results:
+        for metric, value in r.metrics.items():
+            groups[(r.workload, r.policy, metric)].append(value)
+    return {key: (*mean_ci(np.asarray(values)), len(values)) for key, values in groups.items()}
+
+
+def ordered(results: list[TaskResult]) -> tuple[list[str], list[str]]:
+    """Workloads and policies in first-seen order."""
+    workloads = list(dict.fromkeys(r.workload for r in results))
+    policies = list(dict.fromkeys(r.policy for r in results))
+    return workloads, policies
+
+
+def cell(mean: float, half: float, scale: float, decimals: int) -> str:
+    if math.isnan(mean):
+        return "n/a"
+    text = f"{mean * scale:.{decimals}f}"
+    return text if math.isnan(half) else f"{text} ± {half * scale:.{decimals}f}"
+
+
+def markdown_summary(experiment: Experiment, results: list[TaskResult]) -> str:
+    summary = summarize_results(results)
+    workloads, policies = ordered(results)
+    seeds = len(experiment.seeds)
+    lines = [f"# {experiment.name}", ""]
+    if experiment.description:
+        lines += [experiment.description.strip(), ""]
+    lines += [f"Profile `{experiment.profile}`; {seeds} seeds per cell; mean ± 95% confidence half-width "
+              f"(Student t, n = {seeds}). Engine overrides: `{experiment.engine or {}}`; pool: "
+              f"`{experiment.pool or {}}`.", ""]
+    header = "| policy | " + " | ".join(h for _, h, _, _ in TABLE_COLUMNS) + " |"
+    rule = "|---|" + "---|" * len(TABLE_COLUMNS)
+    for workload in workloads:
+        lines += [f"## {workload}", "", header, rule]
+        for policy in policies:
+            cells = [cell(*summary[(workload, policy, m)][:2], scale, dec) for m, _, scale, dec in TABLE_COLUMNS]
+            truncated = summary.get((workload, policy, "truncated"), (0.0,))[0]
+            mark = " (truncated)" if truncated and truncated > 0 else ""
+            lines.append(f"| {policy}{mark} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_reports(experiment: Experiment, results: list[TaskResult], out: Path) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"results": out / "results.csv", "summary": out / "summary.md"}
+    write_tidy_csv(results, paths["results"])
+    paths["summary"].write_text(markdown_summary(experiment, results) + "\n")
+    return paths

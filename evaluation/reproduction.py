@@ -1,0 +1,215 @@
+"""docs/REPRODUCTION.md: each claim of the two papers, what servegym measured, and a verdict.
+
+Verdicts are computed from per-seed paired comparisons (the same seed gives every policy the same requests):
+- a relative-gain claim is *reproduced* when the gain's 95% CI reaches the claimed value, *partly* when the
+  gain is positive but the CI stays below the claim, *not reproduced* when the CI does not exclude zero or
+  the gain is negative;
+- a "lowest" claim is reproduced when the policy has the lowest mean, partly when the lowest is within the
+  policy's own CI, not reproduced otherwise;
+- a "beats" claim counts (baseline, workload) pairs where the policy is better on mean latency with a CI
+  that excludes zero: all of them reproduce the claim, some of them partly, none of them do not.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from servegym.evaluation.grid import TaskResult
+from servegym.evaluation.stats import mean_ci
+
+REPRODUCED, PARTLY, NOT = "reproduced", "partly reproduced", "not reproduced"
+
+
+@dataclass(frozen=True)
+class Claim:
+    paper: str
+    claim: str
+    measured: str
+    verdict: str
+    reason: str
+
+
+class Table:
+    """Per-seed metric values: ``table[(workload, policy, metric)] -> {seed: value}``."""
+
+    def __init__(self, results: list[TaskResult]) -> None:
+        self.values: dict[tuple[str, str, str], dict[int, float]] = defaultdict(dict)
+        for r in results:
+            for metric, value in r.metrics.items():
+                self.values[(r.workload, r.policy, metric)][r.seed] = value
+        self.workloads = list(dict.fromkeys(r.workload for r in results))
+        self.policies = list(dict.fromkeys(r.policy for r in results))
+
+    def series(self, workload: str, policy: str, metric: str) -> np.ndarray:
+        cells = self.values[(workload, policy, metric)]
+        return np.array([cells[s] for s in sorted(cells)])
+
+    def mean(self, workload: str, policy: str, metric: str) -> tuple[float, float]:
+        return mean_ci(self.series(workload, policy, metric))
+
+
+def gain_claim(table: Table, paper: str, text: str, policy: str, others: list[str], metric: str,
+               claimed: float) -> Claim:
+    """Relative gain of ``policy`` over the per-seed mean of ``others`` on ``metric`` (higher is better)."""
+    parts, verdicts = [], []
+    for w in table.workloads:
+        ours = table.series(w, policy, metric)
+        theirs = np.mean([table.series(w, o, metric) for o in others], axis=0)
+        mean, half = mean_ci(ours / theirs - 1.0)
+        parts.append(f"{w}: {mean:+.0%} ± {half:.0%}")
+        if mean - half > 0 and mean + half >= claimed:
+            verdicts.append(REPRODUCED)
+        elif mean - half > 0:
+            verdicts.append(PARTLY)
+        else:
+            verdicts.append(NOT)
+    return _combine(paper, text, "; ".join(parts), verdicts, f"claimed {claimed:+.0%}; per workload: gain 95% CI")
+
+
+def lowest_claim(table: Table, paper: str, text: str, policy: str, metric: str, fmt: str) -> Claim:
+    parts, verdicts = [], []
+    for w in table.workloads:
+        means = {p: table.mean(w, p, metric)[0] for p in table.policies}
+        best = min(means, key=means.get)
+        ours, half = table.mean(w, policy, metric)
+        parts.append(f"{w}: {policy} {ours:{fmt}} ± {half:{fmt}}, lowest {best} {means[best]:{fmt}}")
+        if best == policy:
+            verdicts.append(REPRODUCED)
+        elif ours - half <= means[best]:
+            verdicts.append(PARTLY)
+        else:
+            verdicts.append(NOT)
+    return _combine(paper, text, "; ".join(parts), verdicts, "lowest mean per workload")
+
+
+def beats_claim(table: Table, paper: str, text: str, policy: str, baselines: list[str], metric: str) -> Claim:
+    wins, total, parts = 0, 0, []
+    for w in table.workloads:
+        won = []
+        for b in baselines:
+            if (w, b, metric) not in table.values:
+                continue
+            diff = table.series(w, b, metric) - table.series(w, policy, metric)  # > 0: policy is lower
+            mean, half = mean_ci(diff)
+            total += 1
+            if mean - half > 0:
+                wins += 1
+                won.append(b)
+        parts.append(f"{w}: better than {', '.join(won) if won else 'none'}")
+    verdict = REPRODUCED if wins == total else PARTLY if wins else NOT
+    return Claim(paper, text, f"{wins} of {total} (baseline, workload) pairs; " + "; ".join(parts), verdict,
+                 f"lower mean {metric} with a 95% CI on the paired difference that excludes zero")
+
+
+def near_claim(table: Table, paper: str, text: str, policy: str, reference: str, metric: str,
+               tolerance: float) -> Claim:
+    parts, verdicts = [], []
+    for w in table.workloads:
+        mean, half = mean_ci(table.series(w, policy, metric) / table.series(w, reference, metric) - 1.0)
+        parts.append(f"{w}: {mean:+.1%} ± {half:.1%}")
+        verdicts.append(REPRODUCED if mean - half <= tolerance else PARTLY if mean - 2 * half <= tolerance else NOT)
+    return _combine(paper, text, "; ".join(parts), verdicts,
+                    f"{metric} relative to {reference} within {tolerance:.0%} (95% CI)")
+
+
+def _combine(paper: str, text: str, measured: str, verdicts: list[str], reason: str) -> Claim:
+    if all(v == REPRODUCED for v in verdicts):
+        verdict = REPRODUCED
+    elif all(v == NOT for v in verdicts):
+        verdict = NOT
+    else:
+        verdict = PARTLY
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in (REPRODUCED, PARTLY, NOT) if verdicts.count(v))
+    return Claim(paper, text, measured, verdict, f"{reason} ({counts} of {len(verdicts)} workloads)")
+
+
+TWP = "TWP (Desai, N K, Addya)"
+FLOW = "Flow control (Dong & Cao)"
+CONVENTIONAL = ["fcfs", "round-robin", "priority", "dynamic-batch"]
+FLOW_BASELINES = ["alpha-protection", "mc", "mc-sf", "amin"]
+
+
+def twp_claims(table: Table) -> list[Claim]:
+    return [
+        gain_claim(table, TWP, "+45% throughput over ServerlessLLM", "twp", ["serverless-llm"], "throughput_rps",
+                   0.45),
+        gain_claim(table, TWP, "+58% throughput over conventional schedulers", "twp", CONVENTIONAL,
+                   "throughput_rps", 0.58),
+        lowest_claim(table, TWP, "the lowest P99 TTFT", "twp", "ttft_p99", ".2f"),
+        lowest_claim(table, TWP, "the lowest ITL coefficient of variation", "twp", "itl_cv", ".3f"),
+    ]
+
+
+def flow_claims(table: Table, setting: str) -> list[Claim]:
+    return [
+        beats_claim(table, FLOW, f"beats alpha-protection greedy, MC, MC-SF and A_min on latency ({setting})",
+                    "flow-control", FLOW_BASELINES, "e2e_mean"),
+        beats_claim(table, FLOW, f"beats them on P95 latency ({setting})", "flow-control", FLOW_BASELINES, "e2e_p95"),
+        near_claim(table, FLOW, f"comes near hindsight ({setting})", "flow-control", "hindsight", "e2e_mean", 0.10),
+    ]
+
+
+def render(claims: list[Claim], notes: list[str], sources: list[str]) -> str:
+    lines = [
+        "# Reproducing the two source papers with servegym",
+        "",
+        "Generated by `servegym reproduce` from the experiment files in `experiments/` (tables, tidy results "
+        "and plots under `docs/results/<experiment>/`). Nothing in the environment was tuned toward the papers' "
+        "numbers; the verdicts report what the simulator says. How verdicts are decided: "
+        "`evaluation/reproduction.py`.",
+        "",
+        "| paper | claim | servegym measured | verdict |",
+        "|---|---|---|---|",
+    ]
+    for c in claims:
+        lines.append(f"| {c.paper} | {c.claim} | {c.measured} | **{c.verdict}** ({c.reason}) |")
+    lines += ["", "## Readings taken and caveats", ""] + [f"- {n}" for n in notes]
+    lines += ["", "## Runs", ""] + [f"- {s}" for s in sources]
+    return "\n".join(lines) + "\n"
+
+
+NOTES = [
+    "The shipped `paper-v100-llama3.2-3b` profile takes l_min = 43 ms and B0 = 8 from the TWP paper; alpha, "
+    "the prefill terms, the KV size and the cold start are estimates (see the profile file). Every number below "
+    "inherits them.",
+    "The TWP paper's 18 req/s is far beyond what B0 = 8 at about 43 ms per step serves: 8 sequences / 43 ms is "
+    "186 tokens/s, about 2.9 req/s at the paper's mean output of 65 tokens, yet the paper reports far lower "
+    "throughputs than its offered load without saying where the excess goes. servegym reads it literally: 250 "
+    "requests arrive within about 14 s and queue; batches grow past B0 (each extra request costs alpha), so "
+    "every scheduler runs overloaded on that workload.",
+    "Throughput is finished requests over the makespan (first arrival to last completion), so a policy that "
+    "leaves a long drain (TWP, whose window admits less) pays for it.",
+    "TWP forces in any request that has waited T_max = 200 steps; under sustained overload those forced "
+    "admissions, not the window, set the batch (see docs/results/twp_paper/twp_feedback.png).",
+    "The TWP experiment runs on a two-container pool that starts cold and goes cold after 30 s idle, so that "
+    "Round-Robin and ServerlessLLM routing differ from FCFS and cold starts enter TTFT (the paper's eq. (1)).",
+    "The flow-control synthetic setting runs on the `discrete-time` profile (1 s per step, no batch cost): the "
+    "paper's model is discrete time, and on the V100 profile compute saturates long before KV memory binds. "
+    "Latencies there are in steps.",
+    "The flow-control paper's real-data source is replaced by the bundled Azure LLM code trace (CC-BY-4.0), "
+    "compressed to 10 and 50 req/s; its long prompts (mean 2,048 tokens) make prefill the bottleneck on the V100 "
+    "profile, a regime the paper's memory-only analysis does not model.",
+    "MC and MC-SF plan with upper-bound lengths: with unknown lengths (the interval [1, max_tokens]) they admit "
+    "very few requests, which is what their rule implies, not a tuning choice.",
+]
+
+
+def write_reproduction(results_by_experiment: dict[str, list[TaskResult]], seeds: dict[str, int],
+                       path: Path) -> list[Claim]:
+    claims: list[Claim] = []
+    if "twp_paper" in results_by_experiment:
+        claims += twp_claims(Table(results_by_experiment["twp_paper"]))
+    if "flow_control_synthetic" in results_by_experiment:
+        claims += flow_claims(Table(results_by_experiment["flow_control_synthetic"]), "synthetic classes")
+    if "flow_control_trace" in results_by_experiment:
+        claims += flow_claims(Table(results_by_experiment["flow_control_trace"]), "Azure trace")
+    sources = [f"`experiments/{name}.yaml`: {seeds[name]} seeds, {len(results)} runs; tables in "
+               f"[`results/{name}/summary.md`](results/{name}/summary.md)"
+               for name, results in results_by_experiment.items()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(claims, NOTES, sources))
+    return claims

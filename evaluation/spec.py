@@ -1,0 +1,231 @@
+"""Experiment files: which policies, workloads, seeds and engine settings a comparison runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servegym.backends import DEFAULT_PROFILE
+from servegym.policies import POLICIES
+from servegym.workloads import (
+    WORKLOADS,
+    Choice,
+    Gamma,
+    MarkovModulated,
+    Poisson,
+    RangeMix,
+    SyntheticWorkload,
+    TraceWorkload,
+    Workload,
+    bundled_trace,
+    make_workload,
+)
+from servegym.workloads.scenarios import gsm8k_pairs
+
+
+class ExperimentError(ValueError):
+    """An experiment file is malformed; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def title(self) -> str:
+        return self.label or self.name
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    label: str
+    source: str | dict[str, Any]
+    """A registered workload name, or an inline description (see :func:`build_workload`)."""
+    length_mode: str | None = None
+    policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-policy parameter overrides for this workload (e.g. flow control's budget for its arrival rate)."""
+
+    def build(self) -> Workload:
+        return build_workload(self.source, self.label)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    policies: tuple[PolicySpec, ...]
+    workloads: tuple[WorkloadSpec, ...]
+    seeds: tuple[int, ...] = tuple(range(10))
+    description: str = ""
+    profile: str = DEFAULT_PROFILE
+    engine: dict[str, Any] = field(default_factory=dict)
+    pool: dict[str, Any] = field(default_factory=dict)
+    max_steps: int = 200_000
+    ttft_slo_s: float = 2.0
+    itl_slo_s: float = 0.2
+
+    def with_seeds(self, seeds: int) -> Experiment:
+        from dataclasses import replace
+
+        return replace(self, seeds=tuple(range(seeds)))
+
+
+TOP_KEYS = {"name", "description", "profile", "seeds", "engine", "pool", "max_steps", "policies", "workloads",
+            "length_modes", "ttft_slo_s", "itl_slo_s"}
+
+
+def experiment_from_dict(data: Any, source: str = "<experiment>") -> Experiment:
+    """Validate a parsed experiment file; errors name ``source`` and the key."""
+    def fail(message: str) -> ExperimentError:
+        return ExperimentError(f"{source}: {message}")
+
+    if not isinstance(data, dict):
+        raise fail("expected a mapping at the top level")
+    unknown = set(data) - TOP_KEYS
+    if unknown:
+        raise fail(f"unknown key(s) {sorted(unknown)}; allowed: {sorted(TOP_KEYS)}")
+    for key in ("name", "policies", "workloads"):
+        if key not in data:
+            raise fail(f"missing key {key!r}")
+    seeds = data.get("seeds", 10)
+    if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
+        seeds = tuple(range(seeds))
+    elif isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds):
+        seeds = tuple(seeds)
+    else:
+        raise fail(f"seeds must be a positive int or a list of ints, got {seeds!r}")
+    policies = tuple(_policy(item, fail) for item in _list(data["policies"], "policies", fail))
+    modes = data.get("length_modes", [None])
+    if not isinstance(modes, list) or not modes or any(m not in (None, "known", "predicted", "unknown") for m in modes):
+        raise fail(f"length_modes must be a list of known/predicted/unknown, got {modes!r}")
+    workloads = []
+    for item in _list(data["workloads"], "workloads", fail):
+        label, src, params = _workload(item, fail)
+        for mode in modes:
+            workloads.append(WorkloadSpec(label if mode is None else f"{label}/{mode}", src, mode, params))
+    labels = [w.label for w in workloads]
+    if len(set(labels)) != len(labels):
+        raise fail(f"workload labels must be unique, got {labels}")
+    for key in ("engine", "pool"):
+        if not isinstance(data.get(key, {}), dict):
+            raise fail(f"{key} must be a mapping")
+    max_steps = data.get("max_steps", 200_000)
+    if not isinstance(max_steps, int) or max_steps < 1:
+        raise fail(f"max_steps must be a positive int, got {max_steps!r}")
+    experiment = Experiment(
+        name=str(data["name"]), policies=policies, workloads=tuple(workloads), seeds=seeds,
+        description=str(data.get("description", "")), profile=str(data.get("profile", DEFAULT_PROFILE)),
+        engine=dict(data.get("engine", {})), pool=dict(data.get("pool", {})), max_steps=max_steps,
+        ttft_slo_s=float(data.get("ttft_slo_s", 2.0)), itl_slo_s=float(data.get("itl_slo_s", 0.2)),
+    )
+    for w in experiment.workloads:
+        try:
+            w.build()
+        except (ValueError, TypeError, KeyError, OSError) as err:
+            raise fail(f"workload {w.label!r}: {err}") from None
+    return experiment
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ExperimentError(f"experiment file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ExperimentError(f"{path}: invalid YAML: {err}") from None
+    return experiment_from_dict(data, str(path))
+
+
+def _list(value: Any, key: str, fail) -> list:
+    if not isinstance(value, list) or not value:
+        raise fail(f"{key} must be a non-empty list")
+    return value
+
+
+def _policy(item: Any, fail) -> PolicySpec:
+    if isinstance(item, str):
+        item = {"name": item}
+    if not isinstance(item, dict) or "name" not in item or set(item) - {"name", "params", "label"}:
+        raise fail(f"a policy is a name or {{name, params, label}}, got {item!r}")
+    if item["name"] not in POLICIES:
+        raise fail(f"unknown policy {item['name']!r}; registered: {sorted(POLICIES)}")
+    spec = PolicySpec(item["name"], dict(item.get("params", {})), str(item.get("label", "")))
+    try:
+        POLICIES[spec.name](**spec.params)
+    except (TypeError, ValueError) as err:
+        raise fail(f"policy {spec.title!r}: {err}") from None
+    return spec
+
+
+def _workload(item: Any, fail) -> tuple[str, str | dict[str, Any], dict[str, dict[str, Any]]]:
+    if isinstance(item, str):
+        item = {"label": item, "name": item}
+    if not isinstance(item, dict) or "label" not in item:
+        raise fail(f"a workload is a registered name or a mapping with a label, got {item!r}")
+    params = item.get("policy_params", {})
+    if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
+        raise fail(f"workload {item['label']!r}: policy_params must map policy names to parameter mappings")
+    for name in params:
+        if name not in POLICIES:
+            raise fail(f"workload {item['label']!r}: policy_params names unknown policy {name!r}")
+    if "name" in item:
+        if item["name"] not in WORKLOADS:
+            raise fail(f"unknown workload {item['name']!r}; named ones: {sorted(WORKLOADS)}")
+        return str(item["label"]), str(item["name"]), params
+    return str(item["label"]), {k: v for k, v in item.items() if k not in ("label", "policy_params")}, params
+
+
+def _lengths(spec: Any, key: str):
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise ValueError(f"{key} must be a mapping with a kind (choice, range_mix, fixed)")
+    kind = spec["kind"]
+    if kind == "choice":
+        return Choice(tuple(spec["values"]), tuple(spec["probs"]))
+    if kind == "range_mix":
+        return RangeMix(tuple(tuple(r) for r in spec["ranges"]), tuple(spec["probs"]))
+    if kind == "fixed":
+        return Choice((int(spec["value"]),), (1.0,))
+    raise ValueError(f"{key}.kind {kind!r} is not one of choice, range_mix, fixed")
+
+
+def _arrivals(spec: Any):
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise ValueError("arrivals must be a mapping with a kind (poisson, gamma, mmpp)")
+    kind, args = spec["kind"], {k: v for k, v in spec.items() if k != "kind"}
+    builders = {"poisson": Poisson, "gamma": Gamma, "mmpp": MarkovModulated}
+    if kind not in builders:
+        raise ValueError(f"arrivals.kind {kind!r} is not one of {sorted(builders)}")
+    return builders[kind](**args)
+
+
+def build_workload(source: str | dict[str, Any], label: str = "") -> Workload:
+    """A workload from a registered name or an inline description.
+
+    In an experiment file a workload is a registered name, ``{label, name, policy_params}``, or an inline
+    description with a ``label`` (and optional ``policy_params``).
+    Inline: ``{trace: {path: bundled | PATH, time_scale, duration_s, max_requests}}``, or
+    ``{arrivals: {kind: poisson|gamma|mmpp, ...}, duration_s, max_requests, prompt: LEN, output: LEN}`` with
+    ``LEN`` one of ``{kind: choice, values, probs}``, ``{kind: range_mix, ranges, probs}``,
+    ``{kind: fixed, value}``; or ``lengths: gsm8k`` instead of prompt and output.
+    """
+    if isinstance(source, str):
+        return make_workload(source)
+    if "trace" in source:
+        trace = dict(source["trace"])
+        path = trace.pop("path", "bundled")
+        path = str(bundled_trace()) if path == "bundled" else path
+        return TraceWorkload(path, **trace)
+    unknown = set(source) - {"arrivals", "duration_s", "max_requests", "prompt", "output", "lengths"}
+    if unknown:
+        raise ValueError(f"unknown workload key(s) {sorted(unknown)}")
+    arrivals = _arrivals(source.get("arrivals"))
+    common = {"duration_s": float(source.get("duration_s", 60.0)), "max_requests": source.get("max_requests")}
+    if source.get("lengths") == "gsm8k":
+        return SyntheticWorkload(arrivals, paired=gsm8k_pairs(), **common)
+    return SyntheticWorkload(arrivals, prompt=_lengths(source.get("prompt"), "prompt"),
+                             output=_lengths(source.get("output"), "output"), **common)
