@@ -23,6 +23,9 @@ class StepBatch(NamedTuple):
     """Prompt tokens each prefill request had ingested before this chunk."""
     prefill_len: np.ndarray
     """Tokens in each chunk."""
+    prefill_target: np.ndarray
+    """Tokens each prefill request ingests in all (prompt plus tokens to recompute); a chunk that reaches it
+    completes the prefill and samples the request's next token."""
 
 
 EMPTY = np.zeros(0, dtype=np.int64)

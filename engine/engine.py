@@ -52,6 +52,13 @@ class Engine:
         self.container = container
         self.num_kv_blocks = config.num_kv_blocks or backend.num_kv_blocks
         self.block_size = config.block_size or backend.block_size
+        if getattr(backend, "owns_cache", False) and (self.num_kv_blocks, self.block_size) != (
+            backend.num_kv_blocks, backend.block_size
+        ):
+            raise ValueError(
+                f"the backend's KV cache has {backend.num_kv_blocks} blocks of {backend.block_size} tokens; "
+                f"the engine config asks for {self.num_kv_blocks} of {self.block_size}"
+            )
         base = backend.baseline_step_s
         self.idle_tick_s = config.idle_tick_s or base or 0.05
         self._run = np.zeros((config.max_num_seqs, 10), dtype=np.int64)
@@ -227,14 +234,14 @@ class Engine:
     def _execute(self, plan: tuple | None, need: int) -> tuple[int, int, int]:
         n, run, log = self.n_running, self._run, self.log
         if plan is None:
-            batch = StepBatch(run[:n, REQ], run[:n, KV], EMPTY, EMPTY, EMPTY)
+            batch = StepBatch(run[:n, REQ], run[:n, KV], EMPTY, EMPTY, EMPTY, EMPTY)
             prefill_tokens, self._prefill_rows = 0, 0
         else:
             decoding, pre_rows, chunk, completes, new_tokens = plan
             active = chunk > 0
             rows = pre_rows[active]
             batch = StepBatch(run[:n, REQ][decoding], run[:n, KV][decoding], run[rows, REQ],
-                              run[rows, TARGET] - run[rows, PREFILL_LEFT], chunk[active])
+                              run[rows, TARGET] - run[rows, PREFILL_LEFT], chunk[active], run[rows, TARGET])
             prefill_tokens, self._prefill_rows = int(chunk.sum()), int(rows.size)
         decode_tokens = batch.decode_ids.size
         dt = self.backend.execute(batch)

@@ -88,7 +88,8 @@ class ServingEnv(gym.Env):
     |-----------|---------|-------------|
     | `workload` | `"medium"` | a name from `servegym.workloads.WORKLOADS` or a `Workload` |
     | `profile` | `"paper-v100-llama3.2-3b"` | calibrated profile: a shipped name, a JSON path or a `Profile` |
-    | `backend` | `None` | a `Backend` instance; overrides `profile` (e.g. the real torch backend) |
+    | `backend` | `None` | `"calibrated"` (default, from `profile`), `"torch"` (a real model) or a `Backend` instance |
+    | `backend_options` | `None` | `TorchBackend` arguments for `backend="torch"`: `model` (preset or local path), `device`, `dtype`, ... |
     | `engine` | `None` | an `EngineConfig` or a dict of its fields |
     | `pool` | `None` | a `PoolConfig` or a dict of its fields (containers, keep-alive, cold start, router) |
     | `queue_window` | `32` | visible waiting requests `W` |
@@ -107,7 +108,8 @@ class ServingEnv(gym.Env):
         self,
         workload: str | Workload = "medium",
         profile: str | Profile = DEFAULT_PROFILE,
-        backend: Backend | None = None,
+        backend: Backend | str | None = None,
+        backend_options: dict[str, Any] | None = None,
         engine: EngineConfig | dict[str, Any] | None = None,
         pool: PoolConfig | dict[str, Any] | None = None,
         queue_window: int = 32,
@@ -129,6 +131,16 @@ class ServingEnv(gym.Env):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}")
         n = self.pool_config.num_containers
+        if backend == "torch":
+            from servegym.backends.torch_backend import TorchBackend
+
+            cfg = self.engine_config
+            backend = TorchBackend(**{"num_kv_blocks": cfg.num_kv_blocks or 2048, "block_size": cfg.block_size or 16,
+                                      **(backend_options or {})})
+        elif isinstance(backend, str) and backend != "calibrated":
+            raise ValueError(f"backend must be 'calibrated', 'torch' or a Backend instance, got {backend!r}")
+        if backend == "calibrated":
+            backend = None
         if backend is not None:
             if n != 1:
                 raise ValueError("a backend instance serves one container; use profile= for a pool")

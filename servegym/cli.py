@@ -117,6 +117,79 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _backend_options(args: argparse.Namespace) -> dict:
+    options = {"model": args.model}
+    if args.device:
+        options["device"] = args.device
+    if args.dtype:
+        options["dtype"] = args.dtype
+    return options
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from servegym.backends.calibration import SweepPlan, calibrate, plot_fit
+    from servegym.backends.torch_backend import TorchBackend
+
+    if args.backend != "torch":
+        raise ValueError("only the torch backend can be calibrated (the calibrated one is the fit)")
+    start = time.perf_counter()
+    backend = TorchBackend(num_kv_blocks=args.kv_blocks, block_size=args.block_size, **_backend_options(args))
+    load = time.perf_counter() - start
+    out = Path(args.out)
+    name = args.name or out.stem
+    plan = SweepPlan(repeats=args.repeats)
+    print(f"servegym calibrate: {backend.model_name} on {backend.device} ({backend.dtype}), {plan.repeats} repeats")
+    profile, samples = calibrate(backend, name, plan, load_seconds=load,
+                                 progress=None if args.quiet else lambda text: print(f"  {text}", flush=True))
+    profile.save(out)
+    plot = Path(args.plot) if args.plot else out.with_suffix(".png")
+    plot_fit(profile, samples, plot)
+    lat = profile.latency
+    print(f"l_min {lat.l_min_s * 1e3:.2f} ms, B0 {lat.saturation_batch}, alpha {lat.alpha_s * 1e3:.3f} ms/request, "
+          f"prefill {lat.prefill_s_per_token * 1e6:.1f} us/token, attention {lat.prefill_s_per_token_context:.2e} "
+          f"s/token^2, decode context {lat.decode_s_per_context_token:.2e} s/token")
+    for group, err in profile.provenance["fit_error"].items():
+        print(f"  fit {group}: RMSE {err['rmse_ms']:.2f} ms, mean |rel err| {err['mean_abs_rel_error']:.1%} "
+              f"({err['samples']} samples)")
+    print(f"wrote {out} and {plot}")
+    return 0
+
+
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from servegym.evaluation.fidelity import fidelity, fidelity_table, write_fidelity_csv
+
+    rows, timings = [], []
+    for policy in args.policy:
+        print(f"servegym fidelity: {policy} on {args.workload}, real backend vs profile {args.profile}", flush=True)
+        policy_rows, timing = fidelity(policy, make_workload(args.workload), args.profile, seed=args.seed,
+                                       backend_options=_backend_options(args))
+        rows += policy_rows
+        timings.append(f"{policy}: {timing['steps']} steps, forward {timing['forward_ms_mean']:.2f} ms, "
+                       f"scheduling/bookkeeping {timing['overhead_ms_mean']:.2f} ms per step")
+    table = fidelity_table(rows)
+    print(table)
+    print("\n".join(timings))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_fidelity_csv(rows, out / "fidelity.csv")
+        (out / "fidelity.md").write_text(table + "\n\n" + "\n".join(f"- {t}" for t in timings) + "\n")
+        print(f"wrote {out / 'fidelity.csv'} and {out / 'fidelity.md'}")
+    return 0
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="small-llama", help="preset (small-llama, tiny-llama, llama-3.2-3b) "
+                        "or a local Hugging Face checkpoint folder")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default by device)")
+
+
 def cmd_policies(args: argparse.Namespace) -> int:
     width = max(len(name) for name in POLICIES)
     for name, cls in sorted(POLICIES.items()):
@@ -162,6 +235,25 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--workers", type=int, default=None)
     rep.add_argument("--quiet", action="store_true")
     rep.set_defaults(func=cmd_reproduce)
+    cal = sub.add_parser("calibrate", help="sweep a real model and fit a calibrated profile")
+    cal.add_argument("--backend", default="torch", choices=["torch"])
+    _model_args(cal)
+    cal.add_argument("--kv-blocks", type=int, default=8192)
+    cal.add_argument("--block-size", type=int, default=16)
+    cal.add_argument("--repeats", type=int, default=3)
+    cal.add_argument("--name", default=None, help="profile name (default: the output file's stem)")
+    cal.add_argument("--out", required=True, help="profile JSON to write")
+    cal.add_argument("--plot", default=None, help="PNG of measured vs fitted latency (default: next to --out)")
+    cal.add_argument("--quiet", action="store_true")
+    cal.set_defaults(func=cmd_calibrate)
+    fid = sub.add_parser("fidelity", help="the same seeded workload on the real and the calibrated backend")
+    fid.add_argument("--profile", required=True, help="the calibrated profile to check (name or JSON path)")
+    fid.add_argument("--workload", default="cpu-fidelity", choices=sorted(WORKLOADS))
+    fid.add_argument("--policy", nargs="+", default=["fcfs", "twp", "flow-control"])
+    fid.add_argument("--seed", type=int, default=0)
+    fid.add_argument("--out", default=None, help="folder for fidelity.csv and fidelity.md")
+    _model_args(fid)
+    fid.set_defaults(func=cmd_fidelity)
     stab = sub.add_parser("stability", help="flow-control stability conditions of a workload on a profile")
     stab.add_argument("--workload", default="medium", choices=sorted(WORKLOADS))
     stab.add_argument("--profile", default=DEFAULT_PROFILE)

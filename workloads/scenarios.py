@@ -67,6 +67,11 @@ WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
         lambda: _twp(Gamma(SCENARIO_RATES["medium"], cv=3.0)),
         "TWP length mix, gamma renewal arrivals at 5 req/s with inter-arrival CV 3 (bursty)",
     ),
+    "cpu-fidelity": (
+        lambda: SyntheticWorkload(Poisson(6.0), 20.0, prompt=Choice((32, 128, 256), (0.5, 0.3, 0.2)),
+                                  output=Choice((16, 64, 128), (0.5, 0.3, 0.2))),
+        "short prompts/outputs, Poisson 6 req/s for 20 s: crosses B0 of the CPU profile in a few minutes of CPU",
+    ),
     "azure-code": (
         lambda: TraceWorkload(str(bundled_trace()), duration_s=120.0),
         "Azure LLM code trace 2023 (CC-BY-4.0), first 120 s replayed in real time",

@@ -1,0 +1,71 @@
+"""Fidelity: the same seeded workload through the real backend and through the calibrated model."""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servegym.backends import load_profile
+from servegym.policies import make_policy
+from servegym.runner import make_env, run_episode
+from servegym.workloads import Workload
+
+FIDELITY_METRICS = (
+    ("ttft_p50", "TTFT P50 (s)"), ("ttft_p99", "TTFT P99 (s)"), ("e2e_p50", "E2E P50 (s)"),
+    ("e2e_p99", "E2E P99 (s)"), ("itl_mean", "ITL mean (s)"), ("itl_p99", "ITL P99 (s)"),
+    ("throughput_rps", "throughput (req/s)"),
+)
+
+
+@dataclass
+class FidelityRow:
+    policy: str
+    metric: str
+    real: float
+    calibrated: float
+
+    @property
+    def relative_error(self) -> float:
+        return (self.calibrated - self.real) / self.real if self.real else math.nan
+
+
+def fidelity(policy_name: str, workload: Workload, profile: str, seed: int = 0,
+             backend_options: dict[str, Any] | None = None, engine: dict[str, Any] | None = None,
+             max_steps: int = 100_000) -> tuple[list[FidelityRow], dict[str, Any]]:
+    """Run one seeded episode on both backends; return per-metric rows and the real run's timing breakdown."""
+    prof = load_profile(profile)
+    engine = {"num_kv_blocks": prof.num_kv_blocks, "block_size": prof.block_size, **(engine or {})}
+    summaries = {}
+    timing: dict[str, Any] = {}
+    for backend in ("torch", "calibrated"):
+        policy = make_policy(policy_name)
+        extra = {"backend": "torch", "backend_options": backend_options or {}} if backend == "torch" else {}
+        env = make_env(policy, max_episode_steps=max_steps, workload=workload, profile=prof, engine=engine, **extra)
+        summaries[backend] = run_episode(env, policy, seed=seed).summary
+        if backend == "torch":
+            real = env.unwrapped.engine.backend
+            timing = {"steps": len(real.forward_s), "forward_ms_mean": 1e3 * sum(real.forward_s) / len(real.forward_s),
+                      "overhead_ms_mean": 1e3 * sum(real.overhead_s) / len(real.overhead_s)}
+        env.close()
+    rows = [FidelityRow(policy_name, m, summaries["torch"][m], summaries["calibrated"][m]) for m, _ in FIDELITY_METRICS]
+    return rows, timing
+
+
+def fidelity_table(rows: list[FidelityRow]) -> str:
+    labels = dict(FIDELITY_METRICS)
+    lines = ["| policy | metric | real | calibrated | relative error |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.policy} | {labels[r.metric]} | {r.real:.4f} | {r.calibrated:.4f} | "
+                     f"{r.relative_error:+.1%} |")
+    return "\n".join(lines)
+
+
+def write_fidelity_csv(rows: list[FidelityRow], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["policy", "metric", "real", "calibrated", "relative_error"])
+        for r in rows:
+            writer.writerow([r.policy, r.metric, r.real, r.calibrated, r.relative_error])

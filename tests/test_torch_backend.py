@@ -1,0 +1,172 @@
+"""The real backend: batching correctness, cache accounting, the env on a real model, calibration, fidelity."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from gymnasium.utils.env_checker import check_env  # noqa: E402
+
+from servegym.backends import LatencyModel, load_profile, step_latency  # noqa: E402
+from servegym.backends.base import StepBatch  # noqa: E402
+from servegym.backends.calibration import Sample, fit_latency_model  # noqa: E402
+from servegym.backends.torch_backend import TorchBackend  # noqa: E402
+from servegym.policies import make_policy  # noqa: E402
+from servegym.runner import make_env, run_episode  # noqa: E402
+from tests.conftest import fixed  # noqa: E402
+
+EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return TorchBackend("tiny-llama", num_kv_blocks=512, keep_logits=True)
+
+
+def reference_logits(model, tokens):
+    """Next-token logits of one request run alone through the model's stock SDPA attention, no cache."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.inference_mode():
+            return model(input_ids=torch.tensor([tokens]), use_cache=False).logits[0, -1].numpy()
+    finally:
+        model.config._attn_implementation = previous
+
+
+def test_mixed_prefill_and_decode_batch_matches_each_request_alone(backend):
+    backend.reset(np.random.default_rng(1))
+    a, b, c = 0, 1, 2
+    # Step 1: A's first chunk and B's whole prompt. Step 2: B decodes while A and C prefill chunks.
+    backend.execute(StepBatch(EMPTY, EMPTY, np.array([a, b]), np.array([0, 0]), np.array([16, 10]),
+                              np.array([40, 10])))
+    backend.execute(StepBatch(np.array([b]), np.array([11]), np.array([a, c]), np.array([16, 0]),
+                              np.array([24, 7]), np.array([40, 30])))
+    backend.execute(StepBatch(np.array([a, b]), np.array([41, 12]), np.array([c]), np.array([7]), np.array([23]),
+                              np.array([30])))
+    for rid in (a, b, c):
+        tokens = backend.request_tokens(rid)
+        np.testing.assert_allclose(backend.last_logits[rid], reference_logits(backend.model, tokens[:-1]),
+                                   atol=1e-4, rtol=1e-4)
+        assert int(np.argmax(backend.last_logits[rid])) == tokens[-1]
+
+
+def test_engine_kv_occupancy_matches_the_cache_blocks():
+    policy = make_policy("fcfs")
+    env = make_env(policy, workload=fixed(np.zeros(12), np.full(12, 40), np.full(12, 30)),
+                   backend="torch", backend_options={"model": "tiny-llama"},
+                   engine={"num_kv_blocks": 40, "block_size": 8, "check_invariants": True})
+    obs, _ = env.reset(seed=0)
+    engine, preempted = env.unwrapped.engine, 0
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(policy.act(obs))
+        preempted += info["preempted"]
+        assert engine.backend.allocated_blocks() == engine.used_blocks
+    assert preempted > 0  # the small cache forced recompute, and the accounting held through it
+
+
+class TickClock:
+    """A deterministic clock: every reading advances 2**-8 s, a binary fraction, so differences of readings are
+    exact (the checker replays steps and compares rewards, which wall-clock timing can never repeat)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 2.0**-8
+        return self.now
+
+
+def test_real_backend_passes_the_env_checker():
+    env = make_env(None, workload=fixed([0.0, 0.0, 0.1], [20, 30, 10], [5, 5, 5]), backend="torch",
+                   backend_options={"model": "tiny-llama", "clock": TickClock()}, engine={"num_kv_blocks": 64})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env.unwrapped, skip_render_check=True)
+
+
+def test_same_trace_runs_through_both_backends():
+    workload = fixed(np.linspace(0, 1, 8), np.full(8, 24), np.full(8, 12))
+    results = {}
+    for backend in ("calibrated", "torch"):
+        policy = make_policy("fcfs")
+        env = make_env(policy, workload=workload, backend=backend, backend_options={"model": "tiny-llama"}
+                       if backend == "torch" else None, engine={"num_kv_blocks": 256})
+        results[backend] = run_episode(env, policy, seed=0)
+    for result in results.values():
+        assert result.summary["finished"] == 8
+    real = results["torch"].log
+    assert all(real.token_times(r).size == 12 for r in range(8))
+    assert results["torch"].summary["itl_mean"] > 0
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither a preset"):
+        TorchBackend(str(tmp_path / "nowhere"))
+
+
+def test_backend_cache_and_engine_config_must_agree():
+    backend = TorchBackend("tiny-llama", num_kv_blocks=32)
+    with pytest.raises(ValueError, match="KV cache has 32 blocks"):
+        make_env(None, backend=backend, engine={"num_kv_blocks": 64})
+
+
+def synthetic_samples(model: LatencyModel, rng) -> tuple[list[Sample], list[Sample]]:
+    def noisy(s: Sample) -> Sample:
+        t = step_latency(model, s.decode, s.chunk, s.attention, s.context)
+        return Sample(s.decode, s.context, s.chunk, s.chunk_start, t * (1 + 0.005 * rng.standard_normal()))
+
+    decode = [noisy(Sample(b, float(b * (c + 1)), 0, 0, 0.0)) for c in (32, 128, 512)
+              for b in (1, 2, 4, 8, 16, 32, 64) for _ in range(3)]
+    prefill = [noisy(Sample(0, 0.0, c, s, 0.0)) for s in (0, 256) for c in (16, 32, 64, 128, 256, 512)
+               for _ in range(3)]
+    return decode, prefill
+
+
+def test_calibration_recovers_known_parameters_within_5_percent():
+    truth = LatencyModel(l_min_s=0.02, saturation_batch=8, alpha_s=0.0015, prefill_s_per_token=4e-4,
+                         prefill_s_per_token_context=2e-7, decode_s_per_context_token=3e-6)
+    fitted = fit_latency_model(*synthetic_samples(truth, np.random.default_rng(0)))
+    assert fitted.saturation_batch == 8
+    for name in ("l_min_s", "alpha_s", "prefill_s_per_token", "prefill_s_per_token_context",
+                 "decode_s_per_context_token"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.05), name
+
+
+def test_shipped_cpu_profile_round_trips_and_carries_provenance(tmp_path):
+    profile = load_profile("cpu-small-llama")
+    for key in ("hardware", "model", "method", "date", "versions", "fit_error"):
+        assert key in profile.provenance
+    assert set(profile.provenance["fit_error"]) == {"decode", "prefill", "mixed"}
+    profile.save(tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json") == profile
+    data = json.loads((tmp_path / "p.json").read_text())
+    data["latency"]["B0"] = 3
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="unknown key"):
+        load_profile(tmp_path / "bad.json")
+
+
+def test_calibrate_and_fidelity_commands_run_end_to_end(tmp_path, capsys):
+    from servegym.backends.calibration import SweepPlan, calibrate
+    from servegym.evaluation.fidelity import fidelity, fidelity_table
+
+    backend = TorchBackend("tiny-llama", num_kv_blocks=1024)
+    plan = SweepPlan(batches=(1, 4, 16), contexts=(16, 64), chunks=(16, 64), chunk_starts=(0, 32),
+                     mixed=((4, 16),), repeats=1)
+    profile, samples = calibrate(backend, "tiny-test", plan)
+    assert profile.latency.l_min_s > 0 and len(samples["decode"]) == 6
+    path = tmp_path / "tiny.json"
+    profile.save(path)
+    rows, timing = fidelity("fcfs", fixed(np.linspace(0, 0.3, 6), np.full(6, 20), np.full(6, 8)), str(path),
+                            backend_options={"model": "tiny-llama"})
+    assert {r.metric for r in rows} >= {"ttft_p50", "itl_mean", "throughput_rps"}
+    assert timing["forward_ms_mean"] > 0 and timing["overhead_ms_mean"] > 0
+    assert "relative error" in fidelity_table(rows)
