@@ -169,8 +169,10 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         policy_rows, timing = fidelity(policy, make_workload(args.workload), args.profile, seed=args.seed,
                                        backend_options=_backend_options(args))
         rows += policy_rows
+        residuals = ", ".join(f"{k} {v:+.1%}" for k, v in timing["residuals"].items() if "count" not in k)
         timings.append(f"{policy}: {timing['steps']} steps, forward {timing['forward_ms_mean']:.2f} ms, "
-                       f"scheduling/bookkeeping {timing['overhead_ms_mean']:.2f} ms per step")
+                       f"scheduling/bookkeeping {timing['overhead_ms_mean']:.2f} ms per step; model error on the "
+                       f"real steps: {residuals}")
     table = fidelity_table(rows)
     print(table)
     print("\n".join(timings))
