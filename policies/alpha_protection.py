@@ -31,6 +31,10 @@ class AlphaProtection(Policy):
     def __init__(self, **params: Any) -> None:
         self.params = AlphaProtectionParams(**params)
 
+    @staticmethod
+    def search_space(trial) -> dict[str, Any]:
+        return {"alpha": trial.suggest_float("alpha", 0.0, 0.6)}
+
     def engine_overrides(self) -> dict[str, Any]:
         return {"preemption": "clear_all"}
 

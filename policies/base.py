@@ -28,6 +28,9 @@ class Policy(ABC):
     """Where the policy comes from (paper, system)."""
     rule: ClassVar[str] = ""
     """The one-line rule it implements."""
+    search_space: ClassVar[Callable[[Any], dict[str, Any]] | None] = None
+    """``trial -> params`` for Optuna (``servegym tune``); None when the policy has nothing to tune."""
+
     def engine_overrides(self) -> dict[str, Any]:
         """EngineConfig fields this policy needs (its preemption rule, prefill chunk); runners apply them."""
         return {}

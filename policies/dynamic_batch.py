@@ -35,6 +35,10 @@ class DynamicBatch(Policy):
     def __init__(self, **params: Any) -> None:
         self.params = DynamicBatchParams(**params)
 
+    @staticmethod
+    def search_space(trial) -> dict[str, Any]:
+        return {"itl_target_s": trial.suggest_float("itl_target_s", 0.02, 2.0, log=True)}
+
     def act(self, obs: Observation) -> np.ndarray:
         if engine_feature(obs, "itl_smoothed_s") > self.params.itl_target_s:
             return admit_first(obs, 0)

@@ -46,6 +46,10 @@ class FlowControl(Policy):
         self.params = FlowControlParams(**params)
         self.reset()
 
+    @staticmethod
+    def search_space(trial) -> dict[str, Any]:
+        return {"activation_budget": trial.suggest_float("activation_budget", 0.05, 32.0, log=True)}
+
     def engine_overrides(self) -> dict[str, Any]:
         return {"preemption": "lifo"}
 

@@ -74,6 +74,17 @@ class TokenWindowPacing(Policy):
         self.params = TWPParams(**params)
         self.reset()
 
+    @staticmethod
+    def search_space(trial) -> dict[str, Any]:
+        """H0, gamma and C (the paper's three knobs), plus T_max and the KV guard."""
+        return {
+            "initial_window": trial.suggest_float("initial_window", 50.0, 8000.0, log=True),
+            "gain": trial.suggest_float("gain", 0.01, 1.0, log=True),
+            "prefill_chunk_tokens": trial.suggest_categorical("prefill_chunk_tokens", [16, 32, 64, 128, 256, 512]),
+            "max_wait_steps": trial.suggest_int("max_wait_steps", 10, 5000, log=True),
+            "kv_guard": trial.suggest_float("kv_guard", 0.0, 0.25),
+        }
+
     @classmethod
     def from_saturation(cls, saturation_batch: int, mean_output_tokens: float, **params: Any) -> TokenWindowPacing:
         """The alternative start ``H0 = B0 * mean_output_len``."""

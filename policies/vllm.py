@@ -65,6 +65,10 @@ class VLLMV1(Policy):
     def __init__(self, **params: Any) -> None:
         self.params = VLLMParams(**params)
 
+    @staticmethod
+    def search_space(trial) -> dict[str, Any]:
+        return {"max_num_batched_tokens": trial.suggest_int("max_num_batched_tokens", 128, 8192, log=True)}
+
     def engine_overrides(self) -> dict[str, Any]:
         p = self.params
         return {"max_batched_tokens": p.max_num_batched_tokens, "max_num_seqs": p.max_num_seqs,

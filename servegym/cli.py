@@ -43,7 +43,14 @@ def format_summary(summary: dict[str, float]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    policy = make_policy(args.policy)
+    params = {}
+    if args.params:
+        from servegym.tuning.study import read_params
+
+        name, params = read_params(args.params)
+        if name != args.policy:
+            raise ValueError(f"{args.params} holds parameters of {name!r}, not of --policy {args.policy!r}")
+    policy = make_policy(args.policy, **params)
     engine = {"length_mode": args.length_mode} if args.length_mode else {}
     env = make_env(policy, max_episode_steps=args.max_steps, workload=args.workload, profile=args.profile,
                    engine=engine)
@@ -73,6 +80,21 @@ def cmd_stability(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_tuned(experiment, paths):
+    """Add each params file's policy, labelled ``<policy>-tuned``, to the experiment."""
+    import dataclasses
+
+    from servegym.evaluation import PolicySpec
+    from servegym.tuning.study import read_params
+
+    extra = []
+    for path in paths:
+        name, params = read_params(path)
+        make_policy(name, **params)  # validate before running anything
+        extra.append(PolicySpec(name, params, f"{name}-tuned"))
+    return dataclasses.replace(experiment, policies=(*experiment.policies, *extra))
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -81,6 +103,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     experiment = load_experiment(args.experiment) if args.experiment else default_experiment()
     if args.seeds:
         experiment = experiment.with_seeds(args.seeds)
+    if args.params:
+        experiment = _with_tuned(experiment, args.params)
     out = Path(args.out or f"results/{experiment.name}")
     runs = len(experiment.policies) * len(experiment.workloads) * len(experiment.seeds)
     print(f"servegym compare: {experiment.name}: {len(experiment.policies)} policies x {len(experiment.workloads)} "
@@ -192,6 +216,28 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default by device)")
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from servegym.tuning import TuneConfig, tune
+    from servegym.tuning.report import report
+
+    engine = {"length_mode": args.length_mode} if args.length_mode else {}
+    cfg = TuneConfig(policy=args.policy, workload=args.workload, objective=args.objective, trials=args.trials,
+                     seeds=args.seeds, eval_seeds=args.eval_seeds, storage=args.storage, study_name=args.study,
+                     pruner=args.pruner, sampler_seed=args.sampler_seed, env={"engine": engine} if engine else {})
+    print(f"servegym tune: study {cfg.name} at {cfg.storage_url()}: {cfg.trials} trials of {cfg.seeds} episodes")
+    study = tune(cfg, progress=not args.quiet)
+    if args.no_report:
+        return 0
+    out = Path(args.out or f"studies/{cfg.name}")
+    summary = report(cfg, study, out)
+    print((out / "report.md").read_text())
+    print(f"wrote {out}/best_params.json (use with servegym run/compare --params) and {out}/report.md")
+    print(f"wall time per trial: {summary['wall_s_per_trial']:.2f} s")
+    return 0
+
+
 def cmd_policies(args: argparse.Namespace) -> int:
     width = max(len(name) for name in POLICIES)
     for name, cls in sorted(POLICIES.items()):
@@ -218,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None)
     run.add_argument("--max-steps", type=int, default=200_000, help="truncate the episode after this many steps")
     run.add_argument("--out", default=None, help="folder for requests.csv and steps.csv")
+    run.add_argument("--params", default=None, help="policy parameters file (servegym tune's best_params.json)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
     comp = sub.add_parser("compare", help="run policies x workloads x seeds; write results, tables and plots")
@@ -227,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
     comp.add_argument("--out", default=None, help="output folder (default: results/<experiment name>)")
     comp.add_argument("--no-plots", action="store_true")
+    comp.add_argument("--params", nargs="+", default=None,
+                      help="params files (servegym tune's best_params.json): each adds '<policy>-tuned'")
     comp.add_argument("--quiet", action="store_true", help="no progress bar")
     comp.set_defaults(func=cmd_compare)
     rep = sub.add_parser("reproduce", help="run the papers' experiments and write docs/REPRODUCTION.md")
@@ -256,6 +305,23 @@ def build_parser() -> argparse.ArgumentParser:
     fid.add_argument("--out", default=None, help="folder for fidelity.csv and fidelity.md")
     _model_args(fid)
     fid.set_defaults(func=cmd_fidelity)
+    tun = sub.add_parser("tune", help="Optuna study over a policy's search space")
+    tun.add_argument("--policy", required=True, choices=sorted(n for n, c in POLICIES.items() if c.search_space))
+    tun.add_argument("--workload", default="burst", choices=sorted(WORKLOADS))
+    tun.add_argument("--objective", default="goodput", choices=["goodput", "cost", "pareto"])
+    tun.add_argument("--trials", type=int, default=50, help="trials this process adds to the study")
+    tun.add_argument("--seeds", type=int, default=3, help="episodes averaged per trial (tuning seeds)")
+    tun.add_argument("--eval-seeds", type=int, default=5, help="held-out seeds for default vs tuned")
+    tun.add_argument("--storage", default=None,
+                     help="Optuna storage URL (default sqlite:///studies/<study>.db; journal:PATH for a journal file)")
+    tun.add_argument("--study", default=None, help="study name (default <policy>-<workload>-<objective>)")
+    tun.add_argument("--pruner", default="median", choices=["median", "halving", "none"])
+    tun.add_argument("--sampler-seed", type=int, default=0)
+    tun.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None)
+    tun.add_argument("--out", default=None, help="report folder (default studies/<study>)")
+    tun.add_argument("--no-report", action="store_true", help="only add trials (for extra workers)")
+    tun.add_argument("--quiet", action="store_true")
+    tun.set_defaults(func=cmd_tune)
     stab = sub.add_parser("stability", help="flow-control stability conditions of a workload on a profile")
     stab.add_argument("--workload", default="medium", choices=sorted(WORKLOADS))
     stab.add_argument("--profile", default=DEFAULT_PROFILE)

@@ -1,0 +1,50 @@
+"""What a tuning trial optimises, computed from episode metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A named objective: metric names, optimisation directions, and how to score one episode."""
+
+    name: str
+    directions: tuple[str, ...]
+    description: str
+
+    def score(self, metrics: dict[str, float]) -> tuple[float, ...]:
+        return OBJECTIVE_SCORES[self.name](metrics)
+
+    @property
+    def multi(self) -> bool:
+        return len(self.directions) > 1
+
+
+def _finite(value: float, worst: float) -> float:
+    return float(value) if np.isfinite(value) else worst
+
+
+OBJECTIVE_SCORES = {
+    "goodput": lambda m: (_finite(m["goodput_rps"], 0.0),),
+    "cost": lambda m: (_finite(m["ttft_p99"], 1e6) + 10.0 * _finite(m["itl_p99"], 1e5) + 20.0 * m["unfinished"],),
+    "pareto": lambda m: (_finite(m["throughput_rps"], 0.0), _finite(m["ttft_p99"], 1e6), _finite(m["itl_cv"], 1e3)),
+}
+
+OBJECTIVES = {
+    "goodput": Objective("goodput", ("maximize",),
+                         "requests/s finishing within the TTFT and ITL SLOs (defaults: 2 s, 0.2 s)"),
+    "cost": Objective("cost", ("minimize",),
+                      "P99 TTFT (s) + 10 x P99 ITL (s) + 20 per request left unfinished when the episode ends"),
+    "pareto": Objective("pareto", ("maximize", "minimize", "minimize"),
+                        "throughput (req/s) vs P99 TTFT (s) vs ITL CV, reported as a Pareto front"),
+}
+
+
+def get_objective(name: str) -> Objective:
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        raise ValueError(f"unknown objective {name!r}; choose from {sorted(OBJECTIVES)}") from None

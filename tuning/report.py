@@ -1,0 +1,91 @@
+"""After a study: best parameters, Optuna's plots, and default vs tuned on held-out seeds."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from servegym.evaluation.stats import mean_ci
+from servegym.tuning.objectives import get_objective
+from servegym.tuning.study import TUNING_SEED_BASE, TuneConfig, best_params, evaluate, write_params
+from servegym.workloads import make_workload
+
+REPORT_METRICS = ("goodput_rps", "throughput_rps", "ttft_p99", "itl_p99", "itl_cv", "e2e_mean")
+
+
+def _plots(study, out: Path) -> list[Path]:
+    import matplotlib
+    import optuna
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as vis
+
+    written = []
+    multi = len(study.directions) > 1
+    plots = [("pareto_front", vis.plot_pareto_front)] if multi else [
+        ("optimization_history", vis.plot_optimization_history), ("param_importances", vis.plot_param_importances)]
+    for name, plot in plots:
+        try:
+            with warnings.catch_warnings():  # Optuna marks its matplotlib plots experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                ax = plot(study)
+        except (ValueError, RuntimeError, ZeroDivisionError):  # too few trials for importances, say
+            continue
+        fig = ax.figure if hasattr(ax, "figure") else ax[0].figure
+        path = out / f"{name}.png"
+        fig.set_size_inches(8, 5)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def report(cfg: TuneConfig, study, out: Path) -> dict:
+    """Write ``best_params.json``, the plots and ``report.md``; return the summary numbers."""
+    import optuna
+
+    out.mkdir(parents=True, exist_ok=True)
+    objective = get_objective(cfg.objective)
+    params = best_params(study)
+    write_params(cfg.policy, params, out / "best_params.json",
+                 note=f"study {cfg.name}: {cfg.objective} on {cfg.workload}, tuning seeds from {TUNING_SEED_BASE}")
+    plots = _plots(study, out)
+    workload = make_workload(cfg.workload)
+    seeds = list(range(cfg.eval_seeds))
+    default = evaluate(cfg.policy, {}, workload, seeds, cfg.max_steps, cfg.env)
+    tuned = evaluate(cfg.policy, params, workload, seeds, cfg.max_steps, cfg.env)
+    states = [t.state for t in study.trials]
+    walls = [t.user_attrs["wall_s"] for t in study.trials if "wall_s" in t.user_attrs]
+    counts = {s.name.lower(): states.count(s) for s in optuna.trial.TrialState if states.count(s)}
+    lines = [
+        f"# Tuning {cfg.policy} on {cfg.workload}", "",
+        f"Study `{cfg.name}` in `{cfg.storage_url()}`; objective **{cfg.objective}**: {objective.description}.",
+        f"Trials: {counts}; wall time per completed trial: {np.mean(walls):.2f} s (mean over {len(walls)})"
+        if walls else f"Trials: {counts}.",
+        f"Each trial averages {cfg.seeds} episodes on tuning seeds {TUNING_SEED_BASE}.."
+        f"{TUNING_SEED_BASE + cfg.seeds - 1}; the comparison below uses held-out seeds 0..{cfg.eval_seeds - 1}, "
+        "disjoint from them.", "",
+        f"Best parameters: `{params}`", "",
+        "| | " + " | ".join(REPORT_METRICS) + " |", "|---|" + "---|" * len(REPORT_METRICS),
+    ]
+    summary = {"params": params, "default": {}, "tuned": {}}
+    for label, runs in (("default", default), ("tuned", tuned)):
+        cells = []
+        for metric in REPORT_METRICS:
+            mean, half = mean_ci(np.array([r[metric] for r in runs]))
+            summary[label][metric] = mean
+            cells.append(f"{mean:.3f} ± {half:.3f}" if np.isfinite(half) else f"{mean:.3f}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if objective.multi:
+        lines += ["", "Pareto front (tuning seeds):", "", "| trial | throughput | P99 TTFT | ITL CV | params |",
+                  "|---|---|---|---|---|"]
+        for t in sorted(study.best_trials, key=lambda t: -t.values[0]):
+            lines.append(f"| {t.number} | {t.values[0]:.3f} | {t.values[1]:.2f} | {t.values[2]:.3f} | `{t.params}` |")
+    lines += ["", *[f"![{p.stem}]({p.name})" for p in plots]]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    summary["wall_s_per_trial"] = float(np.mean(walls)) if walls else float("nan")
+    return summary
