@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from servegym.backends import DEFAULT_PROFILE
-from servegym.policies import POLICIES
+from servegym.policies import POLICIES, make_policy
 from servegym.workloads import (
     WORKLOADS,
     Choice,
@@ -152,12 +152,12 @@ def _policy(item: Any, fail) -> PolicySpec:
         item = {"name": item}
     if not isinstance(item, dict) or "name" not in item or set(item) - {"name", "params", "label"}:
         raise fail(f"a policy is a name or {{name, params, label}}, got {item!r}")
-    if item["name"] not in POLICIES:
-        raise fail(f"unknown policy {item['name']!r}; registered: {sorted(POLICIES)}")
+    if item["name"] not in POLICIES and not str(item["name"]).startswith("rl:"):
+        raise fail(f"unknown policy {item['name']!r}; registered: {sorted(POLICIES)} (or rl:RUN_DIR)")
     spec = PolicySpec(item["name"], dict(item.get("params", {})), str(item.get("label", "")))
     try:
-        POLICIES[spec.name](**spec.params)
-    except (TypeError, ValueError) as err:
+        make_policy(spec.name, **spec.params)
+    except (TypeError, ValueError, OSError) as err:
         raise fail(f"policy {spec.title!r}: {err}") from None
     return spec
 

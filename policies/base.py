@@ -120,6 +120,11 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
 
 
 def make_policy(name: str, **params: Any) -> Policy:
+    """A registered policy by name, or ``rl:RUN_DIR`` for an agent trained by ``servegym train``."""
+    if name.startswith("rl:"):
+        from servegym.rl.agent import RLPolicy
+
+        return RLPolicy(name.removeprefix("rl:"), **params)
     try:
         cls = POLICIES[name]
     except KeyError:

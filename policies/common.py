@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX, queue_matrix, running_matrix
-from servegym.policies.base import Observation, engine_feature
+from servegym.policies.base import Observation, engine_feature, output_estimate
 
 
 def visible_queue(obs: Observation) -> np.ndarray:
@@ -30,6 +30,21 @@ def free_blocks(obs: Observation) -> int:
 
 def total_blocks(obs: Observation) -> int:
     return round(engine_feature(obs, "kv_capacity_tokens") / engine_feature(obs, "kv_block_size"))
+
+
+def remaining_running(obs: Observation, unknown_prior: float | None) -> np.ndarray:
+    """Estimated output tokens left for each running request (at least 1), see :func:`output_estimate`."""
+    run = running_rows(obs)
+    estimate = output_estimate(run[:, RUNNING_INDEX["output_lo"]], run[:, RUNNING_INDEX["output_hi"]],
+                               engine_feature(obs, "length_mode"), unknown_prior)
+    return np.maximum(estimate - run[:, RUNNING_INDEX["generated"]], 1.0)
+
+
+def remaining_queued(obs: Observation, rows: np.ndarray, unknown_prior: float | None) -> np.ndarray:
+    """Estimated output tokens still to generate for each waiting request in ``rows`` (at least 1)."""
+    estimate = output_estimate(rows[:, QUEUE_INDEX["output_lo"]], rows[:, QUEUE_INDEX["output_hi"]],
+                               engine_feature(obs, "length_mode"), unknown_prior)
+    return np.maximum(estimate - rows[:, QUEUE_INDEX["generated"]], 1.0)
 
 
 def admission_blocks(obs: Observation, rows: np.ndarray) -> np.ndarray:

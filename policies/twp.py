@@ -12,11 +12,18 @@ from typing import Any
 
 import numpy as np
 
-from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX, queue_matrix, running_matrix
-from servegym.policies.base import Observation, Policy, engine_feature, output_estimate, ranks_action, register_policy
+from servegym.envs.observation import QUEUE_INDEX
+from servegym.policies.base import Observation, Policy, engine_feature, ranks_action, register_policy
+from servegym.policies.common import (
+    admission_blocks,
+    free_slots,
+    remaining_queued,
+    remaining_running,
+    total_blocks,
+    visible_queue,
+)
 
 _Q = QUEUE_INDEX
-_R = RUNNING_INDEX
 
 
 @dataclass(frozen=True)
@@ -145,31 +152,21 @@ class TokenWindowPacing(Policy):
 
     def act(self, obs: Observation) -> np.ndarray:
         p = self.params
-        mode = engine_feature(obs, "length_mode")
         depth = engine_feature(obs, "queue_depth")
         sigma = self._monitor(obs)
         target = self._update_window(sigma, depth)
         self._update_kv_guard(obs)
 
         batch = int(engine_feature(obs, "batch_size"))
-        running = running_matrix(obs)[:batch]
-        remaining = np.maximum(
-            output_estimate(running[:, _R["output_lo"]], running[:, _R["output_hi"]], mode, p.unknown_output_tokens)
-            - running[:, _R["generated"]], 1.0)
+        remaining = remaining_running(obs, p.unknown_output_tokens)
         token_load = float(remaining.sum())
         mean_remaining = float(remaining.mean()) if batch else 0.0
 
-        queue = queue_matrix(obs)
-        visible = min(int(depth), queue.shape[0])
-        queue = queue[:visible]
-        want = np.maximum(
-            output_estimate(queue[:, _Q["output_lo"]], queue[:, _Q["output_hi"]], mode, p.unknown_output_tokens)
-            - queue[:, _Q["generated"]], 1.0)
-        block = engine_feature(obs, "kv_block_size")
-        capacity_blocks = engine_feature(obs, "kv_capacity_tokens") / block
-        blocks = np.ceil((queue[:, _Q["prompt_tokens"]] + queue[:, _Q["generated"]] + 1) / block) / capacity_blocks
+        queue = visible_queue(obs)
+        want = remaining_queued(obs, queue, p.unknown_output_tokens)
+        blocks = admission_blocks(obs, queue) / total_blocks(obs)
         kv_free = engine_feature(obs, "kv_free_frac")
-        slots = running_matrix(obs).shape[0] - batch
+        slots = free_slots(obs)
 
         forced = np.flatnonzero(queue[:, _Q["wait_steps"]] > p.max_wait_steps)
         forced = forced[np.argsort(-queue[forced, _Q["wait_steps"]], kind="stable")][: max(slots, 0)]

@@ -238,6 +238,25 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    import json
+
+    from servegym.rl.train import TrainConfig, train
+
+    engine = {"length_mode": args.length_mode}
+    hyper = json.loads(args.hyperparams) if args.hyperparams else {}
+    cfg = TrainConfig(algo=args.algo, mode=args.mode, workload=args.workload, timesteps=args.timesteps,
+                      seed=args.seed, n_envs=args.n_envs, max_episode_steps=args.max_episode_steps,
+                      eval_freq=args.eval_freq, eval_episodes=args.eval_episodes, engine=engine,
+                      hyperparams=hyper, out=args.out)
+    print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
+    run = train(cfg, progress=not args.quiet)
+    info = json.loads((run / "config.json").read_text())
+    print(f"trained in {info['wall_s']:.0f} s; best eval reward {info['best_mean_reward']:.1f}; run: {run}")
+    print(f"use it as a policy: servegym run --policy rl:{run}   or in an experiment: rl:{run}")
+    return 0
+
+
 def cmd_policies(args: argparse.Namespace) -> int:
     width = max(len(name) for name in POLICIES)
     for name, cls in sorted(POLICIES.items()):
@@ -256,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="servegym", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one episode of a policy and print its metrics")
-    run.add_argument("--policy", default="fcfs", choices=sorted(POLICIES))
+    run.add_argument("--policy", default="fcfs", help=f"one of {sorted(POLICIES)}, or rl:RUN_DIR")
     run.add_argument("--workload", default="medium", choices=sorted(WORKLOADS))
     run.add_argument("--profile", default=DEFAULT_PROFILE,
                      help=f"shipped profile ({', '.join(shipped_profiles())}) or a JSON path")
@@ -322,6 +341,22 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--no-report", action="store_true", help="only add trials (for extra workers)")
     tun.add_argument("--quiet", action="store_true")
     tun.set_defaults(func=cmd_tune)
+    trn = sub.add_parser("train", help="train a stable-baselines3 agent (PPO by default)")
+    trn.add_argument("--algo", default="ppo", choices=["ppo", "a2c", "dqn", "sac", "maskable-ppo"])
+    trn.add_argument("--mode", default=None, choices=["admit", "window", "count"],
+                     help="action mode (default per algorithm)")
+    trn.add_argument("--workload", default="burst", choices=sorted(WORKLOADS))
+    trn.add_argument("--timesteps", type=int, default=100_000)
+    trn.add_argument("--seed", type=int, default=0)
+    trn.add_argument("--n-envs", type=int, default=2, help="parallel envs (SubprocVecEnv)")
+    trn.add_argument("--max-episode-steps", type=int, default=3000)
+    trn.add_argument("--eval-freq", type=int, default=20_000)
+    trn.add_argument("--eval-episodes", type=int, default=3)
+    trn.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default="predicted")
+    trn.add_argument("--hyperparams", default=None, help='JSON, e.g. \'{"learning_rate": 3e-4, "n_steps": 512}\'')
+    trn.add_argument("--out", default="runs")
+    trn.add_argument("--quiet", action="store_true")
+    trn.set_defaults(func=cmd_train)
     stab = sub.add_parser("stability", help="flow-control stability conditions of a workload on a profile")
     stab.add_argument("--workload", default="medium", choices=sorted(WORKLOADS))
     stab.add_argument("--profile", default=DEFAULT_PROFILE)

@@ -1,0 +1,127 @@
+"""Action granularities for learned agents, as Gymnasium wrappers over the serving env.
+
+Each wrapper maps the agent's action plus the current observation to the env's ``MultiDiscrete`` admission
+action through a pure function, so a trained agent can later drive the unwrapped env as a policy.
+
+* :class:`AdmitMask` - ``MultiDiscrete([2] * W)``: admit each visible slot or not, in queue order, with
+  ``action_masks()`` for MaskablePPO (empty slots may only be 0).
+* :class:`TokenWindow` - ``Box(-1, 1, (1,))``: the agent sets the token window ``H_t`` (log scale between
+  ``window_min`` and ``window_max``); requests are admitted in queue order while the running token load plus
+  theirs fits under it and their prompts fit in free KV (a learned TWP controller).
+* :class:`AdmitCount` - ``Discrete(max_admit + 1)``: how many head-of-queue requests to admit this step
+  (a learned flow control).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from servegym.policies.base import Observation, admit_first
+from servegym.policies.common import fcfs_count, remaining_queued, remaining_running, visible_queue
+
+
+def window_action(obs: Observation, value: float, window_min: float, window_max: float,
+                  unknown_output_tokens: float | None = 128.0) -> np.ndarray:
+    """Admit in queue order while token load + estimated output stays within the window set by ``value``."""
+    frac = (float(np.clip(value, -1.0, 1.0)) + 1.0) / 2.0
+    window = math.exp(math.log(window_min) + frac * (math.log(window_max) - math.log(window_min)))
+    load = float(remaining_running(obs, unknown_output_tokens).sum())
+    rows = visible_queue(obs)
+    want = remaining_queued(obs, rows, unknown_output_tokens)
+    by_window = int(np.searchsorted(load + np.cumsum(want), window, side="right"))
+    return admit_first(obs, min(by_window, fcfs_count(obs)))
+
+
+def count_action(obs: Observation, count: int) -> np.ndarray:
+    return admit_first(obs, min(int(count), visible_queue(obs).shape[0]))
+
+
+class _ObservingWrapper(gym.Wrapper):
+    """Keeps the latest observation so the action mapping can read it."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self._obs = obs
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(self.to_env_action(self._obs, action))
+        self._obs = obs
+        return obs, reward, terminated, truncated, info
+
+    def to_env_action(self, obs: Observation, action: Any) -> np.ndarray:
+        raise NotImplementedError
+
+
+class AdmitMask(_ObservingWrapper):
+    """``MultiDiscrete([2] * W)``: 1 admits the slot; admitted slots go in queue order."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.width = env.unwrapped.queue_window
+        self.action_space = spaces.MultiDiscrete(np.full(self.width, 2, dtype=np.int64))
+
+    def to_env_action(self, obs: Observation, action: Any) -> np.ndarray:
+        return np.asarray(action, dtype=np.int64)
+
+    def action_masks(self) -> np.ndarray:
+        """Flat ``(W * 2,)`` booleans: value 0 always allowed, value 1 only on occupied slots."""
+        visible = min(self.env.unwrapped.engine.queue.size, self.width)
+        mask = np.zeros((self.width, 2), dtype=bool)
+        mask[:, 0] = True
+        mask[:visible, 1] = True
+        return mask.ravel()
+
+
+class TokenWindow(_ObservingWrapper):
+    """``Box(-1, 1, (1,))``: the token window on a log scale between ``window_min`` and ``window_max`` tokens."""
+
+    def __init__(self, env: gym.Env, window_min: float = 16.0, window_max: float = 16384.0,
+                 unknown_output_tokens: float | None = 128.0) -> None:
+        super().__init__(env)
+        if not 0 < window_min < window_max:
+            raise ValueError(f"need 0 < window_min < window_max, got {window_min}, {window_max}")
+        self.window_min, self.window_max, self.unknown_output_tokens = window_min, window_max, unknown_output_tokens
+        self.action_space = spaces.Box(-1.0, 1.0, (1,), dtype=np.float32)
+
+    def to_env_action(self, obs: Observation, action: Any) -> np.ndarray:
+        value = float(np.asarray(action, dtype=np.float64).reshape(-1)[0])
+        if not math.isfinite(value):
+            raise ValueError(f"window action must be finite, got {value}")
+        return window_action(obs, value, self.window_min, self.window_max, self.unknown_output_tokens)
+
+
+class AdmitCount(_ObservingWrapper):
+    """``Discrete(max_admit + 1)``: admit that many requests from the queue head this step."""
+
+    def __init__(self, env: gym.Env, max_admit: int = 8) -> None:
+        super().__init__(env)
+        if max_admit < 1:
+            raise ValueError(f"max_admit must be >= 1, got {max_admit}")
+        self.action_space = spaces.Discrete(max_admit + 1)
+
+    def to_env_action(self, obs: Observation, action: Any) -> np.ndarray:
+        return count_action(obs, int(np.asarray(action).reshape(-1)[0]))
+
+    def action_masks(self) -> np.ndarray:
+        """Counts up to the number of visible waiting requests."""
+        visible = min(self.env.unwrapped.engine.queue.size, self.env.unwrapped.queue_window)
+        return np.arange(self.action_space.n) <= visible
+
+
+MODES = {"admit": AdmitMask, "window": TokenWindow, "count": AdmitCount}
+"""Action modes: ``admit`` (per-slot mask), ``window`` (continuous token window), ``count`` (discrete)."""
+
+
+def wrap(env: gym.Env, mode: str) -> gym.Env:
+    if mode == "raw":
+        return env
+    try:
+        return MODES[mode](env)
+    except KeyError:
+        raise ValueError(f"unknown action mode {mode!r}; choose from {['raw', *MODES]}") from None
