@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -98,7 +99,9 @@ def run_grid(experiment: Experiment, workers: int | None = None, progress: bool 
             if bar is not None:
                 bar.update(1)
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        # spawn, not fork: a parent that already loaded torch (an rl: policy, the real backend) can deadlock
+        # forked children on torch's thread pools.
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(run_task, task) for task in todo]
             for future in as_completed(futures):
                 results.append(future.result())

@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--policy", required=True, choices=sorted(n for n, c in POLICIES.items() if c.search_space))
     tun.add_argument("--workload", default="burst", choices=sorted(WORKLOADS))
     tun.add_argument("--objective", default="goodput", choices=["goodput", "cost", "pareto"])
-    tun.add_argument("--trials", type=int, default=50, help="trials this process adds to the study")
+    tun.add_argument("--trials", type=int, default=50, help="trials this process adds to the study (0: report only)")
     tun.add_argument("--seeds", type=int, default=3, help="episodes averaged per trial (tuning seeds)")
     tun.add_argument("--eval-seeds", type=int, default=5, help="held-out seeds for default vs tuned")
     tun.add_argument("--storage", default=None,

@@ -48,7 +48,9 @@ class TuneConfig:
         get_objective(self.objective)
         if self.pruner not in ("median", "halving", "none"):
             raise ValueError(f"pruner must be median, halving or none, got {self.pruner!r}")
-        for name in ("trials", "seeds", "eval_seeds"):
+        if self.trials < 0:
+            raise ValueError("trials must be >= 0 (0 only reports on an existing study)")
+        for name in ("seeds", "eval_seeds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
 

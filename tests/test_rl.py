@@ -1,0 +1,136 @@
+"""Learned comparators: wrappers, smoke training per algorithm and mode, masks, save/load, rl: policies."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("stable_baselines3")
+pytest.importorskip("sb3_contrib")
+
+import gymnasium as gym
+from gymnasium.utils.env_checker import check_env
+
+from servegym import ENV_ID
+from servegym.policies import make_policy
+from servegym.rl import AdmitCount, AdmitMask, TokenWindow
+from servegym.rl.train import TrainConfig, algorithm_class, make_env, train
+from servegym.runner import make_env as make_serving_env
+from servegym.runner import run_episode
+
+TINY = {
+    "ppo": {"n_steps": 64, "batch_size": 64, "n_epochs": 1},
+    "a2c": {"n_steps": 16},
+    "dqn": {"learning_starts": 64, "buffer_size": 1000, "batch_size": 32},
+    "sac": {"learning_starts": 64, "buffer_size": 1000, "batch_size": 32},
+    "maskable-ppo": {"n_steps": 64, "batch_size": 64, "n_epochs": 1},
+}
+CASES = [("ppo", "admit"), ("ppo", "window"), ("ppo", "count"), ("a2c", "count"), ("dqn", "count"),
+         ("sac", "window"), ("maskable-ppo", "admit"), ("maskable-ppo", "count")]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    cfg = TrainConfig(algo="ppo", mode="count", workload="low", timesteps=256, n_envs=2, max_episode_steps=200,
+                      eval_freq=256, eval_episodes=1, hyperparams=TINY["ppo"], out=str(tmp_path_factory.mktemp("runs")))
+    return train(cfg, progress=False, subprocess=False)
+
+
+@pytest.mark.parametrize("wrapper", [AdmitMask, TokenWindow, AdmitCount])
+def test_wrappers_pass_both_env_checkers(wrapper):
+    from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # The one notice inherent to checking a wrapper; every other warning fails the test.
+        warnings.filterwarnings("ignore", message=".*different from the unwrapped version.*")
+        check_env(wrapper(gym.make(ENV_ID, workload="low").unwrapped), skip_render_check=True)
+        sb3_check_env(wrapper(gym.make(ENV_ID, workload="low").unwrapped), warn=True)
+
+
+@pytest.mark.parametrize(("algo", "mode"), CASES)
+def test_smoke_training_per_algorithm_and_mode(algo, mode, tmp_path):
+    cfg = TrainConfig(algo=algo, mode=mode, workload="low", timesteps=256, n_envs=2, max_episode_steps=150,
+                      eval_freq=128, eval_episodes=1, hyperparams=TINY[algo], out=str(tmp_path))
+    run = train(cfg, progress=False, subprocess=False)
+    assert (run / "model.zip").is_file() and (run / "vecnormalize.pkl").is_file()
+    assert any((run / "tb").rglob("events.out.tfevents*"))
+    assert run.name == f"Serving-v0__{algo}__{mode}__low__s0"
+
+
+def test_incompatible_algorithm_and_mode_is_refused():
+    with pytest.raises(ValueError, match="dqn cannot use mode 'window'"):
+        TrainConfig(algo="dqn", mode="window")
+
+
+def test_save_and_load_give_identical_actions(tmp_path):
+    env = make_env("low", "count", {"length_mode": "predicted"}, 300)
+    algo = algorithm_class("ppo")
+    model = algo("MultiInputPolicy", env, seed=0, **TINY["ppo"])
+    model.learn(128)
+    obs_list, (obs, _) = [], env.reset(seed=3)
+    for _ in range(100):
+        obs_list.append(obs)
+        obs, _, terminated, truncated, _ = env.step(model.predict(obs, deterministic=True)[0])
+        if terminated or truncated:
+            obs, _ = env.reset()
+    model.save(tmp_path / "m.zip")
+    loaded = algo.load(tmp_path / "m.zip")
+    for o in obs_list:
+        assert model.predict(o, deterministic=True)[0] == loaded.predict(o, deterministic=True)[0]
+
+
+def test_masked_agent_never_picks_a_masked_action():
+    from sb3_contrib import MaskablePPO
+
+    env = AdmitMask(gym.make(ENV_ID, workload="burst", strict_actions=True, max_episode_steps=10**6).unwrapped)
+    model = MaskablePPO("MultiInputPolicy", env, seed=0, **TINY["maskable-ppo"])
+    obs, _ = env.reset(seed=0)
+    admitted = 0
+    for _ in range(10_000):
+        mask = env.action_masks().reshape(-1, 2)
+        action, _ = model.predict(obs, action_masks=mask.ravel(), deterministic=False)
+        assert np.all(mask[np.arange(action.size), action])
+        admitted += int(action.sum())
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            obs, _ = env.reset()
+    assert admitted > 0
+
+
+def test_trained_agent_passes_the_policy_conformance_suite(tiny_run):
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    name = f"rl:{tiny_run}"
+    policy = make_policy(name)
+    env = make_serving_env(policy, workload="low", strict_actions=True, max_episode_steps=400)
+    obs, _ = env.reset(seed=0)
+    for _ in range(400):
+        action = policy.act(obs)
+        assert env.action_space.contains(action)
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            break
+    results = [run_episode(make_serving_env(make_policy(name), workload="low", max_episode_steps=400),
+                           make_policy(name), seed=5).summary for _ in range(2)]
+    assert results[0] == results[1]
+    venv = make_vec_env(lambda: make_serving_env(policy, workload="low", max_episode_steps=200), n_envs=2, seed=0)
+    mean, _ = evaluate_policy(policy, venv, n_eval_episodes=2)
+    assert np.isfinite(mean)
+
+
+def test_rl_policy_runs_in_compare(tiny_run, tmp_path):
+    from servegym.evaluation import compare, experiment_from_dict
+
+    experiment = experiment_from_dict({"name": "rl", "seeds": 1, "max_steps": 300, "workloads": ["azure-code"],
+                                       "policies": ["fcfs", f"rl:{tiny_run}"]})
+    results, _ = compare(experiment, tmp_path, workers=1, progress=False, plots=False)
+    assert {r.policy for r in results} == {"fcfs", f"rl:{tiny_run}"}
+
+
+def test_bad_rl_run_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="not a servegym train run"):
+        make_policy(f"rl:{tmp_path}")
