@@ -41,7 +41,7 @@ def count_action(obs: Observation, count: int) -> np.ndarray:
     return admit_first(obs, min(int(count), visible_queue(obs).shape[0]))
 
 
-class _ObservingWrapper(gym.Wrapper):
+class _ObservingWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Keeps the latest observation so the action mapping can read it."""
 
     def reset(self, **kwargs):
@@ -62,7 +62,8 @@ class AdmitMask(_ObservingWrapper):
     """``MultiDiscrete([2] * W)``: 1 admits the slot; admitted slots go in queue order."""
 
     def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
         self.width = env.unwrapped.queue_window
         self.action_space = spaces.MultiDiscrete(np.full(self.width, 2, dtype=np.int64))
 
@@ -83,7 +84,9 @@ class TokenWindow(_ObservingWrapper):
 
     def __init__(self, env: gym.Env, window_min: float = 16.0, window_max: float = 16384.0,
                  unknown_output_tokens: float | None = 128.0) -> None:
-        super().__init__(env)
+        gym.utils.RecordConstructorArgs.__init__(self, window_min=window_min, window_max=window_max,
+                                                 unknown_output_tokens=unknown_output_tokens)
+        gym.Wrapper.__init__(self, env)
         if not 0 < window_min < window_max:
             raise ValueError(f"need 0 < window_min < window_max, got {window_min}, {window_max}")
         self.window_min, self.window_max, self.unknown_output_tokens = window_min, window_max, unknown_output_tokens
@@ -100,7 +103,8 @@ class AdmitCount(_ObservingWrapper):
     """``Discrete(max_admit + 1)``: admit that many requests from the queue head this step."""
 
     def __init__(self, env: gym.Env, max_admit: int = 8) -> None:
-        super().__init__(env)
+        gym.utils.RecordConstructorArgs.__init__(self, max_admit=max_admit)
+        gym.Wrapper.__init__(self, env)
         if max_admit < 1:
             raise ValueError(f"max_admit must be >= 1, got {max_admit}")
         self.action_space = spaces.Discrete(max_admit + 1)
