@@ -7,8 +7,9 @@ import pytest
 
 from servegym.envs import queue_matrix
 from servegym.policies import POLICIES, Policy, make_policy, register_policy
-from servegym.runner import make_env, run_episode
+from servegym.runner import make_env
 from servegym.workloads import WORKLOADS
+from tests.conformance import assert_deterministic, assert_scored_by_evaluate_policy, assert_valid_actions
 from tests.conftest import fixed
 
 ALL = sorted(POLICIES)
@@ -36,33 +37,17 @@ def test_registry_refuses_duplicates_and_nameless_policies():
 
 @pytest.mark.parametrize("name", ALL)
 def test_policy_emits_only_valid_actions(name):
-    policy = make_policy(name)
-    env = make_env(policy, workload="burst", strict_actions=True, engine={"check_invariants": True})
-    obs, _ = env.reset(seed=0)
-    policy.reset()
-    for _ in range(500):
-        action = policy.act(obs)
-        assert env.action_space.contains(action)
-        obs, _, terminated, truncated, _ = env.step(action)
-        if terminated or truncated:
-            break
+    assert_valid_actions(lambda: make_policy(name))
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_policy_is_deterministic(name):
-    results = [run_episode(make_env(make_policy(name), workload="low"), make_policy(name), seed=4) for _ in range(2)]
-    assert results[0].summary == results[1].summary
+    assert_deterministic(lambda: make_policy(name))
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_policy_works_with_sb3_evaluate_policy(name):
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.evaluation import evaluate_policy
-
-    policy = make_policy(name)
-    venv = make_vec_env(lambda: make_env(policy, workload="low", max_episode_steps=300), n_envs=2, seed=0)
-    mean, _ = evaluate_policy(policy, venv, n_eval_episodes=2, deterministic=True)
-    assert np.isfinite(mean) and mean < 0
+    assert_scored_by_evaluate_policy(lambda: make_policy(name))
 
 
 def test_fcfs_admits_in_arrival_order_while_kv_allows():

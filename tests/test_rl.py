@@ -17,8 +17,7 @@ from servegym import ENV_ID
 from servegym.policies import make_policy
 from servegym.rl import AdmitCount, AdmitMask, TokenWindow
 from servegym.rl.train import TrainConfig, algorithm_class, make_env, train
-from servegym.runner import make_env as make_serving_env
-from servegym.runner import run_episode
+from tests.conformance import assert_conforms
 
 TINY = {
     "ppo": {"n_steps": 64, "batch_size": 64, "n_epochs": 1},
@@ -101,25 +100,7 @@ def test_masked_agent_never_picks_a_masked_action():
 
 
 def test_trained_agent_passes_the_policy_conformance_suite(tiny_run):
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.evaluation import evaluate_policy
-
-    name = f"rl:{tiny_run}"
-    policy = make_policy(name)
-    env = make_serving_env(policy, workload="low", strict_actions=True, max_episode_steps=400)
-    obs, _ = env.reset(seed=0)
-    for _ in range(400):
-        action = policy.act(obs)
-        assert env.action_space.contains(action)
-        obs, _, terminated, truncated, _ = env.step(action)
-        if terminated or truncated:
-            break
-    results = [run_episode(make_serving_env(make_policy(name), workload="low", max_episode_steps=400),
-                           make_policy(name), seed=5).summary for _ in range(2)]
-    assert results[0] == results[1]
-    venv = make_vec_env(lambda: make_serving_env(policy, workload="low", max_episode_steps=200), n_envs=2, seed=0)
-    mean, _ = evaluate_policy(policy, venv, n_eval_episodes=2)
-    assert np.isfinite(mean)
+    assert_conforms(lambda: make_policy(f"rl:{tiny_run}"))
 
 
 def test_rl_policy_runs_in_compare(tiny_run, tmp_path):
