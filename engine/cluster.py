@@ -102,7 +102,6 @@ class Cluster:
         self._open = 0  # requests in the system up to self.time
         self._pending_ends: list[float] = []  # ends recorded by engines that ran ahead of self.time
         self.rejected = 0
-        self.cold_starts = 0
         self.deciding = 0
         # The clock starts at the first arrival, so these arrivals have no lag to account for.
         self.last_arrived, self.last_rejected, _ = self._route_arrivals()
@@ -182,7 +181,6 @@ class Cluster:
             self._turn += 1
         engine = engines[c]
         if self.is_cold(engine, now):
-            self.cold_starts += 1
             engine.ready_at = now + self.cold_start_s
         if engine.ready_at > now:
             self.log.cold_start[rid] = True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -107,8 +107,3 @@ class EngineConfig:
             raise ValueError(f"itl_smoothing must be in (0, 1], got {self.itl_smoothing}")
         if self.idle_tick_s is not None and not self.idle_tick_s > 0.0:
             raise ValueError(f"idle_tick_s must be > 0, got {self.idle_tick_s}")
-
-    @classmethod
-    def field_help(cls) -> dict[str, str]:
-        """One help string per field, for CLIs and docs."""
-        return {f.name: f.metadata.get("help", "") for f in fields(cls)}

@@ -88,7 +88,6 @@ class Engine:
         self._kv_free_prev = 1.0
         self.last_dt = 0.0
         self._prefill_rows = 0
-        self.finished_ids = EMPTY
         self.step_index = 0
         self.last = StepOutcome(0.0, 0, 0, 0, 0, 0, 0)
 
@@ -150,7 +149,6 @@ class Engine:
         had_work = self.queue.size or self.n_running
         admitted, refused = self._admit(admit) if len(admit) else (0, 0)
         preempted = 0
-        self.finished_ids = EMPTY
         if self.n_running:
             plan, need = self._plan()
             while need > self.num_kv_blocks - self.used_blocks:
@@ -287,7 +285,6 @@ class Engine:
     def _finish(self, rows: np.ndarray) -> None:
         run, log = self._run, self.log
         ids = run[rows, REQ]
-        self.finished_ids = ids.copy()
         log.finish_s[ids] = self.clock
         log.state[ids] = State.FINISHED
         log.seg_req.extend(ids.tolist())

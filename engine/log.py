@@ -95,9 +95,6 @@ class EpisodeLog:
         rows = np.vstack([np.column_stack([b, np.full(len(b), c)]) for c, b in zip(chosen, blocks, strict=True)])
         return rows if container is not None else rows[np.argsort(rows[:, 0], kind="stable")]
 
-    def step_column(self, name: str, container: int | None = None) -> np.ndarray:
-        return self.steps(container)[:, STEP_FIELDS.index(name)]
-
     def _step_ends(self) -> list[np.ndarray]:
         return [np.asarray([row[0] for row in rows]) for rows in self.step_rows]
 

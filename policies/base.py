@@ -131,5 +131,3 @@ def make_policy(name: str, **params: Any) -> Policy:
         raise ValueError(f"unknown policy {name!r}; registered: {sorted(POLICIES)}") from None
     return cls(**params)
 
-
-PolicyFactory = Callable[..., Policy]

@@ -7,7 +7,7 @@ requests, gate them against the window and the KV guard, and stage admitted prom
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -190,6 +190,3 @@ class TokenWindowPacing(Policy):
                            ("queue_depth", depth), ("batch_size", batch)):
             self.trace[key].append(value)
         return ranks_action(obs, admitted)
-
-    def describe(self) -> dict[str, Any]:
-        return asdict(self.params)

@@ -134,3 +134,13 @@ def test_action_masks_allow_only_filled_slots():
     visible = env.unwrapped.engine.queue.size
     assert mask[:, 0].all()
     assert mask[:visible, 1:].all() and not mask[visible:, 1:].any()
+
+
+def test_checkers_pass_on_a_serverless_pool():
+    from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+    pool = {"num_containers": 3, "keep_alive_s": 2.0, "start_cold": True}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(make("burst", pool=pool).unwrapped, skip_render_check=False)
+        sb3_check_env(ServingEnv(workload="burst", pool=pool), warn=True)
