@@ -47,6 +47,17 @@ def remaining_queued(obs: Observation, rows: np.ndarray, unknown_prior: float | 
     return np.maximum(estimate - rows[:, QUEUE_INDEX["generated"]], 1.0)
 
 
+def upper_remaining_running(obs: Observation) -> np.ndarray:
+    """Remaining output tokens of running requests at their upper bound (exact when lengths are known)."""
+    run = running_rows(obs)
+    return np.maximum(run[:, RUNNING_INDEX["output_hi"]] - run[:, RUNNING_INDEX["generated"]], 1.0)
+
+
+def upper_remaining_queue(rows: np.ndarray) -> np.ndarray:
+    """Remaining output tokens of waiting requests ``rows`` at their upper bound."""
+    return np.maximum(rows[:, QUEUE_INDEX["output_hi"]] - rows[:, QUEUE_INDEX["generated"]], 1.0)
+
+
 def admission_blocks(obs: Observation, rows: np.ndarray) -> np.ndarray:
     """KV blocks each waiting request needs on admission: its prompt, tokens to recompute, first token."""
     block = engine_feature(obs, "kv_block_size")

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX, queue_matrix
-from servegym.policies.base import Observation, Policy, admit_first, engine_feature, register_policy
+from servegym.policies.base import Observation, Policy, admit_first, register_policy
+from servegym.policies.common import fcfs_count, free_slots, visible_queue
 
 
 @dataclass(frozen=True)
@@ -60,15 +60,7 @@ class FlowControl(Policy):
         b = self.params.activation_budget
         # Credits accrue at b per step and cap at max(b, 1): an idle spell cannot bank a burst.
         self.bucket = min(self.bucket + b, max(b, 1.0))
-        queue = queue_matrix(obs)
-        visible = min(int(engine_feature(obs, "queue_depth")), queue.shape[0])
-        slots = obs["running"].shape[0] // len(RUNNING_INDEX) - int(engine_feature(obs, "batch_size"))
-        count = min(int(self.bucket), visible, max(slots, 0))
-        if self.params.respect_free_kv and count:
-            block = engine_feature(obs, "kv_block_size")
-            free = round(engine_feature(obs, "kv_free_frac") * engine_feature(obs, "kv_capacity_tokens") / block)
-            need = np.cumsum(np.ceil((queue[:count, QUEUE_INDEX["prompt_tokens"]]
-                                      + queue[:count, QUEUE_INDEX["generated"]] + 1) / block))
-            count = int(np.searchsorted(need, free, side="right"))
+        fits = fcfs_count(obs) if self.params.respect_free_kv else min(visible_queue(obs).shape[0], free_slots(obs))
+        count = min(int(self.bucket), fits)
         self.bucket -= count
         return admit_first(obs, count)

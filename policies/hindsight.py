@@ -6,9 +6,14 @@ from typing import Any
 
 import numpy as np
 
-from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX
+from servegym.envs.observation import QUEUE_INDEX
 from servegym.policies.base import Observation, Policy, ranks_action, register_policy
-from servegym.policies.common import longest_feasible_prefix, running_rows, visible_queue
+from servegym.policies.common import (
+    longest_feasible_prefix,
+    upper_remaining_queue,
+    upper_remaining_running,
+    visible_queue,
+)
 
 
 @register_policy
@@ -25,10 +30,9 @@ class Hindsight(Policy):
         return {"length_mode": "known", "preemption": "lifo"}
 
     def act(self, obs: Observation) -> np.ndarray:
-        run = running_rows(obs)
-        running_left = np.maximum(run[:, RUNNING_INDEX["output_hi"]] - run[:, RUNNING_INDEX["generated"]], 1.0)
+        # With true lengths revealed, the upper bounds are the exact remaining lengths.
         rows = visible_queue(obs)
-        left = np.maximum(rows[:, QUEUE_INDEX["output_hi"]] - rows[:, QUEUE_INDEX["generated"]], 1.0)
+        left = upper_remaining_queue(rows)
         order = np.argsort(left + 1e-6 * rows[:, QUEUE_INDEX["prompt_tokens"]], kind="stable")
-        count = longest_feasible_prefix(obs, running_left, rows[order], left[order])
+        count = longest_feasible_prefix(obs, upper_remaining_running(obs), rows[order], left[order])
         return ranks_action(obs, order[:count])

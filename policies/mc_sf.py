@@ -6,8 +6,12 @@ import numpy as np
 
 from servegym.envs.observation import QUEUE_INDEX
 from servegym.policies.base import Observation, Policy, engine_feature, output_estimate, ranks_action, register_policy
-from servegym.policies.common import longest_feasible_prefix, visible_queue
-from servegym.policies.mc import upper_remaining_queue, upper_remaining_running
+from servegym.policies.common import (
+    longest_feasible_prefix,
+    upper_remaining_queue,
+    upper_remaining_running,
+    visible_queue,
+)
 
 
 @register_policy
