@@ -18,6 +18,9 @@ import numpy as np
 from servegym.policies.base import Observation, Policy, admit_first, register_policy
 from servegym.policies.common import fcfs_count, free_slots, visible_queue
 
+_ROUNDING = 1e-9
+"""Tolerance for summing a float budget: repeated additions of ``b`` fall just short of whole numbers."""
+
 
 @dataclass(frozen=True)
 class FlowControlParams:
@@ -54,13 +57,14 @@ class FlowControl(Policy):
         return {"preemption": "lifo"}
 
     def reset(self) -> None:
-        self.bucket = 0.0
+        self.credit = 0.0
 
     def act(self, obs: Observation) -> np.ndarray:
-        b = self.params.activation_budget
-        # Credits accrue at b per step and cap at max(b, 1): an idle spell cannot bank a burst.
-        self.bucket = min(self.bucket + b, max(b, 1.0))
+        # Credits accrue at b per step; whole credits become activations. Only the fraction carries over:
+        # whole credits that the queue or the KV cache could not use lapse, so an idle spell cannot bank a
+        # burst. Over n saturated steps this admits floor(n b) or ceil(n b), and never more than ceil(n b).
+        self.credit += self.params.activation_budget
+        whole = math.floor(self.credit + _ROUNDING)  # b = 0.1 summed ten times is 0.999...: still one credit
         fits = fcfs_count(obs) if self.params.respect_free_kv else min(visible_queue(obs).shape[0], free_slots(obs))
-        count = min(int(self.bucket), fits)
-        self.bucket -= count
-        return admit_first(obs, count)
+        self.credit = max(self.credit - whole, 0.0)
+        return admit_first(obs, min(whole, fits))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -53,6 +54,47 @@ def test_fractional_budget_activates_one_every_1_over_b_steps():
         obs, _, _, _, info = env.step(policy.act(obs))
         admitted.append(info["admitted"])
     assert admitted == [0, 0, 0, 1] * 10
+
+
+@pytest.mark.parametrize("b", ["0.25", "0.3", "1", "1.5", "2.5", "2.8", "7.3"])
+def test_every_window_of_n_saturated_steps_admits_floor_or_ceil_of_n_b(b):
+    # 9,000 short requests wait from t=0 in a cache that holds them all: the queue never empties and always
+    # fits, so the budget alone decides. Every window of n steps (n = 1..1000) must admit floor(n b) or
+    # ceil(n b); the old bucket capped at max(b, 1) admitted 1 per step for b = 1.5 and 2 for b = 2.8.
+    n_steps, n_requests = 1000, 9000
+    policy = FlowControl(activation_budget=float(b))
+    env = make_env(policy, workload=fixed(np.zeros(n_requests), np.full(n_requests, 4), np.full(n_requests, 3)),
+                   profile=flat_profile(num_kv_blocks=200_000, block_size=1), engine={"max_num_seqs": 512},
+                   max_episode_steps=n_steps + 1)
+    obs, _ = env.reset(seed=0)
+    admitted = []
+    for _ in range(n_steps):
+        obs, _, _, _, info = env.step(policy.act(obs))
+        admitted.append(info["admitted"])
+    assert sum(admitted) == math.floor(Fraction(b) * n_steps)  # the bucket starts empty
+    totals = np.concatenate([[0], np.cumsum(admitted)])
+    for n in range(1, n_steps + 1):
+        window = totals[n:] - totals[:-n]
+        lo, hi = math.floor(Fraction(b) * n), math.ceil(Fraction(b) * n)
+        assert window.min() >= lo and window.max() <= hi, (n, window.min(), window.max(), lo, hi)
+
+
+def test_unused_whole_credits_lapse_so_a_blocked_spell_banks_no_burst():
+    # b = 1.5, 120 one-token blocks. Request 0 (114 prompt + 6 output tokens) fills the cache, so the ten
+    # 10-token prompts behind it cannot fit for several steps. When it finishes they all fit at once, and the
+    # first step admits at most ceil(b) = 2, not the credits a plain accumulator would have banked meanwhile.
+    policy = FlowControl(activation_budget=1.5)
+    env = make_env(policy, workload=fixed(np.zeros(11), [114] + [10] * 10, [6] + [20] * 10),
+                   profile=flat_profile(num_kv_blocks=120, block_size=1))
+    obs, _ = env.reset(seed=0)
+    admitted = []
+    for _ in range(12):
+        obs, _, _, _, info = env.step(policy.act(obs))
+        admitted.append(info["admitted"])
+    assert admitted[0] == 1
+    resumed = next(i for i in range(1, len(admitted)) if admitted[i])
+    assert resumed >= 5, admitted  # blocked while request 0 decodes
+    assert admitted[resumed] <= 2 and sum(admitted[resumed:resumed + 2]) == 3, admitted
 
 
 def test_evictions_are_lifo():
