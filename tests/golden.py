@@ -1,0 +1,86 @@
+"""Fingerprints of whole episode logs on fixed seeds: a refactor that changes behaviour changes a hash.
+
+``python -m tests.golden`` rewrites ``tests/data/golden_logs.json``; do that only for a change that is meant
+to alter episodes, and say which in the commit message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+GOLDEN = Path(__file__).parent / "data" / "golden_logs.json"
+
+# (label, policy, policy params, workload, engine settings, pool settings, seed, step limit)
+CASES = [
+    ("fcfs-low-unknown", "fcfs", {}, "low", {}, {}, 0, 600),
+    ("fcfs-burst-tight-known", "fcfs", {}, "burst", {"num_kv_blocks": 300, "length_mode": "known"}, {}, 1, 800),
+    ("twp-burst-predicted", "twp", {}, "burst", {"length_mode": "predicted"}, {}, 2, 800),
+    ("twp-high-tight-unknown", "twp", {}, "high", {"num_kv_blocks": 400}, {}, 3, 600),
+    ("flow-control-medium-tight", "flow-control", {"activation_budget": 1.7}, "medium", {"num_kv_blocks": 300},
+     {}, 4, 800),
+    ("vllm-burst-tight", "vllm", {}, "burst", {"num_kv_blocks": 300}, {}, 5, 600),
+    ("sarathi-high", "sarathi", {}, "high", {}, {}, 6, 500),
+    ("mc-sf-burst-predicted", "mc-sf", {}, "burst", {"num_kv_blocks": 400, "length_mode": "predicted"}, {}, 7, 600),
+    ("amin-burst-predicted", "amin", {}, "burst", {"num_kv_blocks": 120, "length_mode": "predicted"}, {}, 8, 600),
+    ("alpha-medium-tight", "alpha-protection", {}, "medium", {"num_kv_blocks": 300}, {}, 9, 600),
+    ("hindsight-burst", "hindsight", {}, "burst", {"num_kv_blocks": 400}, {}, 10, 600),
+    ("dynamic-batch-high", "dynamic-batch", {}, "high", {}, {}, 11, 500),
+    ("priority-pool-cold", "priority", {}, "burst", {"num_kv_blocks": 600},
+     {"num_containers": 3, "keep_alive_s": 5.0, "start_cold": True}, 12, 900),
+    ("serverless-pool", "serverless-llm", {}, "burst", {}, {"num_containers": 2, "keep_alive_s": 0.3}, 13, 900),
+    ("round-robin-pool", "round-robin", {}, "medium", {"num_kv_blocks": 400, "length_mode": "predicted"},
+     {"num_containers": 2}, 14, 900),
+]
+
+
+def _digest(parts: list[np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        a = np.asarray(part)
+        a = np.round(a.astype(np.float64), 9) if a.dtype.kind == "f" else a.astype(np.int64)
+        h.update(str(a.shape).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+def fingerprint(log) -> dict[str, str]:
+    """Hashes of the request table, the step log and the token segments, by position (not column name)."""
+    requests = [log.arrival_s, log.prompt, log.output, log.out_lo, log.out_hi,
+                log.truncated, log.state, log.admit_s, log.first_token_s, log.finish_s, log.n_preempt,
+                log.reject_reason, log.container, log.cold_start, log.load_wait_s]
+    segments = [np.asarray(log.seg_req), np.asarray(log.seg_first), np.asarray(log.seg_last)]
+    return {"requests": _digest(requests), "steps": _digest([log.steps()]), "segments": _digest(segments)}
+
+
+def run_case(case) -> tuple[dict[str, str], float]:
+    from servegym.policies import make_policy
+    from servegym.runner import make_env
+
+    _, name, params, workload, engine, pool, seed, steps = case
+    policy = make_policy(name, **params)
+    env = make_env(policy, workload=workload, engine=engine, pool=pool, max_episode_steps=steps)
+    obs, _ = env.reset(seed=seed)
+    policy.reset()
+    total, done = 0.0, False
+    while not done:
+        obs, reward, terminated, truncated, _ = env.step(policy.act(obs))
+        total += reward
+        done = terminated or truncated
+    return fingerprint(env.unwrapped.cluster.log), round(total, 6)
+
+
+def compute() -> dict[str, dict]:
+    out = {}
+    for case in CASES:
+        prints, total = run_case(case)
+        out[case[0]] = {**prints, "reward": total}
+    return out
+
+
+if __name__ == "__main__":
+    GOLDEN.write_text(json.dumps(compute(), indent=1) + "\n")
+    print(f"wrote {GOLDEN}")

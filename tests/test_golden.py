@@ -1,0 +1,22 @@
+"""Behaviour is pinned: whole episode logs on fixed seeds hash as they did when ``golden_logs.json`` was made.
+
+The cases cover every length mode, preemption (LIFO, clear-all, fewest-generated), a cold pool and most
+policies. A failure means an episode changed: if that was the intent, regenerate with ``python -m tests.golden``
+and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.golden import CASES, GOLDEN, run_case
+
+EXPECTED = json.loads(GOLDEN.read_text())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_episode_log_is_unchanged(case):
+    prints, total = run_case(case)
+    assert {**prints, "reward": total} == EXPECTED[case[0]]
