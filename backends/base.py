@@ -44,6 +44,9 @@ class Backend(Protocol):
     block_size: int
     baseline_step_s: float | None
     """The profile's flat decode latency ``l_min``; None when unknown (a policy then uses the lowest seen)."""
+    owns_cache: bool
+    """True when the backend holds a real KV cache of ``num_kv_blocks`` blocks of ``block_size`` tokens: the
+    engine must then account in exactly those blocks (an engine config asking for others is an error)."""
 
     def reset(self, rng: np.random.Generator) -> None:
         """Start an episode; all randomness must come from ``rng``."""

@@ -48,6 +48,7 @@ class CalibratedBackend:
         self.num_kv_blocks = profile.num_kv_blocks
         self.block_size = profile.block_size
         self.baseline_step_s: float | None = profile.latency.l_min_s
+        self.owns_cache = False  # time only: the engine may size the cache as it likes
         cv = self.model.noise_cv if noise_cv is None else noise_cv
         if not (math.isfinite(cv) and cv >= 0):
             raise ValueError(f"noise_cv must be a finite number >= 0, got {cv!r}")

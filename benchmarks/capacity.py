@@ -38,7 +38,7 @@ def main() -> None:
         during = steps[:, 0] <= arrivals_end
         batch = float(np.mean(steps[during, 2])) if during.any() else 0.0
         backlog = int(steps[during, 6][-1]) if during.any() else 0  # waiting when the last request arrives
-        served = s["finished"] / s["makespan_s"]
+        served = s["num_finished"] / s["makespan_s"]
         print(f"{rate:6.1f} {served:10.2f} {batch:7.1f} {backlog:8d} {s['ttft_p99']:11.2f} "
               f"{s['itl_p99'] * 1e3:11.1f}")
 

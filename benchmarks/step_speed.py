@@ -37,12 +37,12 @@ def servegym_rate(steps: int, repeats: int) -> tuple[float, dict]:
     env.reset(seed=0)
     w = env.unwrapped.queue_window
     admit = np.ones(w, dtype=np.int64)
-    while env.unwrapped.engine.n_running < 64 or env.unwrapped.engine.n_prefilling:
+    while env.unwrapped.engine.num_running < 64 or env.unwrapped.engine.num_prefilling:
         env.step(admit)
     idle = np.zeros(w, dtype=np.int64)
     rates = [time_steps(env, idle, steps) for _ in range(repeats)]
     e = env.unwrapped.engine
-    return max(rates), {"running": e.n_running, "waiting": e.queue.size}
+    return max(rates), {"running": e.num_running, "waiting": e.waiting.size}
 
 
 def cartpole_rate(steps: int, repeats: int) -> float:

@@ -79,29 +79,48 @@ class Cluster:
         base = pool.cold_start_s if pool.cold_start_s is not None else cold_start_s
         self.cold_start_s = base * pool.cold_start_scale
         self._route = ROUTERS[pool.router]
+        # Episode state, set by reset().
         self.log: EpisodeLog | None = None
         self.done = True
+        """The workload is exhausted and every container is empty."""
+        self.time = 0.0
+        """The pool's clock: the earliest clock among containers with work."""
+        self.deciding = 0
+        """The container whose decision the next step takes."""
+        self.num_rejected = 0
+        self.last_arrived = self.last_rejected = 0
+        """Arrivals routed, and how many of them were rejected, when the episode started."""
+        self._num_requests = 0
+        self._next_arrival = 0
+        """Index of the next request to arrive (requests are sorted by arrival time)."""
+        self._num_in_system = 0
+        """Requests in the system up to ``time`` (for the latency reward)."""
+        self._route_turn = 0
+        """Arrivals routed so far (the round-robin router's turn)."""
+        self._pending_ends: list[float] = []
+        """Finish times recorded by containers that ran ahead of ``time``, as a heap."""
 
     # ------------------------------------------------------------------ episode
     def reset(self, rng: np.random.Generator) -> None:
         """Draw the workload, hide or reveal lengths, and route the first arrivals."""
         cfg = self.config
         spec = self.workload.sample(rng)
-        output = np.minimum(spec.output_tokens, cfg.max_tokens)
+        output = np.minimum(spec.num_output_tokens, cfg.max_tokens)
         lo, hi = length_intervals(cfg, rng, output)
         first = self.engines[0]
-        self.log = EpisodeLog(spec.arrival_s, spec.prompt_tokens, output, lo, hi, spec.output_tokens > cfg.max_tokens,
-                              first.num_kv_blocks, first.block_size, len(self.engines))
+        self.log = EpisodeLog(spec.arrival_s, spec.num_prompt_tokens, output, lo, hi,
+                              spec.num_output_tokens > cfg.max_tokens, first.num_kv_blocks, first.block_size,
+                              len(self.engines))
         self.time = float(spec.arrival_s[0]) if len(spec) else 0.0
         ready = math.inf if self.pool.start_cold else -math.inf
         for engine in self.engines:
             engine.reset(self.log, rng, self.time, ready_at=ready)
-        self._next = 0
-        self._n = self.log.num_requests
-        self._turn = 0
-        self._open = 0  # requests in the system up to self.time
-        self._pending_ends: list[float] = []  # ends recorded by engines that ran ahead of self.time
-        self.rejected = 0
+        self._next_arrival = 0
+        self._num_requests = self.log.num_requests
+        self._route_turn = 0
+        self._num_in_system = 0
+        self._pending_ends = []
+        self.num_rejected = 0
         self.deciding = 0
         # The clock starts at the first arrival, so these arrivals have no lag to account for.
         self.last_arrived, self.last_rejected, _ = self._route_arrivals()
@@ -117,11 +136,11 @@ class Cluster:
 
     def _update_done(self) -> None:
         """``done``: the workload is exhausted and every container is empty."""
-        self.done = self._next == self._n and not any(e.queue.size or e.n_running for e in self.engines)
+        self.done = self._next_arrival == self._num_requests and not any(e.has_work for e in self.engines)
 
     @property
     def next_arrival_s(self) -> float:
-        return float(self.log.arrival_s[self._next]) if self._next < self._n else math.inf
+        return float(self.log.arrival_s[self._next_arrival]) if self._next_arrival < self._num_requests else math.inf
 
     # ------------------------------------------------------------------ step
     def step(self, admit: np.ndarray) -> ClusterStep:
@@ -130,10 +149,10 @@ class Cluster:
         container = self.deciding
         engine = self.engines[container]
         out = engine.step(admit, self.next_arrival_s)
-        for _ in range(out.finished):
+        for _ in range(out.num_finished):
             heapq.heappush(self._pending_ends, engine.clock)
         old_time = self.time
-        busy = [e.clock for e in self.engines if e.queue.size or e.n_running]
+        busy = [e.clock for e in self.engines if e.waiting.size or e.num_running]
         self.time = max(old_time, min(busy) if busy else engine.clock)
         accrued = self._advance(old_time)
         arrived, rejected, lag = self._route_arrivals()
@@ -145,29 +164,29 @@ class Cluster:
 
     def _advance(self, old_time: float) -> float:
         """Request-seconds in the system between ``old_time`` and ``self.time``."""
-        accrued = self._open * (self.time - old_time)
+        accrued = self._num_in_system * (self.time - old_time)
         while self._pending_ends and self._pending_ends[0] <= self.time:
             end = heapq.heappop(self._pending_ends)
             accrued -= self.time - max(end, old_time)
-            self._open -= 1
+            self._num_in_system -= 1
         return accrued
 
     def _route_arrivals(self) -> tuple[int, int, float]:
         """Route every request that arrived by ``self.time``; return (arrived, rejected, summed lag)."""
         log = self.log
-        if self._next >= self._n or log.arrival_s[self._next] > self.time:
+        if self._next_arrival >= self._num_requests or log.arrival_s[self._next_arrival] > self.time:
             return 0, 0, 0.0
         stop = int(np.searchsorted(log.arrival_s, self.time, side="right"))
-        ids = np.arange(self._next, stop)
+        ids = np.arange(self._next_arrival, stop)
         targets = np.array([self._pick(int(rid)) for rid in ids])
         rejected, lag = 0, 0.0
         for c in np.unique(targets):
             refused, waited = self.engines[c].receive(ids[targets == c], self.time)
             rejected += refused
             lag += waited
-        self._open += ids.size - rejected
-        self._next = stop
-        self.rejected += rejected
+        self._num_in_system += ids.size - rejected
+        self._next_arrival = stop
+        self.num_rejected += rejected
         return ids.size, rejected, lag
 
     def _pick(self, rid: int) -> int:
@@ -175,10 +194,10 @@ class Cluster:
         if len(engines) == 1:
             c = 0
         else:
-            load = np.array([e.queue.size + e.n_running for e in engines], dtype=np.int64)
+            load = np.array([e.waiting.size + e.num_running for e in engines], dtype=np.int64)
             holds = np.array([not self.is_cold(e, now) for e in engines])
-            c = self._route(load, holds, self._turn)
-            self._turn += 1
+            c = self._route(load, holds, self._route_turn)
+            self._route_turn += 1
         engine = engines[c]
         if self.is_cold(engine, now):
             engine.ready_at = now + self.cold_start_s
@@ -200,7 +219,7 @@ class Cluster:
             return
         best, best_clock, best_busy = 0, math.inf, False
         for e in self.engines:
-            busy = bool(e.queue.size or e.n_running)
+            busy = bool(e.waiting.size or e.num_running)
             if (busy and not best_busy) or (busy == best_busy and e.clock < best_clock):
                 best, best_clock, best_busy = e.container, e.clock, busy
         self.deciding = best
@@ -209,16 +228,16 @@ class Cluster:
     def check_invariants(self) -> None:
         """Raise AssertionError if conservation or any engine's accounting is broken."""
         c = self.log.counts()
-        if c["arrived"] != c["waiting"] + c["running"] + c["finished"] + c["rejected"]:
+        if c["num_arrived"] != c["num_waiting"] + c["num_running"] + c["num_finished"] + c["num_rejected"]:
             raise AssertionError(f"conservation broken: {c}")
-        queued = sum(e.queue.size for e in self.engines)
-        running = sum(e.n_running for e in self.engines)
-        finished = sum(e.finished for e in self.engines)
-        if (c["arrived"], c["waiting"], c["running"], c["finished"], c["rejected"]) != (
-            self._next, queued, running, finished, self.rejected
+        queued = sum(e.waiting.size for e in self.engines)
+        running = sum(e.num_running for e in self.engines)
+        finished = sum(e.num_finished for e in self.engines)
+        if (c["num_arrived"], c["num_waiting"], c["num_running"], c["num_finished"], c["num_rejected"]) != (
+            self._next_arrival, queued, running, finished, self.num_rejected
         ):
-            raise AssertionError(f"counters disagree with states: {c} vs arrived={self._next} queue={queued} "
-                                 f"running={running} finished={finished} rejected={self.rejected}")
+            raise AssertionError(f"counters disagree with states: {c} vs arrived={self._next_arrival} queue={queued} "
+                                 f"running={running} finished={finished} rejected={self.num_rejected}")
         for engine in self.engines:
             engine.check_invariants()
 

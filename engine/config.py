@@ -46,7 +46,7 @@ class EngineConfig:
     """Scheduler-independent settings of one serving engine (one container)."""
 
     max_num_seqs: int = field(default=128, metadata={"help": "most requests running (prefilling or decoding) at once"})
-    max_batched_tokens: int = field(
+    max_num_batched_tokens: int = field(
         default=2048, metadata={"help": "per-iteration token budget: decode tokens plus prefill chunk tokens"}
     )
     prefill_chunk_tokens: int = field(
@@ -86,19 +86,19 @@ class EngineConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "preemption", as_enum(PreemptionRule, "preemption", self.preemption))
         object.__setattr__(self, "length_mode", as_enum(LengthMode, "length_mode", self.length_mode))
-        for name in ("max_num_seqs", "max_batched_tokens", "prefill_chunk_tokens", "max_tokens"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk_tokens", "max_tokens"):
             _positive_int(name, getattr(self, name))
         for name in ("num_kv_blocks", "block_size", "max_prefill_tokens"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
-        if self.prefill_chunk_tokens > self.max_batched_tokens:
+        if self.prefill_chunk_tokens > self.max_num_batched_tokens:
             raise ValueError(
-                f"prefill_chunk_tokens ({self.prefill_chunk_tokens}) exceeds max_batched_tokens "
-                f"({self.max_batched_tokens}): no chunk could ever be scheduled"
+                f"prefill_chunk_tokens ({self.prefill_chunk_tokens}) exceeds max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}): no chunk could ever be scheduled"
             )
-        if self.max_batched_tokens < self.max_num_seqs:
+        if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
-                f"max_batched_tokens ({self.max_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}) "
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}) "
                 "so that every running request can decode each iteration"
             )
         if not 0.0 <= self.prediction_error < 1.0:

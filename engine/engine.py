@@ -7,31 +7,80 @@ work is a handful of numpy operations, independent of how many requests the epis
 from __future__ import annotations
 
 import math
+from enum import IntEnum
 from typing import NamedTuple
 
 import numpy as np
 
 from servegym.backends.base import EMPTY, Backend, StepBatch
 from servegym.engine.config import EngineConfig
-from servegym.engine.log import EpisodeLog, RejectReason, State
+from servegym.engine.log import EpisodeLog, RejectReason, State, StepRow
 from servegym.engine.preemption import pick_victims
 
-# Columns of the running table. The first six are what policies observe of a running request.
-PROMPT, KV, GEN, LO, HI, PREFILL_LEFT, REQ, OUT, SEG, TARGET = range(10)
-RUNNING_OBS_COLUMNS = ("prompt_tokens", "kv_tokens", "generated", "output_lo", "output_hi", "prefill_left")
+
+class Col(IntEnum):
+    """Columns of the engine's running table (one int64 row per running request, in activation order).
+
+    The first six are what policies observe of a running request (:data:`RUNNING_OBS_COLUMNS`).
+    """
+
+    NUM_PROMPT_TOKENS = 0
+    NUM_KV_TOKENS = 1
+    """Tokens held in the KV cache (prompt ingested so far plus generated tokens)."""
+    NUM_GENERATED = 2
+    """Output tokens generated, counting those recomputed after a preemption."""
+    OUTPUT_LO = 3
+    OUTPUT_HI = 4
+    """The output-length interval policies observe (see ``LengthMode``)."""
+    NUM_PREFILL_LEFT = 5
+    """Tokens still to ingest before the request decodes (0 once decoding)."""
+    REQUEST_ID = 6
+    NUM_OUTPUT_TOKENS = 7
+    """The true output length: the request finishes when it has generated this many."""
+    SEGMENT_START = 8
+    """The step of the request's first token in its current decode segment (-1 before it)."""
+    PREFILL_TARGET = 9
+    """Tokens the prefill ingests in all: prompt plus output tokens to recompute."""
+
+
+RUNNING_OBS_COLUMNS = ("num_prompt_tokens", "num_kv_tokens", "num_generated", "output_lo", "output_hi",
+                       "num_prefill_left")
+"""Names of the observable running-table columns, ``Col`` 0-5 in order."""
+_NUM_OBS = len(RUNNING_OBS_COLUMNS)
+# Plain-int aliases for the hot path (numpy indexes faster with int than with an IntEnum member).
+PROMPT, KV, GEN, LO, HI, PREFILL_LEFT, REQ, OUT, SEG, TARGET = (int(c) for c in Col)
 
 
 class StepOutcome(NamedTuple):
     """What one iteration of one engine did. Counts are of requests unless named tokens."""
 
     dt_s: float
-    decode_tokens: int
+    num_decode_tokens: int
     """Output tokens emitted (decodes plus first tokens of completed prefills)."""
-    prefill_tokens: int
-    admitted: int
-    refused: int
-    preempted: int
-    finished: int
+    num_prefill_tokens: int
+    num_admitted: int
+    num_refused: int
+    """Requests the action asked to admit that did not fit (admission stops at the first)."""
+    num_preemptions: int
+    num_finished: int
+
+
+class Plan(NamedTuple):
+    """One iteration's tokens when some rows are still prefilling (indexes into the running table)."""
+
+    decoding: np.ndarray
+    """Boolean per running row: decodes one token this iteration."""
+    prefill_rows: np.ndarray
+    """Rows still prefilling."""
+    chunk: np.ndarray
+    """Prompt tokens each of ``prefill_rows`` ingests (0 when the token budget ran out)."""
+    completes: np.ndarray
+    """Per prefill row: this chunk finishes its prefill, so it also samples its first token."""
+    new_tokens: np.ndarray
+    """KV tokens each running row gains."""
+
+
+_IDLE = StepOutcome(0.0, 0, 0, 0, 0, 0, 0)
 
 
 class Engine:
@@ -52,7 +101,7 @@ class Engine:
         self.container = container
         self.num_kv_blocks = config.num_kv_blocks or backend.num_kv_blocks
         self.block_size = config.block_size or backend.block_size
-        if getattr(backend, "owns_cache", False) and (self.num_kv_blocks, self.block_size) != (
+        if backend.owns_cache and (self.num_kv_blocks, self.block_size) != (
             backend.num_kv_blocks, backend.block_size
         ):
             raise ValueError(
@@ -60,9 +109,38 @@ class Engine:
                 f"the engine config asks for {self.num_kv_blocks} of {self.block_size}"
             )
         base = backend.baseline_step_s
-        self.idle_tick_s = config.idle_tick_s or base or 0.05
-        self._run = np.zeros((config.max_num_seqs, 10), dtype=np.int64)
+        self.idle_tick_s: float = config.idle_tick_s or base or 0.05
+        self._run = np.zeros((config.max_num_seqs, len(Col)), dtype=np.int64)
+        # Episode state, set by reset().
         self.log: EpisodeLog | None = None
+        self.clock = 0.0
+        """This container's time (s): the end of its last iteration."""
+        self.ready_at = -math.inf
+        """When the model is loaded; nothing is admitted before (inf: cold, never loaded)."""
+        self.idle_since = 0.0
+        self.waiting: np.ndarray = EMPTY
+        """Request ids waiting to be admitted, queue head first (preempted requests go to the front)."""
+        self.waiting_version = 0
+        """Bumped whenever ``waiting`` changes, so observers can cache what they derive from it."""
+        self.num_running = 0
+        self.num_prefilling = 0
+        self.num_used_blocks = 0
+        self.token_load = 0
+        """Sum over running rows of ``output_hi - num_generated``: an upper bound on tokens still to emit."""
+        self.num_arrived = self.num_finished = self.num_rejected = 0
+        self.itl_last = 0.0
+        self.itl_smoothed = 0.0
+        self.kv_free_delta = 0.0
+        """EMA of the per-step change of the free KV fraction (negative while the cache fills)."""
+        self.last_dt = 0.0
+        self.step_index = 0
+        self.last: StepOutcome = _IDLE
+        self._kv_free_prev = 1.0
+        self._num_prefill_seqs = 0
+        self._finish_countdown = 0
+        """Iterations before any decoding request can finish (0: check now)."""
+        self._phases: np.ndarray | None = None
+        """Decode rows per block phase; None after the table changes."""
 
     # ------------------------------------------------------------------ episode
     def reset(self, log: EpisodeLog, rng: np.random.Generator, clock: float, ready_at: float = -math.inf) -> None:
@@ -72,42 +150,42 @@ class Engine:
         self.clock = clock
         self.ready_at = ready_at
         self.idle_since = clock
-        self.n_running = 0
-        self.n_prefilling = 0
-        self.used_blocks = 0
-        self.token_load = 0  # sum over running rows of (output_hi - generated)
-        self._finish_countdown = 0  # iterations before any decoding request can finish (0: check now)
-        self._phases: np.ndarray | None = None  # decode rows per block phase; None after the table changes
-        self.queue = EMPTY
-        self.queue_version = 0
-        self.arrived = self.finished = self.rejected = 0
+        self.num_running = 0
+        self.num_prefilling = 0
+        self.num_used_blocks = 0
+        self.token_load = 0
+        self._finish_countdown = 0
+        self._phases = None
+        self.waiting = EMPTY
+        self.waiting_version = 0
+        self.num_arrived = self.num_finished = self.num_rejected = 0
         base = self.backend.baseline_step_s
         self.itl_last = 0.0
         self.itl_smoothed = base if base else 0.0
         self.kv_free_delta = 0.0
         self._kv_free_prev = 1.0
         self.last_dt = 0.0
-        self._prefill_rows = 0
+        self._num_prefill_seqs = 0
         self.step_index = 0
-        self.last = StepOutcome(0.0, 0, 0, 0, 0, 0, 0)
+        self.last = _IDLE
 
     @property
     def has_work(self) -> bool:
-        return self.queue.size > 0 or self.n_running > 0
+        return self.waiting.size > 0 or self.num_running > 0
 
     @property
     def running(self) -> np.ndarray:
         """The observable columns of the running table (rows in activation order), as a copy."""
-        return self._run[: self.n_running, : len(RUNNING_OBS_COLUMNS)].copy()
+        return self._run[: self.num_running, :_NUM_OBS].copy()
 
     @property
     def running_ids(self) -> np.ndarray:
         """Request ids of the running rows, in activation order (oldest first)."""
-        return self._run[: self.n_running, REQ].copy()
+        return self._run[: self.num_running, REQ].copy()
 
     def copy_running_into(self, out: np.ndarray) -> None:
         """Write the observable running columns into the first rows of ``out`` (no allocation)."""
-        out[: self.n_running] = self._run[: self.n_running, : len(RUNNING_OBS_COLUMNS)]
+        out[: self.num_running] = self._run[: self.num_running, :_NUM_OBS]
 
     def receive(self, ids: np.ndarray, now: float) -> tuple[int, float]:
         """Queue requests routed here at time ``now``; reject those that could never fit in the KV cache.
@@ -117,22 +195,22 @@ class Engine:
         log = self.log
         if self.clock < now:  # the engine sat idle until now
             self.clock = now
-        self.arrived += ids.size
+        self.num_arrived += ids.size
         log.container[ids] = self.container
-        never_fits = log.prompt[ids] + log.output[ids] > self.num_kv_blocks * self.block_size
+        never_fits = log.num_prompt_tokens[ids] + log.num_output_tokens[ids] > self.num_kv_blocks * self.block_size
         rejected = int(np.count_nonzero(never_fits))
         if rejected:
             bad = ids[never_fits]
             log.state[bad] = State.REJECTED
             log.reject_reason[bad] = RejectReason.EXCEEDS_KV_CAPACITY
             log.finish_s[bad] = log.arrival_s[bad]
-            self.rejected += rejected
+            self.num_rejected += rejected
             ids = ids[~never_fits]
         if ids.size:
             log.state[ids] = State.WAITING
             log.enqueue_step[ids] = self.step_index
-            self.queue = np.concatenate([self.queue, ids])
-            self.queue_version += 1
+            self.waiting = np.concatenate([self.waiting, ids])
+            self.waiting_version += 1
         return rejected, float((now - log.arrival_s[ids]).sum())
 
     # ------------------------------------------------------------------ step
@@ -146,28 +224,28 @@ class Engine:
                 Nothing is admitted while the model is still loading (``clock < ready_at``).
             next_arrival_s: when the next request reaches the pool; an engine with nothing to do jumps there.
         """
-        had_work = self.queue.size or self.n_running
+        had_work = self.waiting.size or self.num_running
         admitted, refused = self._admit(admit) if len(admit) else (0, 0)
         preempted = 0
-        if self.n_running:
+        if self.num_running:
             plan, need = self._plan()
-            while need > self.num_kv_blocks - self.used_blocks:
-                preempted += self._evict(pick_victims(self.config.preemption, self._run[: self.n_running, GEN]))
+            while need > self.num_kv_blocks - self.num_used_blocks:
+                preempted += self._evict(pick_victims(self.config.preemption, self._run[: self.num_running, GEN]))
                 plan, need = self._plan()
-        if self.n_running:
+        if self.num_running:
             decode_tokens, prefill_tokens, finished = self._execute(plan, need)
         else:
             self._idle(next_arrival_s)
             decode_tokens = prefill_tokens = finished = 0
-        if had_work and not (self.queue.size or self.n_running):
+        if had_work and not (self.waiting.size or self.num_running):
             self.idle_since = self.clock
-        kv_free = 1.0 - self.used_blocks / self.num_kv_blocks
+        kv_free = 1.0 - self.num_used_blocks / self.num_kv_blocks
         a = self.config.itl_smoothing
         self.kv_free_delta += a * ((kv_free - self._kv_free_prev) - self.kv_free_delta)
         self._kv_free_prev = kv_free
-        self.log.step_rows[self.container].append((
-            self.clock, self.last_dt, decode_tokens, self._prefill_rows, prefill_tokens, self.n_running,
-            self.queue.size, self.used_blocks, admitted, preempted, finished,
+        self.log.step_rows[self.container].append(StepRow(
+            self.clock, self.last_dt, decode_tokens, self._num_prefill_seqs, prefill_tokens, self.num_running,
+            self.waiting.size, self.num_used_blocks, admitted, preempted, finished,
         ))
         self.step_index += 1
         self.last = StepOutcome(self.last_dt, decode_tokens, prefill_tokens, admitted, refused, preempted, finished)
@@ -179,35 +257,36 @@ class Engine:
         if self.clock < self.ready_at:
             return 0, len(positions)
         cfg, log, run, bs = self.config, self.log, self._run, self.block_size
-        free = self.num_kv_blocks - self.used_blocks
+        free = self.num_kv_blocks - self.num_used_blocks
         taken: list[int] = []
         for pos in positions:
-            rid = int(self.queue[pos])
-            target = int(log.prompt[rid] + log.saved_gen[rid])
+            rid = int(self.waiting[pos])
+            target = int(log.num_prompt_tokens[rid] + log.num_generated_at_preemption[rid])
             first = min(cfg.prefill_chunk_tokens, target)
             blocks = -(-(first + (first == target)) // bs)
-            if self.n_running >= cfg.max_num_seqs or blocks > free:
+            if self.num_running >= cfg.max_num_seqs or blocks > free:
                 break
             free -= blocks
-            run[self.n_running] = (log.prompt[rid], 0, log.saved_gen[rid], log.out_lo[rid], log.out_hi[rid],
-                                   target, rid, log.output[rid], -1, target)
-            self.n_running += 1
-            self.n_prefilling += 1
+            generated = log.num_generated_at_preemption[rid]
+            run[self.num_running] = (log.num_prompt_tokens[rid], 0, generated, log.output_lo[rid], log.output_hi[rid],
+                                     target, rid, log.num_output_tokens[rid], -1, target)
+            self.num_running += 1
+            self.num_prefilling += 1
             self._phases = None
-            self.token_load += int(log.out_hi[rid] - log.saved_gen[rid])
+            self.token_load += int(log.output_hi[rid] - log.num_generated_at_preemption[rid])
             log.state[rid] = State.PREFILLING
             if math.isnan(log.admit_s[rid]):
                 log.admit_s[rid] = self.clock
             taken.append(int(pos))
         if taken:
-            self.queue = np.delete(self.queue, taken)
-            self.queue_version += 1
+            self.waiting = np.delete(self.waiting, taken)
+            self.waiting_version += 1
         return len(taken), len(positions) - len(taken)
 
-    def _plan(self) -> tuple[tuple | None, int]:
+    def _plan(self) -> tuple[Plan | None, int]:
         """Decide this iteration's tokens; return the plan and the KV blocks it needs."""
-        n, run, bs = self.n_running, self._run, self.block_size
-        if self.n_prefilling == 0:
+        n, run, bs = self.num_running, self._run, self.block_size
+        if self.num_prefilling == 0:
             # Every row decodes one token, so a row needs a new block when its KV count is a multiple of the
             # block size. Counting rows by (KV - step) mod block size makes that count a lookup until the
             # table changes.
@@ -218,7 +297,7 @@ class Engine:
         decoding = left == 0
         pre_rows = np.flatnonzero(~decoding)
         want = np.minimum(left[pre_rows], self.config.prefill_chunk_tokens)
-        budget = self.config.max_batched_tokens - int(np.count_nonzero(decoding))
+        budget = self.config.max_num_batched_tokens - int(np.count_nonzero(decoding))
         if self.config.max_prefill_tokens is not None:
             budget = min(budget, self.config.max_prefill_tokens)
         chunk = np.clip(budget - (np.cumsum(want) - want), 0, want)
@@ -227,20 +306,20 @@ class Engine:
         new_tokens[pre_rows] = chunk + completes
         kv = run[:n, KV]
         need = int(((kv + new_tokens + bs - 1) // bs - (kv + bs - 1) // bs).sum())
-        return (decoding, pre_rows, chunk, completes, new_tokens), need
+        return Plan(decoding, pre_rows, chunk, completes, new_tokens), need
 
-    def _execute(self, plan: tuple | None, need: int) -> tuple[int, int, int]:
-        n, run, log = self.n_running, self._run, self.log
+    def _execute(self, plan: Plan | None, need: int) -> tuple[int, int, int]:
+        n, run, log = self.num_running, self._run, self.log
         if plan is None:
             batch = StepBatch(run[:n, REQ], run[:n, KV], EMPTY, EMPTY, EMPTY, EMPTY)
-            prefill_tokens, self._prefill_rows = 0, 0
+            prefill_tokens, self._num_prefill_seqs = 0, 0
         else:
             decoding, pre_rows, chunk, completes, new_tokens = plan
             active = chunk > 0
             rows = pre_rows[active]
             batch = StepBatch(run[:n, REQ][decoding], run[:n, KV][decoding], run[rows, REQ],
                               run[rows, TARGET] - run[rows, PREFILL_LEFT], chunk[active], run[rows, TARGET])
-            prefill_tokens, self._prefill_rows = int(chunk.sum()), int(rows.size)
+            prefill_tokens, self._num_prefill_seqs = int(chunk.sum()), int(rows.size)
         decode_tokens = batch.decode_ids.size
         dt = self.backend.execute(batch)
         if not (dt > 0 and math.isfinite(dt)):
@@ -250,7 +329,7 @@ class Engine:
         if decode_tokens:
             self.itl_last = dt
             self.itl_smoothed += self.config.itl_smoothing * (dt - self.itl_smoothed)
-        self.used_blocks += need
+        self.num_used_blocks += need
         if plan is None:
             run[:n, KV : GEN + 1] += 1
         else:
@@ -266,7 +345,7 @@ class Engine:
                 log.state[ids] = State.DECODING
                 first = ids[np.isnan(log.first_token_s[ids])]
                 log.first_token_s[first] = self.clock
-                self.n_prefilling -= done_rows.size
+                self.num_prefilling -= done_rows.size
             decode_tokens += done_rows.size
         self.token_load -= decode_tokens
         self._finish_countdown -= 1
@@ -276,7 +355,7 @@ class Engine:
             done = np.flatnonzero(left == 0)
             if done.size:
                 self._finish(done)
-            n = self.n_running
+            n = self.num_running
             decoding_left = run[:n, OUT] - run[:n, GEN] + run[:n, PREFILL_LEFT] * (1 << 40)
             self._finish_countdown = int(decoding_left.min()) if n else 0
             return decode_tokens, prefill_tokens, int(done.size)
@@ -290,7 +369,7 @@ class Engine:
         log.seg_req.extend(ids.tolist())
         log.seg_first.extend(run[rows, SEG].tolist())
         log.seg_last.extend([self.step_index] * rows.size)
-        self.finished += rows.size
+        self.num_finished += rows.size
         self._remove_rows(rows)
         self.backend.release(ids)
 
@@ -299,55 +378,55 @@ class Engine:
         run, log = self._run, self.log
         ids = run[rows, REQ].copy()
         log.state[ids] = State.PREEMPTED
-        log.saved_gen[ids] = run[rows, GEN]
-        log.n_preempt[ids] += 1
+        log.num_generated_at_preemption[ids] = run[rows, GEN]
+        log.num_preemptions[ids] += 1
         seg = run[rows, SEG]
         opened = seg >= 0
         log.seg_req.extend(ids[opened].tolist())
         log.seg_first.extend(seg[opened].tolist())
         log.seg_last.extend([self.step_index - 1] * int(opened.sum()))
-        self.n_prefilling -= int(np.count_nonzero(run[rows, PREFILL_LEFT]))
+        self.num_prefilling -= int(np.count_nonzero(run[rows, PREFILL_LEFT]))
         self._remove_rows(rows)
-        self.queue = np.concatenate([ids, self.queue])
-        self.queue_version += 1
+        self.waiting = np.concatenate([ids, self.waiting])
+        self.waiting_version += 1
         self.backend.release(ids)
         return ids.size
 
     def _remove_rows(self, rows: np.ndarray) -> None:
-        n, run, bs = self.n_running, self._run, self.block_size
-        self.used_blocks -= int(((run[rows, KV] + bs - 1) // bs).sum())
+        n, run, bs = self.num_running, self._run, self.block_size
+        self.num_used_blocks -= int(((run[rows, KV] + bs - 1) // bs).sum())
         self.token_load -= int((run[rows, HI] - run[rows, GEN]).sum())
         keep = np.ones(n, dtype=bool)
         keep[rows] = False
         kept = run[:n][keep]
         run[: kept.shape[0]] = kept
-        self.n_running = kept.shape[0]
+        self.num_running = kept.shape[0]
         self._phases = None
 
     def _idle(self, next_arrival_s: float) -> None:
         """Nothing runs: wait for the model to load, poll for ``idle_tick_s`` while requests wait, or jump
         to the next arrival when the queue is empty."""
-        if self.queue.size and self.clock < self.ready_at:
+        if self.waiting.size and self.clock < self.ready_at:
             dt = self.ready_at - self.clock
-        elif self.queue.size:
+        elif self.waiting.size:
             dt = self.idle_tick_s
         else:
             dt = max(0.0, next_arrival_s - self.clock) if math.isfinite(next_arrival_s) else 0.0
         self.clock += dt
         self.last_dt = dt
-        self._prefill_rows = 0
+        self._num_prefill_seqs = 0
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:
         """Raise AssertionError if this engine's queue, running table or KV accounting is inconsistent."""
-        log, n, bs = self.log, self.n_running, self.block_size
+        log, n, bs = self.log, self.num_running, self.block_size
         rows = self._run[:n]
         held = int(((rows[:, KV] + bs - 1) // bs).sum())
-        if held != self.used_blocks or not 0 <= self.used_blocks <= self.num_kv_blocks:
-            raise AssertionError(f"KV accounting broken: rows hold {held}, used={self.used_blocks}")
-        if np.unique(self.queue).size != self.queue.size:
+        if held != self.num_used_blocks or not 0 <= self.num_used_blocks <= self.num_kv_blocks:
+            raise AssertionError(f"KV accounting broken: rows hold {held}, used={self.num_used_blocks}")
+        if np.unique(self.waiting).size != self.waiting.size:
             raise AssertionError("a request is queued twice")
-        states = log.state[self.queue]
+        states = log.state[self.waiting]
         if not np.all((states == State.WAITING) | (states == State.PREEMPTED)):
             raise AssertionError("a queued request is not waiting")
         run_states = log.state[rows[:, REQ]]
@@ -355,7 +434,7 @@ class Engine:
             raise AssertionError("a running request is not prefilling or decoding")
         if int((rows[:, HI] - rows[:, GEN]).sum()) != self.token_load:
             raise AssertionError("token load drifted")
-        if int(np.count_nonzero(rows[:, PREFILL_LEFT])) != self.n_prefilling:
+        if int(np.count_nonzero(rows[:, PREFILL_LEFT])) != self.num_prefilling:
             raise AssertionError("prefilling count drifted")
         if np.any(rows[:, GEN] > rows[:, OUT]):
             raise AssertionError("a request generated past its output length")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,12 +27,33 @@ class RejectReason(IntEnum):
     """prompt + output tokens exceed the whole KV cache: the request could never finish."""
 
 
-STEP_FIELDS = (
-    "end_s", "dt_s", "decode_batch", "prefill_rows", "prefill_tokens", "running", "waiting",
-    "kv_used_blocks", "admitted", "preempted", "finished", "container",
-)
-"""Columns of :meth:`EpisodeLog.steps`, one row per iteration of one container; ``running``, ``waiting``
-and ``kv_used_blocks`` are that container's after the iteration."""
+class StepRow(NamedTuple):
+    """One iteration of one container, as the engine appends it to :attr:`EpisodeLog.step_rows`.
+
+    The step log's columns (:data:`STEP_FIELDS`) are these fields plus ``container``; ``num_running``,
+    ``num_waiting`` and ``num_used_blocks`` are that container's after the iteration.
+    """
+
+    end_s: float
+    """The container's clock when the iteration ended."""
+    dt_s: float
+    """The iteration's latency (or the idle advance when nothing ran)."""
+    num_decode_tokens: int
+    """Output tokens emitted: decodes plus the first tokens of prefills that completed."""
+    num_prefill_seqs: int
+    """Requests that ingested a prompt chunk."""
+    num_prefill_tokens: int
+    num_running: int
+    num_waiting: int
+    num_used_blocks: int
+    num_admitted: int
+    num_preemptions: int
+    num_finished: int
+
+
+STEP_FIELDS = (*StepRow._fields, "container")
+"""Columns of :meth:`EpisodeLog.steps`: :class:`StepRow`'s fields and the container that ran the step."""
+STEP_INDEX = {name: i for i, name in enumerate(STEP_FIELDS)}
 
 
 @dataclass
@@ -44,10 +66,11 @@ class EpisodeLog:
     """
 
     arrival_s: np.ndarray
-    prompt: np.ndarray
-    output: np.ndarray
-    out_lo: np.ndarray
-    out_hi: np.ndarray
+    num_prompt_tokens: np.ndarray
+    num_output_tokens: np.ndarray
+    """True output lengths (after the ``max_tokens`` cap)."""
+    output_lo: np.ndarray
+    output_hi: np.ndarray
     truncated: np.ndarray
     num_kv_blocks: int
     block_size: int
@@ -56,9 +79,10 @@ class EpisodeLog:
     admit_s: np.ndarray = field(init=False)
     first_token_s: np.ndarray = field(init=False)
     finish_s: np.ndarray = field(init=False)
-    n_preempt: np.ndarray = field(init=False)
+    num_preemptions: np.ndarray = field(init=False)
     reject_reason: np.ndarray = field(init=False)
-    saved_gen: np.ndarray = field(init=False)
+    num_generated_at_preemption: np.ndarray = field(init=False)
+    """Output tokens a request had generated when last preempted; it recomputes them on resuming."""
     enqueue_step: np.ndarray = field(init=False)
     container: np.ndarray = field(init=False)
     cold_start: np.ndarray = field(init=False)
@@ -66,7 +90,7 @@ class EpisodeLog:
     seg_req: list[int] = field(default_factory=list)
     seg_first: list[int] = field(default_factory=list)
     seg_last: list[int] = field(default_factory=list)
-    step_rows: list[list[tuple]] = field(init=False)
+    step_rows: list[list[StepRow]] = field(init=False)
 
     def __post_init__(self) -> None:
         n = self.arrival_s.size
@@ -74,9 +98,9 @@ class EpisodeLog:
         self.admit_s = np.full(n, np.nan)
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
-        self.n_preempt = np.zeros(n, dtype=np.int32)
+        self.num_preemptions = np.zeros(n, dtype=np.int32)
         self.reject_reason = np.zeros(n, dtype=np.int8)
-        self.saved_gen = np.zeros(n, dtype=np.int64)
+        self.num_generated_at_preemption = np.zeros(n, dtype=np.int64)
         self.enqueue_step = np.zeros(n, dtype=np.int64)
         self.container = np.full(n, -1, dtype=np.int16)
         self.cold_start = np.zeros(n, dtype=bool)
@@ -114,12 +138,13 @@ class EpisodeLog:
         return [np.concatenate(p) if p else np.zeros(0) for p in out]
 
     def counts(self) -> dict[str, int]:
-        """Requests per lifecycle bucket; ``arrived = waiting + running + finished + rejected``."""
+        """Requests per lifecycle bucket: ``num_arrived = num_waiting + num_running + num_finished +
+        num_rejected`` (preempted requests count as waiting)."""
         per_state = np.bincount(self.state, minlength=len(State))
         return {
-            "arrived": int(self.num_requests - per_state[State.PENDING]),
-            "waiting": int(per_state[State.WAITING] + per_state[State.PREEMPTED]),
-            "running": int(per_state[State.PREFILLING] + per_state[State.DECODING]),
-            "finished": int(per_state[State.FINISHED]),
-            "rejected": int(per_state[State.REJECTED]),
+            "num_arrived": int(self.num_requests - per_state[State.PENDING]),
+            "num_waiting": int(per_state[State.WAITING] + per_state[State.PREEMPTED]),
+            "num_running": int(per_state[State.PREFILLING] + per_state[State.DECODING]),
+            "num_finished": int(per_state[State.FINISHED]),
+            "num_rejected": int(per_state[State.REJECTED]),
         }

@@ -2,66 +2,128 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from gymnasium import spaces
 
 from servegym.engine.cluster import Cluster
+from servegym.engine.config import LengthMode
 from servegym.engine.engine import RUNNING_OBS_COLUMNS, Engine
-
-ENGINE_FEATURES = (
-    "itl_last_s",        # latency of the last iteration that decoded (s)
-    "itl_smoothed_s",    # EMA of itl_last_s (weight EngineConfig.itl_smoothing)
-    "baseline_step_s",   # the profile's l_min (0 when the backend has none)
-    "batch_size",        # running requests (prefilling + decoding)
-    "prefilling",        # running requests still ingesting their prompt
-    "token_load",        # sum over running requests of (output_hi - generated): remaining-token upper bound
-    "queue_depth",       # waiting requests (all of them, not only the visible window)
-    "kv_free_frac",      # free KV blocks / all blocks
-    "kv_free_delta",     # EMA of the per-step change of kv_free_frac (negative while KV fills)
-    "kv_capacity_tokens",  # KV blocks x block size
-    "kv_block_size",     # tokens per KV block: a request holds ceil(tokens / block size) blocks
-    "last_preempted",    # requests preempted in the last iteration
-    "last_admitted",     # requests admitted in the last iteration
-    "last_finished",     # requests finished in the last iteration
-    "length_mode",       # what output_lo/hi mean: 0 known (exact), 1 predicted (interval), 2 unknown ([1, max])
-    "prefill_chunk_tokens",  # most prompt tokens one request ingests per step
-    "max_batched_tokens",    # per-step token budget (decodes + prefill chunks)
-)
-LENGTH_MODE_CODE = {"known": 0, "predicted": 1, "unknown": 2}
-QUEUE_FEATURES = ("prompt_tokens", "wait_s", "wait_steps", "output_lo", "output_hi", "generated")
-"""Per visible waiting request, queue head first. ``generated`` > 0 marks a preempted request.
-
-Observations are flat (SB3 accepts only 1-D boxes); :func:`queue_matrix` and :func:`running_matrix` give
-the row views.
-"""
-
-POOL_FEATURES = ("deciding", "warmth", "idle_s", "queue_depth", "running", "kv_free_frac")
-"""Per container: 1 for the one whose decision this is; warmth 1 warm, 0 cold, minus seconds left while
-loading the model; seconds idle (0 while busy); its queue, batch and free KV fraction."""
-
-ENGINE_INDEX = {name: i for i, name in enumerate(ENGINE_FEATURES)}
-POOL_INDEX = {name: i for i, name in enumerate(POOL_FEATURES)}
-QUEUE_INDEX = {name: i for i, name in enumerate(QUEUE_FEATURES)}
-RUNNING_INDEX = {name: i for i, name in enumerate(RUNNING_OBS_COLUMNS)}
-
 
 BIG = 1e9
 """Upper bound of unbounded counts, tokens and seconds (finite, so that checkers and normalisers accept it)."""
 
 
+@dataclass(frozen=True)
+class Feature:
+    """One observed quantity: its name, its bounds in the observation space and what it means."""
+
+    name: str
+    meaning: str
+    low: float = 0.0
+    high: float = BIG
+
+
+ENGINE_SCHEMA = (
+    Feature("itl_last_s", "latency of the last iteration that decoded (s)"),
+    Feature("itl_smoothed_s", "EMA of itl_last_s (weight EngineConfig.itl_smoothing)"),
+    Feature("baseline_step_s", "the profile's l_min (0 when the backend has none)"),
+    Feature("num_running", "running requests (prefilling + decoding)"),
+    Feature("num_prefilling", "running requests still ingesting their prompt"),
+    Feature("token_load", "sum over running requests of output_hi - num_generated: remaining-token upper bound"),
+    Feature("num_waiting", "waiting requests (all of them, not only the visible window)"),
+    Feature("kv_free_frac", "free KV blocks / all blocks", 0.0, 1.0),
+    Feature("kv_free_delta", "EMA of the per-step change of kv_free_frac (negative while KV fills)", -1.0, 1.0),
+    Feature("kv_capacity_tokens", "KV blocks x block size"),
+    Feature("kv_block_size", "tokens per KV block: a request holds ceil(tokens / block size) blocks"),
+    Feature("last_num_preemptions", "requests preempted in the last iteration"),
+    Feature("last_num_admitted", "requests admitted in the last iteration"),
+    Feature("last_num_finished", "requests finished in the last iteration"),
+    Feature("length_mode", "what output_lo/hi mean: 0 known (exact), 1 predicted (interval), 2 unknown ([1, max])",
+            0.0, 2.0),
+    Feature("prefill_chunk_tokens", "most prompt tokens one request ingests per step"),
+    Feature("max_num_batched_tokens", "per-step token budget (decodes + prefill chunks)"),
+)
+"""``obs["engine"]``: one vector about the deciding container."""
+
+QUEUE_SCHEMA = (
+    Feature("num_prompt_tokens", "prompt tokens"),
+    Feature("wait_s", "seconds since arrival"),
+    Feature("wait_steps", "iterations since it joined this container's queue"),
+    Feature("output_lo", "lower bound of the output length"),
+    Feature("output_hi", "upper bound of the output length"),
+    Feature("num_generated", "output tokens to recompute (> 0 marks a preempted request)"),
+)
+"""``obs["queue"]``: one row per visible waiting request, queue head first (the queue window)."""
+
+RUNNING_SCHEMA = (
+    Feature("num_prompt_tokens", "prompt tokens"),
+    Feature("num_kv_tokens", "tokens held in the KV cache"),
+    Feature("num_generated", "output tokens generated"),
+    Feature("output_lo", "lower bound of the output length"),
+    Feature("output_hi", "upper bound of the output length"),
+    Feature("num_prefill_left", "prompt tokens still to ingest (0 once decoding)"),
+)
+"""``obs["running"]``: one row per running request, in activation order."""
+
+POOL_SCHEMA = (
+    Feature("deciding", "1 for the container whose decision this is", -BIG),
+    Feature("warmth", "1 warm, 0 cold, minus the seconds left while the model loads", -BIG),
+    Feature("idle_s", "seconds idle (0 while busy)", -BIG),
+    Feature("num_waiting", "its waiting requests", -BIG),
+    Feature("num_running", "its running requests", -BIG),
+    Feature("kv_free_frac", "its free KV fraction", -BIG),
+)
+"""``obs["pool"]``: one row per container."""
+
+SCHEMA = {"engine": ENGINE_SCHEMA, "queue": QUEUE_SCHEMA, "running": RUNNING_SCHEMA, "pool": POOL_SCHEMA}
+"""Every observation key and its features: the spaces, the encoder, the accessors and the env docstring's
+table are derived from it."""
+
+ENGINE_FEATURES = tuple(f.name for f in ENGINE_SCHEMA)
+QUEUE_FEATURES = tuple(f.name for f in QUEUE_SCHEMA)
+RUNNING_FEATURES = tuple(f.name for f in RUNNING_SCHEMA)
+POOL_FEATURES = tuple(f.name for f in POOL_SCHEMA)
+ENGINE_INDEX = {name: i for i, name in enumerate(ENGINE_FEATURES)}
+POOL_INDEX = {name: i for i, name in enumerate(POOL_FEATURES)}
+QUEUE_INDEX = {name: i for i, name in enumerate(QUEUE_FEATURES)}
+RUNNING_INDEX = {name: i for i, name in enumerate(RUNNING_FEATURES)}
+_WAIT_S, _WAIT_STEPS = QUEUE_INDEX["wait_s"], QUEUE_INDEX["wait_steps"]
+if RUNNING_FEATURES != RUNNING_OBS_COLUMNS:
+    raise ImportError("RUNNING_SCHEMA must name the engine's observable running columns in order")
+LENGTH_MODE_CODE = {mode: float(code) for code, mode in enumerate(LengthMode)}
+"""The ``length_mode`` feature's value for each :class:`LengthMode`."""
+
+
+def length_mode_of(obs: dict[str, np.ndarray]) -> LengthMode:
+    """The :class:`LengthMode` an observation was made under."""
+    return list(LengthMode)[int(obs["engine"][ENGINE_INDEX["length_mode"]])]
+
+
+def _box(schema: tuple[Feature, ...], rows: int) -> spaces.Box:
+    low = np.tile(np.array([f.low for f in schema], dtype=np.float32), rows)
+    high = np.tile(np.array([f.high for f in schema], dtype=np.float32), rows)
+    return spaces.Box(low, high, dtype=np.float32)
+
+
 def observation_space(queue_window: int, running_slots: int, num_containers: int) -> spaces.Dict:
-    low = np.zeros(len(ENGINE_FEATURES), dtype=np.float32)
-    high = np.full(len(ENGINE_FEATURES), BIG, dtype=np.float32)
-    low[ENGINE_INDEX["kv_free_delta"]] = -1.0
-    high[ENGINE_INDEX["kv_free_delta"]] = 1.0
-    high[ENGINE_INDEX["kv_free_frac"]] = 1.0
-    high[ENGINE_INDEX["length_mode"]] = 2.0
     return spaces.Dict({
-        "engine": spaces.Box(low, high, dtype=np.float32),
-        "queue": spaces.Box(0.0, BIG, (queue_window * len(QUEUE_FEATURES),), dtype=np.float32),
-        "running": spaces.Box(0.0, BIG, (running_slots * len(RUNNING_OBS_COLUMNS),), dtype=np.float32),
-        "pool": spaces.Box(-BIG, BIG, (num_containers * len(POOL_FEATURES),), dtype=np.float32),
+        "engine": _box(ENGINE_SCHEMA, 1),
+        "queue": _box(QUEUE_SCHEMA, queue_window),
+        "running": _box(RUNNING_SCHEMA, running_slots),
+        "pool": _box(POOL_SCHEMA, num_containers),
     })
+
+
+def schema_table() -> str:
+    """The observation schema as a Markdown table (key, feature, bounds, meaning), for docs."""
+    lines = ["| key | feature | bounds | meaning |", "|-----|---------|--------|---------|"]
+    for key, schema in SCHEMA.items():
+        for f in schema:
+            bounds = f"[{f.low:g}, {f.high:g}]".replace("1e+09", "BIG")
+            lines.append(f"| `{key}` | `{f.name}` | {bounds} | {f.meaning} |")
+    return "\n".join(lines)
 
 
 def queue_matrix(obs: dict[str, np.ndarray]) -> np.ndarray:
@@ -71,9 +133,9 @@ def queue_matrix(obs: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def running_matrix(obs: dict[str, np.ndarray]) -> np.ndarray:
-    """``obs["running"]`` as a ``(max_num_seqs, len(RUNNING_OBS_COLUMNS))`` view."""
+    """``obs["running"]`` as a ``(max_num_seqs, len(RUNNING_FEATURES))`` view."""
     r = obs["running"]
-    return r.reshape(*r.shape[:-1], -1, len(RUNNING_OBS_COLUMNS))
+    return r.reshape(*r.shape[:-1], -1, len(RUNNING_FEATURES))
 
 
 class ObservationEncoder:
@@ -93,28 +155,29 @@ class ObservationEncoder:
         self._container = -1
         self._baseline = engine.backend.baseline_step_s or 0.0
         self._capacity = engine.num_kv_blocks * engine.block_size
-        self._length_mode = LENGTH_MODE_CODE[engine.config.length_mode.value]
+        self._length_mode = LENGTH_MODE_CODE[engine.config.length_mode]
         self._chunk = engine.config.prefill_chunk_tokens
-        self._budget = engine.config.max_batched_tokens
+        self._budget = engine.config.max_num_batched_tokens
 
     def encode(self, cluster: Cluster) -> dict[str, np.ndarray]:
         engine = cluster.engine
-        if engine.queue_version != self._version or engine.container != self._container:
+        if engine.waiting_version != self._version or engine.container != self._container:
             self._refresh_queue(engine)
         k = self._arrival.size
         queue = self._queue_static.copy()
         if k:
-            queue[:k, 1] = engine.clock - self._arrival
-            queue[:k, 2] = engine.step_index - self._enqueue
-        n = engine.n_running
-        running = np.zeros((self.running_slots, len(RUNNING_OBS_COLUMNS)), dtype=np.float32)
+            queue[:k, _WAIT_S] = engine.clock - self._arrival
+            queue[:k, _WAIT_STEPS] = engine.step_index - self._enqueue
+        n = engine.num_running
+        running = np.zeros((self.running_slots, len(RUNNING_FEATURES)), dtype=np.float32)
         engine.copy_running_into(running)
         last = engine.last
+        # In ENGINE_SCHEMA's order (tests/test_env_api.py checks each value by name).
         vector = np.array((
-            engine.itl_last, engine.itl_smoothed, self._baseline, n, engine.n_prefilling, engine.token_load,
-            engine.queue.size, 1.0 - engine.used_blocks / engine.num_kv_blocks, engine.kv_free_delta,
-            self._capacity, engine.block_size, last.preempted, last.admitted, last.finished, self._length_mode,
-            self._chunk, self._budget,
+            engine.itl_last, engine.itl_smoothed, self._baseline, n, engine.num_prefilling, engine.token_load,
+            engine.waiting.size, 1.0 - engine.num_used_blocks / engine.num_kv_blocks, engine.kv_free_delta,
+            self._capacity, engine.block_size, last.num_preemptions, last.num_admitted, last.num_finished,
+            self._length_mode, self._chunk, self._budget,
         ), dtype=np.float32)
         return {"engine": vector, "queue": queue.reshape(-1), "running": running.reshape(-1),
                 "pool": self._pool(cluster)}
@@ -123,27 +186,27 @@ class ObservationEncoder:
     def _pool(cluster: Cluster) -> np.ndarray:
         now, values = cluster.time, []
         for e in cluster.engines:
-            busy = e.queue.size or e.n_running
+            busy = e.waiting.size or e.num_running
             warmth = 1.0 if e.ready_at <= now else (0.0 if e.ready_at == np.inf else now - e.ready_at)
             if cluster.is_cold(e, now):
                 warmth = 0.0
-            values += (0.0, warmth, 0.0 if busy else now - e.idle_since, e.queue.size, e.n_running,
-                       1.0 - e.used_blocks / e.num_kv_blocks)
+            values += (0.0, warmth, 0.0 if busy else now - e.idle_since, e.waiting.size, e.num_running,
+                       1.0 - e.num_used_blocks / e.num_kv_blocks)
         pool = np.array(values, dtype=np.float32)
-        pool[cluster.deciding * len(POOL_FEATURES)] = 1.0
+        pool[cluster.deciding * len(POOL_FEATURES) + POOL_INDEX["deciding"]] = 1.0
         return pool
 
     def _refresh_queue(self, engine: Engine) -> None:
         log = engine.log
-        ids = engine.queue[: self.queue_window]
+        ids = engine.waiting[: self.queue_window]
         k = ids.size
         static = self._queue_static
         static[:] = 0.0
-        static[:k, 0] = log.prompt[ids]
-        static[:k, 3] = log.out_lo[ids]
-        static[:k, 4] = log.out_hi[ids]
-        static[:k, 5] = log.saved_gen[ids]
+        static[:k, QUEUE_INDEX["num_prompt_tokens"]] = log.num_prompt_tokens[ids]
+        static[:k, QUEUE_INDEX["output_lo"]] = log.output_lo[ids]
+        static[:k, QUEUE_INDEX["output_hi"]] = log.output_hi[ids]
+        static[:k, QUEUE_INDEX["num_generated"]] = log.num_generated_at_preemption[ids]
         self._arrival = log.arrival_s[ids]
         self._enqueue = log.enqueue_step[ids]
-        self._version = engine.queue_version
+        self._version = engine.waiting_version
         self._container = engine.container

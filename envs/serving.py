@@ -11,6 +11,7 @@ from gymnasium import spaces
 
 from servegym.backends import DEFAULT_PROFILE, Backend, CalibratedBackend, Profile, load_profile
 from servegym.engine import Cluster, Engine, EngineConfig, PoolConfig, StepOutcome
+from servegym.envs.actions import slot_action_masks
 from servegym.envs.observation import ObservationEncoder, observation_space
 from servegym.workloads import Workload, make_workload
 
@@ -43,7 +44,7 @@ class ServingEnv(gym.Env):
     leaves slot `i` waiting; `action[i] = k >= 1` admits it with rank `k` (rank 1 first; equal ranks go in queue
     order). So a 0/1 vector is an admit mask in arrival order, and distinct ranks give any order. Admission
     stops at the first request that does not fit (`max_num_seqs`, or free KV blocks for its first chunk).
-    Admitting an empty slot is ignored and counted in `info["invalid_admissions"]` (an error with
+    Admitting an empty slot is ignored and counted in `info["num_invalid_admissions"]` (an error with
     `strict_actions=True`); `action_masks()` gives the valid choices for MaskablePPO.
 
     ## Observation Space
@@ -180,7 +181,7 @@ class ServingEnv(gym.Env):
         order = self._decode_action(action)
         step = self.cluster.step(order)
         latency = self.reward_name == "latency"
-        reward = -step.latency_accrued_s if latency else float(step.outcome.decode_tokens)
+        reward = -step.latency_accrued_s if latency else float(step.outcome.num_decode_tokens)
         obs = self._encoder.encode(self.cluster)
         return obs, reward, self.cluster.done, False, self._info(step.outcome, step.container, step.arrived,
                                                                  step.rejected)
@@ -190,7 +191,7 @@ class ServingEnv(gym.Env):
             return None
         return " | ".join(
             f"c{e.container}{'*' if e.container == self.cluster.deciding else ' '} t={e.clock:8.3f}s "
-            f"run={e.n_running} queue={e.queue.size} kv={e.used_blocks}/{e.num_kv_blocks} done={e.finished}"
+            f"running={e.num_running} waiting={e.waiting.size} kv={e.num_used_blocks}/{e.num_kv_blocks} finished={e.num_finished}"
             for e in self.cluster.engines
         )
 
@@ -209,7 +210,7 @@ class ServingEnv(gym.Env):
         if a.min() < 0 or a.max() > w:
             raise ValueError(f"action values must be in [0, {w}], got min {a.min()} max {a.max()}")
         slots = np.flatnonzero(a)
-        visible = min(self.engine.queue.size, w)
+        visible = self.num_visible
         if slots[-1] >= visible:
             empty = slots[slots >= visible]
             if self.strict_actions:
@@ -218,13 +219,14 @@ class ServingEnv(gym.Env):
             slots = slots[slots < visible]
         return slots[np.argsort(a[slots], kind="stable")]
 
+    @property
+    def num_visible(self) -> int:
+        """Occupied slots of the queue window: waiting requests the next action can admit."""
+        return min(self.engine.waiting.size, self.queue_window)
+
     def action_masks(self) -> np.ndarray:
         """Valid values per slot, flattened for sb3-contrib's MaskablePPO: empty slots may only be 0."""
-        w = self.queue_window
-        mask = np.zeros((w, w + 1), dtype=bool)
-        mask[:, 0] = True
-        mask[: min(self.engine.queue.size, w), 1:] = True
-        return mask.ravel()
+        return slot_action_masks(self.queue_window, self.num_visible, self.queue_window + 1)
 
     # ------------------------------------------------------------------ info
     def _info(self, out: StepOutcome, container: int, arrived: int, rejected: int) -> dict[str, Any]:
@@ -234,18 +236,13 @@ class ServingEnv(gym.Env):
             "next_container": self.cluster.deciding,
             "clock_s": e.clock,
             "step_s": out.dt_s,
-            "decode_tokens": out.decode_tokens,
-            "prefill_tokens": out.prefill_tokens,
-            "admitted": out.admitted,
-            "refused": out.refused,
-            "preempted": out.preempted,
-            "finished": out.finished,
-            "arrived": arrived,
-            "rejected": rejected,
-            "running": e.n_running,
-            "waiting": e.queue.size,
-            "kv_used_frac": e.used_blocks / e.num_kv_blocks,
-            "invalid_admissions": self._invalid,
+            **out._asdict(),  # dt_s again, num_decode_tokens, num_prefill_tokens, num_admitted, num_refused, ...
+            "num_arrived": arrived,
+            "num_rejected": rejected,
+            "num_running": e.num_running,
+            "num_waiting": e.waiting.size,
+            "kv_used_frac": e.num_used_blocks / e.num_kv_blocks,
+            "num_invalid_admissions": self._invalid,
         }
 
     def config_dict(self) -> dict[str, Any]:

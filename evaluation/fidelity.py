@@ -67,16 +67,16 @@ def step_residuals(log: EpisodeLog, model: LatencyModel) -> dict[str, float]:
     chunks is left out. Large errors on one step type point at the term that misses.
     """
     steps = log.steps()
-    col = {name: steps[:, STEP_FIELDS.index(name)] for name in ("dt_s", "decode_batch", "prefill_tokens",
-                                                                "kv_used_blocks")}
-    ran = (col["decode_batch"] > 0) | (col["prefill_tokens"] > 0)
+    col = {name: steps[:, STEP_FIELDS.index(name)] for name in ("dt_s", "num_decode_tokens", "num_prefill_tokens",
+                                                                "num_used_blocks")}
+    ran = (col["num_decode_tokens"] > 0) | (col["num_prefill_tokens"] > 0)
     predicted = np.array([step_latency(model, int(b), p, 0.0, kv * log.block_size)
-                          for b, p, kv in zip(col["decode_batch"], col["prefill_tokens"], col["kv_used_blocks"],
-                                              strict=True)])
+                          for b, p, kv in zip(col["num_decode_tokens"], col["num_prefill_tokens"],
+                                              col["num_used_blocks"], strict=True)])
     error = (predicted - col["dt_s"]) / np.where(col["dt_s"] > 0, col["dt_s"], np.nan)
     out = {}
-    for name, chosen in (("decode-only steps", ran & (col["prefill_tokens"] == 0)),
-                         ("steps with prefill", ran & (col["prefill_tokens"] > 0))):
+    for name, chosen in (("decode-only steps", ran & (col["num_prefill_tokens"] == 0)),
+                         ("steps with prefill", ran & (col["num_prefill_tokens"] > 0))):
         if chosen.any():
             out[name] = float(np.nanmean(error[chosen]))
             out[f"{name} (count)"] = int(chosen.sum())

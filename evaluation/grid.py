@@ -78,9 +78,9 @@ def run_task(task: Task) -> TaskResult:
             "time_s": steps[:n, STEP_FIELDS.index("end_s")] - log.arrival_s[0],
             "window": diag["window"][:n],
             "token_load": diag["token_load"][:n],
-            "batch": steps[:n, STEP_FIELDS.index("running")],
-            "queue": steps[:n, STEP_FIELDS.index("waiting")],
-            "kv_used": steps[:n, STEP_FIELDS.index("kv_used_blocks")] / log.num_kv_blocks,
+            "batch": steps[:n, STEP_FIELDS.index("num_running")],
+            "queue": steps[:n, STEP_FIELDS.index("num_waiting")],
+            "kv_used": steps[:n, STEP_FIELDS.index("num_used_blocks")] / log.num_kv_blocks,
         }
     ttft = log.first_token_s - log.arrival_s
     env.close()

@@ -58,7 +58,7 @@ def goodput(log: EpisodeLog, ttft_slo_s: float, itl_slo_s: float) -> float:
     if span <= 0:
         return 0.0
     done = np.flatnonzero(log.state == State.FINISHED)
-    first, finish, out = log.first_token_s[done], log.finish_s[done], log.output[done]
+    first, finish, out = log.first_token_s[done], log.finish_s[done], log.num_output_tokens[done]
     tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), 0.0)
     ok = (first - log.arrival_s[done] <= ttft_slo_s) & (tpot <= itl_slo_s)
     return float(np.count_nonzero(ok) / span)
@@ -69,7 +69,7 @@ def kv_utilisation(log: EpisodeLog) -> tuple[float, float]:
     steps = log.steps()
     if steps.size == 0:
         return 0.0, 0.0
-    used = steps[:, STEP_FIELDS.index("kv_used_blocks")] / log.num_kv_blocks
+    used = steps[:, STEP_FIELDS.index("num_used_blocks")] / log.num_kv_blocks
     dt = steps[:, STEP_FIELDS.index("dt_s")]
     mean = float(np.dot(used, dt) / dt.sum()) if dt.sum() > 0 else float(used.mean())
     return mean, float(used.max())
@@ -81,7 +81,7 @@ def queue_growth_slope(log: EpisodeLog) -> float:
     total = 0.0
     for container in range(log.num_containers):
         steps = log.steps(container)
-        t, q = steps[:, STEP_FIELDS.index("end_s")], steps[:, STEP_FIELDS.index("waiting")]
+        t, q = steps[:, STEP_FIELDS.index("end_s")], steps[:, STEP_FIELDS.index("num_waiting")]
         if t.size >= 2 and np.ptp(t) > 0:
             total += float(np.polyfit(t, q, 1)[0])
     return total
@@ -93,14 +93,14 @@ def summarize(log: EpisodeLog, ttft_slo_s: float = 2.0, itl_slo_s: float = 0.2) 
     gaps = np.concatenate(gaps_per_request) if gaps_per_request else np.zeros(0)
     span = makespan(log)
     finished = int(np.count_nonzero(log.state == State.FINISHED))
-    tokens = int(log.output[log.state == State.FINISHED].sum())
+    tokens = int(log.num_output_tokens[log.state == State.FINISHED].sum())
     kv_mean, kv_max = kv_utilisation(log)
     counts = log.counts()
     out = {
-        "requests": float(log.num_requests),
-        "finished": float(finished),
-        "rejected": float(counts["rejected"]),
-        "unfinished": float(counts["waiting"] + counts["running"]),
+        "num_requests": float(log.num_requests),
+        "num_finished": float(finished),
+        "num_rejected": float(counts["num_rejected"]),
+        "num_unfinished": float(counts["num_waiting"] + counts["num_running"]),
         "makespan_s": span,
         "throughput_rps": finished / span if span > 0 else 0.0,
         "throughput_tps": tokens / span if span > 0 else 0.0,
@@ -113,8 +113,8 @@ def summarize(log: EpisodeLog, ttft_slo_s: float = 2.0, itl_slo_s: float = 0.2) 
         "itl_cv": itl_cv(gaps),
         "kv_util_mean": kv_mean,
         "kv_util_max": kv_max,
-        "preemptions": float(log.n_preempt.sum()),
-        "cold_starts": float(np.count_nonzero(log.cold_start)),
+        "num_preemptions": float(log.num_preemptions.sum()),
+        "num_cold_starts": float(np.count_nonzero(log.cold_start)),
         "queue_slope_rps": queue_growth_slope(log),
     }
     return out

@@ -41,11 +41,11 @@ class AMin(Policy):
 
     def act(self, obs: Observation) -> np.ndarray:
         run = running_rows(obs)
-        generated = run[:, RUNNING_INDEX["generated"]]
+        generated = run[:, RUNNING_INDEX["num_generated"]]
         self.running_estimates = amin_estimate(run[:, RUNNING_INDEX["output_lo"]], run[:, RUNNING_INDEX["output_hi"]],
                                                generated)
         rows = visible_queue(obs)
-        queued_gen = rows[:, QUEUE_INDEX["generated"]]
+        queued_gen = rows[:, QUEUE_INDEX["num_generated"]]
         estimate = amin_estimate(rows[:, QUEUE_INDEX["output_lo"]], rows[:, QUEUE_INDEX["output_hi"]], queued_gen)
         order = np.argsort(estimate - queued_gen, kind="stable")
         count = longest_feasible_prefix(obs, np.maximum(self.running_estimates - generated, 1.0), rows[order],

@@ -11,16 +11,16 @@ from servegym.policies.base import Observation, engine_feature, output_estimate
 def visible_queue(obs: Observation) -> np.ndarray:
     """The rows of the visible waiting requests (queue head first)."""
     queue = queue_matrix(obs)
-    return queue[: min(int(engine_feature(obs, "queue_depth")), queue.shape[0])]
+    return queue[: min(int(engine_feature(obs, "num_waiting")), queue.shape[0])]
 
 
 def running_rows(obs: Observation) -> np.ndarray:
-    return running_matrix(obs)[: int(engine_feature(obs, "batch_size"))]
+    return running_matrix(obs)[: int(engine_feature(obs, "num_running"))]
 
 
 def free_slots(obs: Observation) -> int:
     """How many more requests the engine can run (``max_num_seqs`` minus the batch)."""
-    return max(0, obs["running"].shape[0] // len(RUNNING_INDEX) - int(engine_feature(obs, "batch_size")))
+    return max(0, obs["running"].shape[0] // len(RUNNING_INDEX) - int(engine_feature(obs, "num_running")))
 
 
 def free_blocks(obs: Observation) -> int:
@@ -37,31 +37,31 @@ def remaining_running(obs: Observation, unknown_prior: float | None) -> np.ndarr
     run = running_rows(obs)
     estimate = output_estimate(run[:, RUNNING_INDEX["output_lo"]], run[:, RUNNING_INDEX["output_hi"]],
                                engine_feature(obs, "length_mode"), unknown_prior)
-    return np.maximum(estimate - run[:, RUNNING_INDEX["generated"]], 1.0)
+    return np.maximum(estimate - run[:, RUNNING_INDEX["num_generated"]], 1.0)
 
 
 def remaining_queued(obs: Observation, rows: np.ndarray, unknown_prior: float | None) -> np.ndarray:
     """Estimated output tokens still to generate for each waiting request in ``rows`` (at least 1)."""
     estimate = output_estimate(rows[:, QUEUE_INDEX["output_lo"]], rows[:, QUEUE_INDEX["output_hi"]],
                                engine_feature(obs, "length_mode"), unknown_prior)
-    return np.maximum(estimate - rows[:, QUEUE_INDEX["generated"]], 1.0)
+    return np.maximum(estimate - rows[:, QUEUE_INDEX["num_generated"]], 1.0)
 
 
 def upper_remaining_running(obs: Observation) -> np.ndarray:
     """Remaining output tokens of running requests at their upper bound (exact when lengths are known)."""
     run = running_rows(obs)
-    return np.maximum(run[:, RUNNING_INDEX["output_hi"]] - run[:, RUNNING_INDEX["generated"]], 1.0)
+    return np.maximum(run[:, RUNNING_INDEX["output_hi"]] - run[:, RUNNING_INDEX["num_generated"]], 1.0)
 
 
 def upper_remaining_queue(rows: np.ndarray) -> np.ndarray:
     """Remaining output tokens of waiting requests ``rows`` at their upper bound."""
-    return np.maximum(rows[:, QUEUE_INDEX["output_hi"]] - rows[:, QUEUE_INDEX["generated"]], 1.0)
+    return np.maximum(rows[:, QUEUE_INDEX["output_hi"]] - rows[:, QUEUE_INDEX["num_generated"]], 1.0)
 
 
 def admission_blocks(obs: Observation, rows: np.ndarray) -> np.ndarray:
     """KV blocks each waiting request needs on admission: its prompt, tokens to recompute, first token."""
     block = engine_feature(obs, "kv_block_size")
-    return np.ceil((rows[:, QUEUE_INDEX["prompt_tokens"]] + rows[:, QUEUE_INDEX["generated"]] + 1) / block)
+    return np.ceil((rows[:, QUEUE_INDEX["num_prompt_tokens"]] + rows[:, QUEUE_INDEX["num_generated"]] + 1) / block)
 
 
 def prefix_that_fits(need: np.ndarray, budget: float) -> int:
@@ -102,8 +102,8 @@ def memory_feasible(obs: Observation, running_remaining: np.ndarray, candidates:
     """
     run = running_rows(obs)
     current = np.concatenate([
-        run[:, RUNNING_INDEX["prompt_tokens"]] + run[:, RUNNING_INDEX["generated"]],
-        candidates[:, QUEUE_INDEX["prompt_tokens"]] + candidates[:, QUEUE_INDEX["generated"]],
+        run[:, RUNNING_INDEX["num_prompt_tokens"]] + run[:, RUNNING_INDEX["num_generated"]],
+        candidates[:, QUEUE_INDEX["num_prompt_tokens"]] + candidates[:, QUEUE_INDEX["num_generated"]],
     ])
     remaining = np.concatenate([running_remaining, candidate_remaining])
     slack = (engine_feature(obs, "kv_block_size") - 1) * current.size

@@ -42,5 +42,5 @@ class DynamicBatch(Policy):
     def act(self, obs: Observation) -> np.ndarray:
         if engine_feature(obs, "itl_smoothed_s") > self.params.itl_target_s:
             return admit_first(obs, 0)
-        room = max(0, self.params.max_batch - int(engine_feature(obs, "batch_size")))
+        room = max(0, self.params.max_batch - int(engine_feature(obs, "num_running")))
         return admit_first(obs, min(room, fcfs_count(obs)))

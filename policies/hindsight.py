@@ -33,6 +33,6 @@ class Hindsight(Policy):
         # With true lengths revealed, the upper bounds are the exact remaining lengths.
         rows = visible_queue(obs)
         left = upper_remaining_queue(rows)
-        order = np.argsort(left + 1e-6 * rows[:, QUEUE_INDEX["prompt_tokens"]], kind="stable")
+        order = np.argsort(left + 1e-6 * rows[:, QUEUE_INDEX["num_prompt_tokens"]], kind="stable")
         count = longest_feasible_prefix(obs, upper_remaining_running(obs), rows[order], left[order])
         return ranks_action(obs, order[:count])

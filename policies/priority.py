@@ -18,5 +18,5 @@ class Priority(Policy):
     rule = "shortest prompt first, while KV allows"
 
     def act(self, obs: Observation) -> np.ndarray:
-        order = np.argsort(visible_queue(obs)[:, QUEUE_INDEX["prompt_tokens"]], kind="stable")
+        order = np.argsort(visible_queue(obs)[:, QUEUE_INDEX["num_prompt_tokens"]], kind="stable")
         return ranks_action(obs, order[: fcfs_count(obs, order)])

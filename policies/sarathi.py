@@ -33,7 +33,7 @@ class SarathiServe(Policy):
 
     def engine_overrides(self) -> dict[str, Any]:
         budget = self.params.token_budget
-        return {"max_batched_tokens": budget, "prefill_chunk_tokens": budget, "max_num_seqs": min(128, budget)}
+        return {"max_num_batched_tokens": budget, "prefill_chunk_tokens": budget, "max_num_seqs": min(128, budget)}
 
     def act(self, obs: Observation) -> np.ndarray:
         return admit_first(obs, admit_within_budget(obs, budget_after_running(obs, self.params.token_budget)))

@@ -108,7 +108,7 @@ class TokenWindowPacing(Policy):
         self.kv_guard = self.params.kv_guard
         self.forced_total = 0
         self.trace: dict[str, list[float]] = {k: [] for k in ("window", "target", "sigma", "kv_guard", "token_load",
-                                                               "forced", "admitted", "queue_depth", "batch_size")}
+                                                               "forced", "num_admitted", "num_waiting", "num_running")}
 
     def diagnostics(self) -> dict[str, np.ndarray]:
         """Per step: H_t, H*, sigma, delta_kv, token load K_t, forced and total admissions, queue, batch."""
@@ -144,7 +144,7 @@ class TokenWindowPacing(Policy):
         w1, w2, w3 = p.weights
         starvation = queue[:, _Q["wait_steps"]] / p.max_wait_steps
         balance = np.exp(-np.abs(want - mean_remaining) / (mean_remaining + 1.0))
-        fairness = queue[:, _Q["wait_s"]] / (queue[:, _Q["prompt_tokens"]] + want)
+        fairness = queue[:, _Q["wait_s"]] / (queue[:, _Q["num_prompt_tokens"]] + want)
         top = fairness.max(initial=0.0)
         fairness = fairness / top if top > 0 else fairness
         score = w1 * starvation + w2 * balance + w3 * fairness
@@ -152,12 +152,12 @@ class TokenWindowPacing(Policy):
 
     def act(self, obs: Observation) -> np.ndarray:
         p = self.params
-        depth = engine_feature(obs, "queue_depth")
+        depth = engine_feature(obs, "num_waiting")
         sigma = self._monitor(obs)
         target = self._update_window(sigma, depth)
         self._update_kv_guard(obs)
 
-        batch = int(engine_feature(obs, "batch_size"))
+        batch = int(engine_feature(obs, "num_running"))
         remaining = remaining_running(obs, p.unknown_output_tokens)
         token_load = float(remaining.sum())
         mean_remaining = float(remaining.mean()) if batch else 0.0
@@ -186,7 +186,7 @@ class TokenWindowPacing(Policy):
             kv_free -= blocks[i]
         self.forced_total += forced.size
         for key, value in (("window", self.window), ("target", target), ("sigma", sigma), ("kv_guard", self.kv_guard),
-                           ("token_load", token_load), ("forced", forced.size), ("admitted", len(admitted)),
-                           ("queue_depth", depth), ("batch_size", batch)):
+                           ("token_load", token_load), ("forced", forced.size), ("num_admitted", len(admitted)),
+                           ("num_waiting", depth), ("num_running", batch)):
             self.trace[key].append(value)
         return ranks_action(obs, admitted)

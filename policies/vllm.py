@@ -29,7 +29,7 @@ class VLLMParams:
 def budget_after_running(obs: Observation, budget: int) -> int:
     """Tokens left in the step budget after every decode and every ongoing prefill chunk."""
     run = running_rows(obs)
-    left = run[:, RUNNING_INDEX["prefill_left"]]
+    left = run[:, RUNNING_INDEX["num_prefill_left"]]
     decoding = int(np.count_nonzero(left == 0))
     chunk = engine_feature(obs, "prefill_chunk_tokens")
     return max(0, budget - decoding - int(np.minimum(left[left > 0], chunk).sum()))
@@ -42,7 +42,7 @@ def admit_within_budget(obs: Observation, budget_left: int) -> int:
     chunk = engine_feature(obs, "prefill_chunk_tokens")
     blocks, count = free_blocks(obs), 0
     for row in rows[: free_slots(obs)]:
-        target = row[QUEUE_INDEX["prompt_tokens"]] + row[QUEUE_INDEX["generated"]]
+        target = row[QUEUE_INDEX["num_prompt_tokens"]] + row[QUEUE_INDEX["num_generated"]]
         first = min(chunk, target, budget_left)
         need = np.ceil((first + (first == target)) / block)
         if budget_left <= 0 or need > blocks:
@@ -71,10 +71,10 @@ class VLLMV1(Policy):
 
     def engine_overrides(self) -> dict[str, Any]:
         p = self.params
-        return {"max_batched_tokens": p.max_num_batched_tokens, "max_num_seqs": p.max_num_seqs,
+        return {"max_num_batched_tokens": p.max_num_batched_tokens, "max_num_seqs": p.max_num_seqs,
                 "prefill_chunk_tokens": p.max_num_batched_tokens, "preemption": "lifo"}
 
     def act(self, obs: Observation) -> np.ndarray:
-        if engine_feature(obs, "last_preempted") > 0:
+        if engine_feature(obs, "last_num_preemptions") > 0:
             return admit_first(obs, 0)
         return admit_first(obs, admit_within_budget(obs, budget_after_running(obs, self.params.max_num_batched_tokens)))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
+from servegym.envs.actions import count_action_masks, slot_action_masks
 from servegym.envs.observation import QUEUE_FEATURES
 from servegym.policies.base import Observation, Policy
 from servegym.policies.common import visible_queue
@@ -35,34 +37,20 @@ class RLPolicy(Policy):
         self.model = algorithm_class(self.config["algo"]).load(model_path, device="cpu")
         self.mode = self.config["mode"]
         self.name = f"rl:{self.run.name}"
-        self._stats = None
-        norm = self.run / "vecnormalize.pkl"
-        if norm.is_file():
-            with norm.open("rb") as handle:
-                venv = pickle.load(handle)
-            self._stats = (venv.obs_rms, venv.clip_obs, venv.epsilon)
+        self._vec_normalize = _load_vec_normalize(self.run / "vecnormalize.pkl", self.model)
 
     def engine_overrides(self) -> dict[str, Any]:
         return dict(self.config.get("engine", {}))
 
     def _normalise(self, obs: Observation) -> Observation:
-        if self._stats is None:
-            return obs
-        rms, clip, eps = self._stats
-        return {k: np.clip((v - rms[k].mean) / np.sqrt(rms[k].var + eps), -clip, clip).astype(np.float32)
-                for k, v in obs.items()}
+        return obs if self._vec_normalize is None else self._vec_normalize.normalize_obs(obs)
 
     def masks(self, obs: Observation) -> np.ndarray:
         """The action mask the agent was trained with (admit mode: empty slots may only be 0)."""
-        width = obs["queue"].shape[0] // len(QUEUE_FEATURES)
         visible = visible_queue(obs).shape[0]
         if self.mode == "admit":
-            mask = np.zeros((width, 2), dtype=bool)
-            mask[:, 0] = True
-            mask[:visible, 1] = True
-            return mask.ravel()
-        n = self.model.action_space.n
-        return np.arange(n) <= max(visible, 0)
+            return slot_action_masks(obs["queue"].shape[0] // len(QUEUE_FEATURES), visible, 2)
+        return count_action_masks(self.model.action_space.n, visible)
 
     def act(self, obs: Observation) -> np.ndarray:
         kwargs = {"action_masks": self.masks(obs)} if self.config["algo"] == "maskable-ppo" else {}
@@ -70,5 +58,22 @@ class RLPolicy(Policy):
         if self.mode == "count":
             return count_action(obs, int(np.asarray(action).reshape(-1)[0]))
         if self.mode == "window":
-            return window_action(obs, float(np.asarray(action).reshape(-1)[0]), 16.0, 16384.0)
+            return window_action(obs, float(np.asarray(action).reshape(-1)[0]))
         return np.asarray(action, dtype=np.int64)
+
+
+class _SpacesOnly(gym.Env):
+    """An env that only carries spaces: what ``VecNormalize.load`` needs to check a saved run against."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space) -> None:
+        self.observation_space, self.action_space = observation_space, action_space
+
+
+def _load_vec_normalize(path: Path, model: Any) -> VecNormalize | None:
+    """The run's saved observation statistics, frozen (no updates at evaluation), or None without them."""
+    if not path.is_file():
+        return None
+    spaces_only = DummyVecEnv([lambda: _SpacesOnly(model.observation_space, model.action_space)])
+    vec_normalize = VecNormalize.load(str(path), spaces_only)
+    vec_normalize.training = False
+    return vec_normalize

@@ -21,11 +21,15 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from servegym.envs.actions import count_action_masks, slot_action_masks
 from servegym.policies.base import Observation, admit_first
 from servegym.policies.common import fcfs_count, remaining_queued, remaining_running, visible_queue
 
+WINDOW_MIN, WINDOW_MAX = 16.0, 16384.0
+"""Default token-window range (tokens) of the ``window`` action mode."""
 
-def window_action(obs: Observation, value: float, window_min: float, window_max: float,
+
+def window_action(obs: Observation, value: float, window_min: float = WINDOW_MIN, window_max: float = WINDOW_MAX,
                   unknown_output_tokens: float | None = 128.0) -> np.ndarray:
     """Admit in queue order while token load + estimated output stays within the window set by ``value``."""
     frac = (float(np.clip(value, -1.0, 1.0)) + 1.0) / 2.0
@@ -72,17 +76,13 @@ class AdmitMask(_ObservingWrapper):
 
     def action_masks(self) -> np.ndarray:
         """Flat ``(W * 2,)`` booleans: value 0 always allowed, value 1 only on occupied slots."""
-        visible = min(self.env.unwrapped.engine.queue.size, self.width)
-        mask = np.zeros((self.width, 2), dtype=bool)
-        mask[:, 0] = True
-        mask[:visible, 1] = True
-        return mask.ravel()
+        return slot_action_masks(self.width, self.env.unwrapped.num_visible, 2)
 
 
 class TokenWindow(_ObservingWrapper):
     """``Box(-1, 1, (1,))``: the token window on a log scale between ``window_min`` and ``window_max`` tokens."""
 
-    def __init__(self, env: gym.Env, window_min: float = 16.0, window_max: float = 16384.0,
+    def __init__(self, env: gym.Env, window_min: float = WINDOW_MIN, window_max: float = WINDOW_MAX,
                  unknown_output_tokens: float | None = 128.0) -> None:
         gym.utils.RecordConstructorArgs.__init__(self, window_min=window_min, window_max=window_max,
                                                  unknown_output_tokens=unknown_output_tokens)
@@ -114,8 +114,7 @@ class AdmitCount(_ObservingWrapper):
 
     def action_masks(self) -> np.ndarray:
         """Counts up to the number of visible waiting requests."""
-        visible = min(self.env.unwrapped.engine.queue.size, self.env.unwrapped.queue_window)
-        return np.arange(self.action_space.n) <= visible
+        return count_action_masks(self.action_space.n, self.env.unwrapped.num_visible)
 
 
 MODES = {"admit": AdmitMask, "window": TokenWindow, "count": AdmitCount}

@@ -15,15 +15,16 @@ from servegym.stability import workload_stability
 from servegym.workloads import WORKLOADS, make_workload
 
 SUMMARY_ROWS = (
-    ("requests", "requests", "{:.0f}"), ("finished", "finished", "{:.0f}"), ("rejected", "rejected", "{:.0f}"),
-    ("unfinished", "unfinished", "{:.0f}"), ("makespan_s", "makespan (s)", "{:.2f}"),
+    ("num_requests", "requests", "{:.0f}"), ("num_finished", "finished", "{:.0f}"),
+    ("num_rejected", "rejected", "{:.0f}"), ("num_unfinished", "unfinished", "{:.0f}"),
+    ("makespan_s", "makespan (s)", "{:.2f}"),
     ("throughput_rps", "throughput (req/s)", "{:.3f}"), ("throughput_tps", "throughput (tok/s)", "{:.1f}"),
     ("goodput_rps", "goodput (req/s)", "{:.3f}"), ("ttft_p50", "TTFT P50 (s)", "{:.3f}"),
     ("ttft_p95", "TTFT P95 (s)", "{:.3f}"), ("ttft_p99", "TTFT P99 (s)", "{:.3f}"),
     ("e2e_p50", "E2E P50 (s)", "{:.3f}"), ("e2e_p99", "E2E P99 (s)", "{:.3f}"),
     ("itl_mean", "ITL mean (ms)", "ms"), ("itl_p50", "ITL P50 (ms)", "ms"), ("itl_p99", "ITL P99 (ms)", "ms"),
     ("itl_cv", "ITL CV", "{:.3f}"), ("kv_util_mean", "KV util mean", "{:.3f}"),
-    ("kv_util_max", "KV util max", "{:.3f}"), ("preemptions", "preemptions", "{:.0f}"),
+    ("kv_util_max", "KV util max", "{:.3f}"), ("num_preemptions", "num_preemptions", "{:.0f}"),
     ("queue_slope_rps", "queue growth (req/s)", "{:+.3f}"),
 )
 

@@ -51,7 +51,7 @@ def run_episode(env: gym.Env, policy: Policy, seed: int, progress: bool = False)
         steps += 1
         total += reward
         if bar is not None and steps % 200 == 0:
-            bar.set_postfix(t=f"{info['clock_s']:.1f}s", run=info["running"], wait=info["waiting"])
+            bar.set_postfix(t=f"{info['clock_s']:.1f}s", run=info["num_running"], wait=info["num_waiting"])
             bar.update(200)
     if bar is not None:
         bar.close()
@@ -80,11 +80,11 @@ def write_csvs(log: EpisodeLog, out_dir: str | Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     req_path, step_path = out / "requests.csv", out / "steps.csv"
     columns = {
-        "request": np.arange(log.num_requests), "arrival_s": log.arrival_s, "prompt_tokens": log.prompt,
-        "output_tokens": log.output, "output_lo": log.out_lo, "output_hi": log.out_hi,
+        "request": np.arange(log.num_requests), "arrival_s": log.arrival_s, "num_prompt_tokens": log.num_prompt_tokens,
+        "num_output_tokens": log.num_output_tokens, "output_lo": log.output_lo, "output_hi": log.output_hi,
         "state": [State(s).name.lower() for s in log.state], "admit_s": log.admit_s,
         "first_token_s": log.first_token_s, "finish_s": log.finish_s,
-        "preemptions": log.n_preempt, "reject_reason": log.reject_reason, "truncated": log.truncated,
+        "num_preemptions": log.num_preemptions, "reject_reason": log.reject_reason, "truncated": log.truncated,
         "container": log.container, "cold_start": log.cold_start, "load_wait_s": log.load_wait_s,
     }
     with req_path.open("w", newline="") as handle:

@@ -106,5 +106,5 @@ def workload_stability(workload: Workload, profile: Profile, config: EngineConfi
     span = float(spec.arrival_s[-1] - spec.arrival_s[0])
     rate = (len(spec) - 1) / span if span > 0 else float("inf")
     kv_tokens = (config.num_kv_blocks or profile.num_kv_blocks) * (config.block_size or profile.block_size)
-    output = np.minimum(spec.output_tokens, config.max_tokens)
-    return analyse(spec.prompt_tokens, output, rate, kv_tokens, profile.latency, config.max_num_seqs, eps)
+    output = np.minimum(spec.num_output_tokens, config.max_tokens)
+    return analyse(spec.num_prompt_tokens, output, rate, kv_tokens, profile.latency, config.max_num_seqs, eps)

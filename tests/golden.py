@@ -49,8 +49,8 @@ def _digest(parts: list[np.ndarray]) -> str:
 
 def fingerprint(log) -> dict[str, str]:
     """Hashes of the request table, the step log and the token segments, by position (not column name)."""
-    requests = [log.arrival_s, log.prompt, log.output, log.out_lo, log.out_hi,
-                log.truncated, log.state, log.admit_s, log.first_token_s, log.finish_s, log.n_preempt,
+    requests = [log.arrival_s, log.num_prompt_tokens, log.num_output_tokens, log.output_lo, log.output_hi,
+                log.truncated, log.state, log.admit_s, log.first_token_s, log.finish_s, log.num_preemptions,
                 log.reject_reason, log.container, log.cold_start, log.load_wait_s]
     segments = [np.asarray(log.seg_req), np.asarray(log.seg_first), np.asarray(log.seg_last)]
     return {"requests": _digest(requests), "steps": _digest([log.steps()]), "segments": _digest(segments)}

@@ -32,10 +32,10 @@ def env():
     ],
 )
 def test_invalid_actions_raise_and_change_nothing(env, action, error, match):
-    before = env.unwrapped.engine.queue.copy()
+    before = env.unwrapped.engine.waiting.copy()
     with pytest.raises(error, match=match):
         env.step(action)
-    assert env.unwrapped.engine.queue.tolist() == before.tolist()
+    assert env.unwrapped.engine.waiting.tolist() == before.tolist()
     assert env.unwrapped.engine.step_index == 0
 
 
@@ -43,19 +43,19 @@ def test_admitting_an_empty_slot_is_counted_or_refused():
     lenient = make(fixed([0.0], [10], [5]))
     lenient.reset(seed=0)
     _, _, _, _, info = lenient.step(admit_all(lenient))  # slot 0 is real, slots 1..31 are empty
-    assert info["invalid_admissions"] == 31 and info["admitted"] == 1
+    assert info["num_invalid_admissions"] == 31 and info["num_admitted"] == 1
     strict = make(fixed([0.0], [10], [5]), strict_actions=True)
     strict.reset(seed=0)
     with pytest.raises(ValueError, match="empty queue slot"):
         strict.step(admit_all(strict))
-    assert strict.unwrapped.engine.queue.size == 1
+    assert strict.unwrapped.engine.waiting.size == 1
 
 
 @pytest.mark.parametrize(
     ("arrival", "prompt", "output", "match"),
     [
-        ([0.0], [0], [5], "prompt_tokens must be >= 1"),
-        ([0.0], [10], [-3], "output_tokens must be >= 1"),
+        ([0.0], [0], [5], "num_prompt_tokens must be >= 1"),
+        ([0.0], [10], [-3], "num_output_tokens must be >= 1"),
         ([0.0], [10.5], [5], "whole numbers"),
         ([0.0], [np.nan], [5], "whole numbers"),
         ([np.nan], [10], [5], "finite"),
@@ -74,8 +74,8 @@ def test_bad_request_specs(arrival, prompt, output, match):
     [
         ({"block_size": 0}, "block_size must be a positive int"),
         ({"num_kv_blocks": -5}, "num_kv_blocks must be a positive int"),
-        ({"prefill_chunk_tokens": 4096, "max_batched_tokens": 2048}, "exceeds max_batched_tokens"),
-        ({"max_batched_tokens": 64, "max_num_seqs": 128, "prefill_chunk_tokens": 64}, "must be >= max_num_seqs"),
+        ({"prefill_chunk_tokens": 4096, "max_num_batched_tokens": 2048}, "exceeds max_num_batched_tokens"),
+        ({"max_num_batched_tokens": 64, "max_num_seqs": 128, "prefill_chunk_tokens": 64}, "must be >= max_num_seqs"),
         ({"preemption": "random"}, "random"),
         ({"length_mode": "psychic"}, "psychic"),
         ({"prediction_error": 1.5}, "prediction_error"),

@@ -38,10 +38,10 @@ SMALL_KV = {"num_kv_blocks": 300, "block_size": 16, "length_mode": "known", "che
 @pytest.mark.parametrize("name", ["mc", "mc-sf", "hindsight"])
 def test_future_memory_policies_never_overflow_where_fcfs_does(name):
     fcfs_log, _ = drive("fcfs", crowded(), engine=SMALL_KV)
-    assert fcfs_log.n_preempt.sum() > 0
+    assert fcfs_log.num_preemptions.sum() > 0
     log, _ = drive(name, crowded(), engine=SMALL_KV)
-    assert log.n_preempt.sum() == 0
-    assert log.counts()["finished"] == log.num_requests
+    assert log.num_preemptions.sum() == 0
+    assert log.counts()["num_finished"] == log.num_requests
 
 
 def test_mc_sf_admits_shortest_predicted_first():
@@ -71,7 +71,7 @@ def test_amin_estimate_rises_when_a_request_outgrows_it():
     env = make_env(policy, workload=fixed([0.0], [10], [100]),
                    engine={"length_mode": "predicted", "prediction_error": 0.9})
     obs, _ = env.reset(seed=3)
-    lo = env.unwrapped.cluster.log.out_lo[0]
+    lo = env.unwrapped.cluster.log.output_lo[0]
     assert lo < 100
     done = False
     while not done:
@@ -97,11 +97,11 @@ def test_vllm_admits_nothing_in_a_step_after_a_preemption():
     steps_checked = []
 
     def check(obs, action, env):
-        if obs["engine"][ENGINE_INDEX["last_preempted"]] > 0:
+        if obs["engine"][ENGINE_INDEX["last_num_preemptions"]] > 0:
             steps_checked.append(int(action.sum()))
 
     log, _ = drive("vllm", crowded(), engine=SMALL_KV, check=check)
-    assert log.n_preempt.sum() > 0 and steps_checked
+    assert log.num_preemptions.sum() > 0 and steps_checked
     assert steps_checked == [0] * len(steps_checked)
 
 
@@ -128,7 +128,7 @@ def test_dynamic_batch_stops_growing_while_itl_is_above_target():
         action = policy.act(obs)
         check(obs, action, env)
         above += obs["engine"][ENGINE_INDEX["itl_smoothed_s"]] > 0.06
-        assert obs["engine"][ENGINE_INDEX["batch_size"]] <= 40
+        assert obs["engine"][ENGINE_INDEX["num_running"]] <= 40
         obs, _, terminated, _, _ = env.step(action)
         if terminated:
             break
@@ -143,11 +143,11 @@ def test_alpha_protection_respects_its_ceiling_and_clears_on_overflow():
         engine = env.unwrapped.engine
         need = np.ceil((queue_matrix(obs)[:, 0] + queue_matrix(obs)[:, 5] + 1) / 16)[action > 0].sum()
         if need:  # decoding may grow usage past the ceiling; admissions may not
-            ceiling_ok.append(engine.used_blocks + need <= (1 - alpha) * engine.num_kv_blocks)
+            ceiling_ok.append(engine.num_used_blocks + need <= (1 - alpha) * engine.num_kv_blocks)
 
     def after(info, running_before):
-        if info["preempted"]:
-            clears.append((info["preempted"], running_before, info["running"]))
+        if info["num_preemptions"]:
+            clears.append((info["num_preemptions"], running_before, info["num_running"]))
 
     policy = make_policy("alpha-protection", alpha=alpha)
     env = make_env(policy, workload=crowded(), engine={**SMALL_KV, "length_mode": "unknown"}, strict_actions=True)
@@ -155,7 +155,7 @@ def test_alpha_protection_respects_its_ceiling_and_clears_on_overflow():
     for _ in range(20_000):
         action = policy.act(obs)
         check(obs, action, env)
-        running_before = env.unwrapped.engine.n_running + int(action.astype(bool).sum())
+        running_before = env.unwrapped.engine.num_running + int(action.astype(bool).sum())
         obs, _, terminated, _, info = env.step(action)
         after(info, running_before)
         if terminated:
@@ -177,7 +177,7 @@ def test_hindsight_sees_true_lengths():
     env = make_env(policy, workload="low")
     env.reset(seed=0)
     log = env.unwrapped.cluster.log
-    assert np.array_equal(log.out_lo, log.output) and np.array_equal(log.out_hi, log.output)
+    assert np.array_equal(log.output_lo, log.num_output_tokens) and np.array_equal(log.output_hi, log.num_output_tokens)
 
 
 def test_serverless_llm_shortens_cold_starts():

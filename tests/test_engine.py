@@ -41,8 +41,8 @@ def test_chunked_prefill_1000_tokens_chunk_64_takes_16_steps():
     emitted = []
     for _ in range(16):
         _, _, _, _, info = env.step(admit_all(env))
-        emitted.append(info["decode_tokens"])
-        assert info["prefill_tokens"] <= 64
+        emitted.append(info["num_decode_tokens"])
+        assert info["num_prefill_tokens"] <= 64
     assert emitted == [0] * 15 + [1]
     assert log.first_token_s[0] == pytest.approx(env.unwrapped.engine.clock)
 
@@ -74,8 +74,8 @@ def small_kv_env(rule: str, blocks: int = 10):
 
 def step_until_preemption(env, limit=200):
     for _ in range(limit):
-        _, _, _, _, info = env.step(admit_all(env) if env.unwrapped.engine.n_running == 0 else no_action(env))
-        if info["preempted"]:
+        _, _, _, _, info = env.step(admit_all(env) if env.unwrapped.engine.num_running == 0 else no_action(env))
+        if info["num_preemptions"]:
             return info
     raise AssertionError("no preemption happened")
 
@@ -85,18 +85,18 @@ def test_lifo_preempts_the_most_recently_activated():
     env.reset(seed=0)
     step_until_preemption(env)
     log = env.unwrapped.engine.log
-    assert log.n_preempt.tolist() == [0, 0, 1]
+    assert log.num_preemptions.tolist() == [0, 0, 1]
     assert log.state[2] == State.PREEMPTED
-    assert env.unwrapped.engine.queue.tolist() == [2]
+    assert env.unwrapped.engine.waiting.tolist() == [2]
 
 
 def test_clear_all_preempts_every_running_request():
     env = small_kv_env("clear_all")
     env.reset(seed=0)
     info = step_until_preemption(env)
-    assert info["preempted"] == 3 and info["running"] == 0
-    assert env.unwrapped.engine.queue.tolist() == [0, 1, 2]
-    assert env.unwrapped.engine.used_blocks == 0
+    assert info["num_preemptions"] == 3 and info["num_running"] == 0
+    assert env.unwrapped.engine.waiting.tolist() == [0, 1, 2]
+    assert env.unwrapped.engine.num_used_blocks == 0
 
 
 def test_preempted_request_recomputes_and_keeps_its_tokens():
@@ -104,7 +104,7 @@ def test_preempted_request_recomputes_and_keeps_its_tokens():
     env.reset(seed=0)
     run_to_end(env)
     log = env.unwrapped.engine.log
-    assert log.n_preempt.sum() >= 1
+    assert log.num_preemptions.sum() >= 1
     for r in range(3):
         times = log.token_times(r)
         assert times.size == 100 and np.all(np.diff(times) > 0)
@@ -128,10 +128,10 @@ def test_fewest_generated_spares_a_newer_request_with_more_tokens():
     one = np.zeros(env.unwrapped.queue_window, dtype=np.int64)
     one[0] = 1
     for _ in range(30):
-        env.step(one if env.unwrapped.engine.n_running == 0 else no_action(env))
+        env.step(one if env.unwrapped.engine.num_running == 0 else no_action(env))
     env.step(one)  # admit request 1 beside request 0 (which holds 30 tokens already)
     step_until_preemption(env)
-    assert env.unwrapped.engine.log.n_preempt.tolist() == [0, 1]
+    assert env.unwrapped.engine.log.num_preemptions.tolist() == [0, 1]
 
 
 @pytest.mark.parametrize("rule", ["lifo", "clear_all", "fewest_generated"])
@@ -149,21 +149,22 @@ def test_conservation_under_random_actions(rule):
     while steps < 10_000:
         action = env.action_space.sample() * (rng.random(env.unwrapped.queue_window) < 0.1)
         _, _, terminated, truncated, info = env.step(action)
-        preempted += info["preempted"]
+        preempted += info["num_preemptions"]
         steps += 1
         counts = env.unwrapped.engine.log.counts()
-        assert counts["arrived"] == counts["waiting"] + counts["running"] + counts["finished"] + counts["rejected"]
+        assert counts["num_arrived"] == counts["num_waiting"] + counts["num_running"] + \
+            counts["num_finished"] + counts["num_rejected"]
         if terminated or truncated:
             env.reset()
     log = env.unwrapped.engine.log
     assert preempted > 0
-    assert log.counts()["rejected"] > 0 or np.any(log.reject_reason)
+    assert log.counts()["num_rejected"] > 0 or np.any(log.reject_reason)
 
 
 def test_request_larger_than_kv_is_rejected_and_counted():
     env = make(fixed([0.0, 0.1], [5000, 10], [10, 10]), engine={"num_kv_blocks": 100, "block_size": 16})
     _, info = env.reset(seed=0)
-    assert info["rejected"] == 1 and info["arrived"] == 1
+    assert info["num_rejected"] == 1 and info["num_arrived"] == 1
     run_to_end(env)
     log = env.unwrapped.engine.log
     assert log.state.tolist() == [State.REJECTED, State.FINISHED]
@@ -175,9 +176,9 @@ def test_clock_jumps_to_next_arrival_when_idle():
     env.reset(seed=0)
     for _ in range(2):  # prefill + first token, then the second token: request 0 is done
         _, _, _, _, info = env.step(admit_all(env))
-    assert info["finished"] == 1 and info["clock_s"] < 1.0
+    assert info["num_finished"] == 1 and info["clock_s"] < 1.0
     _, _, _, _, info = env.step(admit_all(env))
-    assert info["clock_s"] == 100.0 and info["waiting"] == 1 and info["decode_tokens"] == 0
+    assert info["clock_s"] == 100.0 and info["num_waiting"] == 1 and info["num_decode_tokens"] == 0
 
 
 def test_step_after_episode_end_raises():
@@ -199,11 +200,11 @@ def test_outputs_longer_than_max_tokens_are_truncated_and_flagged():
 
 def test_token_budget_caps_each_iteration():
     env = make(fixed(np.zeros(40), np.full(40, 500), np.full(40, 30)),
-               engine={"max_batched_tokens": 1024, "prefill_chunk_tokens": 256, "max_num_seqs": 64})
+               engine={"max_num_batched_tokens": 1024, "prefill_chunk_tokens": 256, "max_num_seqs": 64})
     env.reset(seed=0)
     for _ in range(60):
         _, _, terminated, _, info = env.step(admit_all(env))
-        assert info["prefill_tokens"] + info["decode_tokens"] <= 1024 + info["running"]
+        assert info["num_prefill_tokens"] + info["num_decode_tokens"] <= 1024 + info["num_running"]
         if terminated:
             break
     steps = env.unwrapped.engine.log.steps()

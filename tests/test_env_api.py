@@ -91,12 +91,12 @@ def test_observation_reports_engine_state():
         obs, *_ = env.step(admit_all(env))
     e = env.unwrapped.engine
     engine = dict(zip(ENGINE_FEATURES, obs["engine"], strict=True))
-    assert engine["batch_size"] == e.n_running
-    assert engine["queue_depth"] == e.queue.size
+    assert engine["num_running"] == e.num_running
+    assert engine["num_waiting"] == e.waiting.size
     assert engine["itl_last_s"] == pytest.approx(e.itl_last, rel=1e-6)
     assert engine["baseline_step_s"] == pytest.approx(0.043)
-    rows = running_matrix(obs)[: e.n_running]
-    assert np.all(rows[:, 0] > 0) and np.all(running_matrix(obs)[e.n_running :] == 0)
+    rows = running_matrix(obs)[: e.num_running]
+    assert np.all(rows[:, 0] > 0) and np.all(running_matrix(obs)[e.num_running :] == 0)
     assert queue_matrix(obs).shape == (32, 6)
     assert engine["token_load"] == pytest.approx(float((rows[:, 4] - rows[:, 2]).sum()))
 
@@ -110,7 +110,7 @@ def test_true_length_hidden_unless_known():
         env = make("medium", engine={"length_mode": mode})
         env.reset(seed=3)
         log = env.unwrapped.engine.log
-        assert check(log.out_lo, log.out_hi, log.output), mode
+        assert check(log.output_lo, log.output_hi, log.num_output_tokens), mode
 
 
 def test_latency_reward_sums_to_minus_total_time_in_system():
@@ -131,7 +131,7 @@ def test_action_masks_allow_only_filled_slots():
     env.reset(seed=0)
     w = env.unwrapped.queue_window
     mask = env.unwrapped.action_masks().reshape(w, w + 1)
-    visible = env.unwrapped.engine.queue.size
+    visible = env.unwrapped.engine.waiting.size
     assert mask[:, 0].all()
     assert mask[:visible, 1:].all() and not mask[visible:, 1:].any()
 

@@ -33,7 +33,7 @@ def test_never_more_than_b_activations_per_step_over_fuzzed_steps():
         admitted = []
         for _ in range(1000):
             obs, _, terminated, truncated, info = env.step(policy.act(obs))
-            admitted.append(info["admitted"])
+            admitted.append(info["num_admitted"])
             if terminated or truncated:
                 break
         admitted = np.asarray(admitted)
@@ -52,7 +52,7 @@ def test_fractional_budget_activates_one_every_1_over_b_steps():
     admitted = []
     for _ in range(40):
         obs, _, _, _, info = env.step(policy.act(obs))
-        admitted.append(info["admitted"])
+        admitted.append(info["num_admitted"])
     assert admitted == [0, 0, 0, 1] * 10
 
 
@@ -70,7 +70,7 @@ def test_every_window_of_n_saturated_steps_admits_floor_or_ceil_of_n_b(b):
     admitted = []
     for _ in range(n_steps):
         obs, _, _, _, info = env.step(policy.act(obs))
-        admitted.append(info["admitted"])
+        admitted.append(info["num_admitted"])
     assert sum(admitted) == math.floor(Fraction(b) * n_steps)  # the bucket starts empty
     totals = np.concatenate([[0], np.cumsum(admitted)])
     for n in range(1, n_steps + 1):
@@ -90,7 +90,7 @@ def test_unused_whole_credits_lapse_so_a_blocked_spell_banks_no_burst():
     admitted = []
     for _ in range(12):
         obs, _, _, _, info = env.step(policy.act(obs))
-        admitted.append(info["admitted"])
+        admitted.append(info["num_admitted"])
     assert admitted[0] == 1
     resumed = next(i for i in range(1, len(admitted)) if admitted[i])
     assert resumed >= 5, admitted  # blocked while request 0 decodes
@@ -108,9 +108,9 @@ def test_evictions_are_lifo():
     for _ in range(300):
         active = engine.running_ids.tolist()
         obs, _, terminated, _, info = env.step(policy.act(obs))
-        if info["preempted"]:
-            evicted = [r for r in active if r in engine.queue.tolist()]
-            assert len(evicted) == info["preempted"]
+        if info["num_preemptions"]:
+            evicted = [r for r in active if r in engine.waiting.tolist()]
+            assert len(evicted) == info["num_preemptions"]
             # The evicted requests are the most recently activated ones, newest first.
             assert evicted == active[len(active) - len(evicted):]
             victims.extend(evicted)
@@ -124,7 +124,7 @@ def constant_latency_env(policy, rate_per_step, n_steps, kv_tokens):
     workload = SyntheticWorkload(Poisson(rate_per_step / step), n_steps * step,
                                  prompt=Choice((10,), (1.0,)), output=Choice((40,), (1.0,)))
     return make_env(policy, workload=workload, profile=flat_profile(num_kv_blocks=kv_tokens, block_size=1),
-                    engine={"max_num_seqs": 512, "max_batched_tokens": 4096}, max_episode_steps=n_steps)
+                    engine={"max_num_seqs": 512, "max_num_batched_tokens": 4096}, max_episode_steps=n_steps)
 
 
 def test_stability_analysis_agrees_with_simulation():
@@ -176,4 +176,4 @@ def test_flow_control_runs_with_known_and_unknown_lengths(length_mode):
     policy = make_policy("flow-control", activation_budget=2.0)
     env = make_env(policy, workload="medium", engine={"length_mode": length_mode})
     result = run_episode(env, policy, seed=1)
-    assert result.summary["finished"] == result.summary["requests"]
+    assert result.summary["num_finished"] == result.summary["num_requests"]

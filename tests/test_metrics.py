@@ -29,7 +29,7 @@ def test_single_request_metrics():
     np.testing.assert_allclose(gaps, L_MIN)
     assert itl_cv(gaps) == pytest.approx(0.0, abs=1e-12)
     s = summarize(log)
-    assert s["finished"] == 1 and s["throughput_tps"] == pytest.approx(11 / (first_step + 10 * L_MIN))
+    assert s["num_finished"] == 1 and s["throughput_tps"] == pytest.approx(11 / (first_step + 10 * L_MIN))
     assert s["e2e_p50"] == pytest.approx(first_step + 10 * L_MIN)
 
 

@@ -59,8 +59,8 @@ def test_fcfs_admits_in_arrival_order_while_kv_allows():
     action = policy.act(obs)
     assert action[:2].tolist() == [1, 1] and not action[2:].any()
     obs, _, _, _, info = env.step(action)
-    assert info["admitted"] == 2 and info["refused"] == 0
-    assert env.unwrapped.engine.queue.tolist() == [2, 3, 4, 5]
+    assert info["num_admitted"] == 2 and info["num_refused"] == 0
+    assert env.unwrapped.engine.waiting.tolist() == [2, 3, 4, 5]
     assert queue_matrix(obs)[0, 0] == 100
 
 
@@ -87,4 +87,4 @@ def test_every_policy_runs_on_every_workload(name, workload):
         obs, _, terminated, truncated, _ = env.step(policy.act(obs))
         if terminated or truncated:
             break
-    assert env.unwrapped.engine.finished > 0
+    assert env.unwrapped.engine.num_finished > 0

@@ -56,9 +56,9 @@ def test_loading_container_admits_nothing_until_ready():
     obs, _ = env.reset(seed=0)
     assert obs["pool"][POOL_INDEX["warmth"]] == pytest.approx(-3.0)
     _, _, _, _, info = env.step(admit_all(env))
-    assert info["admitted"] == 0 and info["refused"] == 1 and info["clock_s"] == pytest.approx(3.0)
+    assert info["num_admitted"] == 0 and info["num_refused"] == 1 and info["clock_s"] == pytest.approx(3.0)
     _, _, _, _, info = env.step(admit_all(env))
-    assert info["admitted"] == 1
+    assert info["num_admitted"] == 1
 
 
 def three_containers(**pool):
@@ -81,7 +81,7 @@ def test_event_clock_steps_the_earliest_container_and_pool_obs_says_which():
     obs, _ = env.reset(seed=0)
     cluster = env.unwrapped.cluster
     for _ in range(300):
-        busy = [e for e in cluster.engines if e.queue.size or e.n_running]
+        busy = [e for e in cluster.engines if e.waiting.size or e.num_running]
         if busy:
             assert cluster.engine.clock == min(e.clock for e in busy)
         deciding = obs["pool"].reshape(3, -1)[:, POOL_INDEX["deciding"]]
@@ -97,7 +97,7 @@ def test_conservation_and_latency_reward_across_containers(router):
     env.reset(seed=0)
     total = run_to_end(env)
     log = env.unwrapped.cluster.log
-    assert log.counts()["finished"] == log.num_requests
+    assert log.counts()["num_finished"] == log.num_requests
     assert total == pytest.approx(-np.sum(log.finish_s - log.arrival_s), rel=1e-9)
 
 

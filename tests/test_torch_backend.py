@@ -67,8 +67,8 @@ def test_engine_kv_occupancy_matches_the_cache_blocks():
     done = False
     while not done:
         obs, _, done, _, info = env.step(policy.act(obs))
-        preempted += info["preempted"]
-        assert engine.backend.allocated_blocks() == engine.used_blocks
+        preempted += info["num_preemptions"]
+        assert engine.backend.allocated_blocks() == engine.num_used_blocks
     assert preempted > 0  # the small cache forced recompute, and the accounting held through it
 
 
@@ -101,7 +101,7 @@ def test_same_trace_runs_through_both_backends():
                        if backend == "torch" else None, engine={"num_kv_blocks": 256})
         results[backend] = run_episode(env, policy, seed=0)
     for result in results.values():
-        assert result.summary["finished"] == 8
+        assert result.summary["num_finished"] == 8
     real = results["torch"].log
     assert all(real.token_times(r).size == 12 for r in range(8))
     assert results["torch"].summary["itl_mean"] > 0

@@ -53,8 +53,8 @@ def test_window_expands_when_the_queue_grows_while_itl_stays_low():
     d = drive(policy, make_env(policy, workload=workload, profile=flat_profile(), engine={"length_mode": "known"}),
               500)
     assert np.allclose(d["sigma"], 1.0)
-    early = d["queue_depth"] < 4
-    deep = d["queue_depth"] >= 32
+    early = d["num_waiting"] < 4
+    deep = d["num_waiting"] >= 32
     assert early.any() and deep.any()
     assert d["window"][early].mean() < 1.3 * 400
     assert d["window"][deep].mean() > 1.8 * 400
@@ -86,7 +86,7 @@ def test_request_waiting_past_t_max_is_forced_in_with_the_window_full():
     log = env.unwrapped.engine.log
     admitted_at_wait = None
     for _ in range(60):
-        waiting_before = env.unwrapped.engine.queue.tolist()
+        waiting_before = env.unwrapped.engine.waiting.tolist()
         obs, *_ = env.step(policy.act(obs))
         if 1 in waiting_before and log.state[1] != State.WAITING:
             admitted_at_wait = env.unwrapped.engine.step_index - 1 - log.enqueue_step[1]

@@ -64,8 +64,8 @@ def test_gsm8k_lengths_come_from_the_bundled_file():
 def test_azure_trace_replay_and_time_scaling():
     full = TraceWorkload(str(bundled_trace())).sample(np.random.default_rng(0))
     assert len(full) == 8819
-    assert full.prompt_tokens[:3].tolist() == [4808, 3180, 110]
-    assert full.output_tokens[:3].tolist() == [10, 8, 27]
+    assert full.num_prompt_tokens[:3].tolist() == [4808, 3180, 110]
+    assert full.num_output_tokens[:3].tolist() == [10, 8, 27]
     assert full.arrival_s[1] == pytest.approx(0.052, abs=1e-6)
     half = TraceWorkload(str(bundled_trace()), time_scale=0.5, max_requests=100).sample(np.random.default_rng(0))
     np.testing.assert_allclose(half.arrival_s, full.arrival_s[:100] * 0.5)

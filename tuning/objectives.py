@@ -29,7 +29,7 @@ def _finite(value: float, worst: float) -> float:
 
 OBJECTIVE_SCORES = {
     "goodput": lambda m: (_finite(m["goodput_rps"], 0.0),),
-    "cost": lambda m: (_finite(m["ttft_p99"], 1e6) + 10.0 * _finite(m["itl_p99"], 1e5) + 20.0 * m["unfinished"],),
+    "cost": lambda m: (_finite(m["ttft_p99"], 1e6) + 10.0 * _finite(m["itl_p99"], 1e5) + 20.0 * m["num_unfinished"],),
     "pareto": lambda m: (_finite(m["throughput_rps"], 0.0), _finite(m["ttft_p99"], 1e6), _finite(m["itl_cv"], 1e3)),
 }
 

@@ -13,21 +13,21 @@ class RequestSpec:
     """The requests of one episode, sorted by arrival (struct of arrays)."""
 
     arrival_s: np.ndarray
-    prompt_tokens: np.ndarray
-    output_tokens: np.ndarray
+    num_prompt_tokens: np.ndarray
+    num_output_tokens: np.ndarray
 
     def __post_init__(self) -> None:
         arrival = np.asarray(self.arrival_s, dtype=np.float64)
-        prompt = np.asarray(self.prompt_tokens)
-        output = np.asarray(self.output_tokens)
+        prompt = np.asarray(self.num_prompt_tokens)
+        output = np.asarray(self.num_output_tokens)
         if not (arrival.ndim == prompt.ndim == output.ndim == 1) or not (
             arrival.size == prompt.size == output.size
         ):
             raise ValueError(
-                "arrival_s, prompt_tokens and output_tokens must be 1-D and of equal length, got shapes "
+                "arrival_s, num_prompt_tokens and num_output_tokens must be 1-D and of equal length, got shapes "
                 f"{arrival.shape}, {prompt.shape}, {output.shape}"
             )
-        for name, values in (("prompt_tokens", prompt), ("output_tokens", output)):
+        for name, values in (("num_prompt_tokens", prompt), ("num_output_tokens", output)):
             whole = np.issubdtype(values.dtype, np.integer) or (
                 np.all(np.isfinite(values)) and np.all(values == np.round(values))
             )
@@ -43,8 +43,8 @@ class RequestSpec:
             if np.any(np.diff(arrival) < 0):
                 raise ValueError(f"arrival_s must be sorted; index {int(np.argmax(np.diff(arrival) < 0)) + 1} is not")
         object.__setattr__(self, "arrival_s", arrival)
-        object.__setattr__(self, "prompt_tokens", prompt.astype(np.int64))
-        object.__setattr__(self, "output_tokens", output.astype(np.int64))
+        object.__setattr__(self, "num_prompt_tokens", prompt.astype(np.int64))
+        object.__setattr__(self, "num_output_tokens", output.astype(np.int64))
 
     def __len__(self) -> int:
         return int(self.arrival_s.size)

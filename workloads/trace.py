@@ -110,7 +110,7 @@ class TraceWorkload:
         arrival = (arrival - arrival[0]) * self.time_scale
         keep = slice(None) if self.duration_s is None else arrival < self.duration_s
         sl = slice(self.start, stop)
-        return RequestSpec(arrival[keep], full.prompt_tokens[sl][keep], full.output_tokens[sl][keep])
+        return RequestSpec(arrival[keep], full.num_prompt_tokens[sl][keep], full.num_output_tokens[sl][keep])
 
     def mean_rate(self) -> float:
         spec = self.sample(np.random.default_rng(0))
