@@ -185,7 +185,9 @@ def device_name(backend) -> str:
         import torch
 
         return torch.cuda.get_device_name(0)
-    return f"CPU: {platform.processor() or platform.machine()}, {backend._torch.get_num_threads()} threads"
+    import torch
+
+    return f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
 
 def calibrate(backend, name: str, plan: SweepPlan | None = None, load_seconds: float | None = None,

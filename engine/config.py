@@ -28,6 +28,10 @@ class LengthMode(StrEnum):
     """The observed interval is ``[1, max_tokens]``."""
 
 
+LENGTH_MODES = tuple(mode.value for mode in LengthMode)
+"""The length modes' names, for CLIs and file validation."""
+
+
 def as_enum(enum: type[StrEnum], name: str, value: object) -> StrEnum:
     """``enum(value)`` with an error that names the field and the allowed values."""
     try:

@@ -14,6 +14,7 @@ import numpy as np
 
 from servegym.backends.base import EMPTY, Backend, StepBatch
 from servegym.engine.config import EngineConfig
+from servegym.engine.kv import first_chunk_tokens, num_blocks
 from servegym.engine.log import EpisodeLog, RejectReason, State, StepRow
 from servegym.engine.preemption import pick_victims
 
@@ -262,8 +263,7 @@ class Engine:
         for pos in positions:
             rid = int(self.waiting[pos])
             target = int(log.num_prompt_tokens[rid] + log.num_generated_at_preemption[rid])
-            first = min(cfg.prefill_chunk_tokens, target)
-            blocks = -(-(first + (first == target)) // bs)
+            blocks = num_blocks(first_chunk_tokens(target, cfg.prefill_chunk_tokens), bs)
             if self.num_running >= cfg.max_num_seqs or blocks > free:
                 break
             free -= blocks
@@ -305,7 +305,7 @@ class Engine:
         new_tokens = decoding.astype(np.int64)
         new_tokens[pre_rows] = chunk + completes
         kv = run[:n, KV]
-        need = int(((kv + new_tokens + bs - 1) // bs - (kv + bs - 1) // bs).sum())
+        need = int((num_blocks(kv + new_tokens, bs) - num_blocks(kv, bs)).sum())
         return Plan(decoding, pre_rows, chunk, completes, new_tokens), need
 
     def _execute(self, plan: Plan | None, need: int) -> tuple[int, int, int]:
@@ -394,7 +394,7 @@ class Engine:
 
     def _remove_rows(self, rows: np.ndarray) -> None:
         n, run, bs = self.num_running, self._run, self.block_size
-        self.num_used_blocks -= int(((run[rows, KV] + bs - 1) // bs).sum())
+        self.num_used_blocks -= int(num_blocks(run[rows, KV], bs).sum())
         self.token_load -= int((run[rows, HI] - run[rows, GEN]).sum())
         keep = np.ones(n, dtype=bool)
         keep[rows] = False
@@ -421,7 +421,7 @@ class Engine:
         """Raise AssertionError if this engine's queue, running table or KV accounting is inconsistent."""
         log, n, bs = self.log, self.num_running, self.block_size
         rows = self._run[:n]
-        held = int(((rows[:, KV] + bs - 1) // bs).sum())
+        held = int(num_blocks(rows[:, KV], bs).sum())
         if held != self.num_used_blocks or not 0 <= self.num_used_blocks <= self.num_kv_blocks:
             raise AssertionError(f"KV accounting broken: rows hold {held}, used={self.num_used_blocks}")
         if np.unique(self.waiting).size != self.waiting.size:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from servegym.engine import STEP_FIELDS
+from servegym.engine import STEP_INDEX
 from servegym.evaluation.spec import Experiment, PolicySpec, WorkloadSpec
 from servegym.metrics import inter_token_latencies, summarize
 from servegym.policies import make_policy
@@ -70,17 +70,17 @@ def run_task(task: Task) -> TaskResult:
     if gaps.size > ITL_SAMPLE:
         gaps = np.random.default_rng(task.seed).choice(gaps, ITL_SAMPLE, replace=False)
     series = {}
-    if hasattr(policy, "diagnostics"):
-        diag = policy.diagnostics()
+    diagnostics = policy.diagnostics()
+    if diagnostics:  # the policy's own per-step signals beside the step log's batch, queue and KV use
         steps = log.steps(0)
-        n = min(len(diag["window"]), steps.shape[0])
+        n = min(steps.shape[0], *(len(values) for values in diagnostics.values()))
         series = {
-            "time_s": steps[:n, STEP_FIELDS.index("end_s")] - log.arrival_s[0],
-            "window": diag["window"][:n],
-            "token_load": diag["token_load"][:n],
-            "batch": steps[:n, STEP_FIELDS.index("num_running")],
-            "queue": steps[:n, STEP_FIELDS.index("num_waiting")],
-            "kv_used": steps[:n, STEP_FIELDS.index("num_used_blocks")] / log.num_kv_blocks,
+            "time_s": steps[:n, STEP_INDEX["end_s"]] - log.arrival_s[0],
+            "batch": steps[:n, STEP_INDEX["num_running"]],
+            "queue": steps[:n, STEP_INDEX["num_waiting"]],
+            "kv_used": steps[:n, STEP_INDEX["num_used_blocks"]] / log.num_kv_blocks,
+            **{name: np.asarray(values)[:n] for name, values in diagnostics.items() if name not in ("num_running",
+                                                                                                   "num_waiting")},
         }
     ttft = log.first_token_s - log.arrival_s
     env.close()

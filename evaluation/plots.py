@@ -88,7 +88,8 @@ def plot_all(results: list[TaskResult], summary: Summary, out: Path) -> list[Pat
     ax.legend(fontsize=7, ncol=4)
     save(fig, "fig8_itl_cv.png")
 
-    series = next((r.series for r in results if r.series and r.workload == focus and r.seed == first_seed), None)
+    series = next((r.series for r in results if "window" in r.series and r.workload == focus
+                   and r.seed == first_seed), None)
     if series:
         fig, axes = plt.subplots(4, 1, figsize=(9, 8), sharex=True)
         t = series["time_s"]

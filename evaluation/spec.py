@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from servegym.backends import DEFAULT_PROFILE
+from servegym.engine.config import LENGTH_MODES
 from servegym.policies import POLICIES, make_policy
 from servegym.workloads import (
     WORKLOADS,
@@ -98,7 +99,7 @@ def experiment_from_dict(data: Any, source: str = "<experiment>") -> Experiment:
         raise fail(f"seeds must be a positive int or a list of ints, got {seeds!r}")
     policies = tuple(_policy(item, fail) for item in _list(data["policies"], "policies", fail))
     modes = data.get("length_modes", [None])
-    if not isinstance(modes, list) or not modes or any(m not in (None, "known", "predicted", "unknown") for m in modes):
+    if not isinstance(modes, list) or not modes or any(m is not None and m not in LENGTH_MODES for m in modes):
         raise fail(f"length_modes must be a list of known/predicted/unknown, got {modes!r}")
     workloads = []
     for item in _list(data["workloads"], "workloads", fail):

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from servegym.policies.base import Observation, Policy, admit_first, register_policy
 from servegym.policies.common import fcfs_count, free_blocks, total_blocks
+from servegym.policies.params import PolicyParams, in_range, param
 
 
 @dataclass(frozen=True)
-class AlphaProtectionParams:
-    alpha: float = field(default=0.1, metadata={"help": "protected fraction of KV memory kept free at admission"})
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.alpha < 1.0:
-            raise ValueError(f"alpha must be in [0, 1), got {self.alpha!r}")
-
+class AlphaProtectionParams(PolicyParams):
+    alpha: float = param(0.1, "protected fraction of KV memory kept free at admission", in_range(0.0, 1.0, True))
 
 @register_policy
 class AlphaProtection(Policy):
@@ -27,9 +23,8 @@ class AlphaProtection(Policy):
     name = "alpha-protection"
     source = "Dong & Cao (flow-control paper), baseline: alpha-protection greedy"
     rule = "FCFS while usage <= (1 - alpha) M; on overflow clear all running requests"
+    Params = AlphaProtectionParams
 
-    def __init__(self, **params: Any) -> None:
-        self.params = AlphaProtectionParams(**params)
 
     @staticmethod
     def search_space(trial) -> dict[str, Any]:

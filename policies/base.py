@@ -9,7 +9,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from servegym.engine.config import LengthMode
 from servegym.envs.observation import ENGINE_INDEX, QUEUE_FEATURES
+from servegym.policies.params import PolicyParams
 
 Observation = dict[str, np.ndarray]
 
@@ -30,6 +32,17 @@ class Policy(ABC):
     """The one-line rule it implements."""
     search_space: ClassVar[Callable[[Any], dict[str, Any]] | None] = None
     """``trial -> params`` for Optuna (``servegym tune``); None when the policy has nothing to tune."""
+    Params: ClassVar[type[PolicyParams] | None] = None
+    """The policy's parameters (a frozen :class:`PolicyParams` dataclass); None when it has none."""
+
+    def __init__(self, **params: Any) -> None:
+        if self.Params is None:
+            if params:
+                raise ValueError(f"policy {self.name!r} takes no parameters, got {sorted(params)}")
+            self.params: PolicyParams | None = None
+        else:
+            self.params = self.Params(**params)
+        self.reset()
 
     def engine_overrides(self) -> dict[str, Any]:
         """EngineConfig fields this policy needs (its preemption rule, prefill chunk); runners apply them."""
@@ -41,6 +54,10 @@ class Policy(ABC):
 
     def reset(self) -> None:
         """Forget per-episode state."""
+
+    def diagnostics(self) -> dict[str, list[float]]:
+        """Per-step internal signals to store beside an episode's results (name -> one value per step)."""
+        return {}
 
     @abstractmethod
     def act(self, obs: Observation) -> np.ndarray:
@@ -77,15 +94,16 @@ def engine_feature(obs: Observation, name: str) -> float:
     return float(obs["engine"][ENGINE_INDEX[name]])
 
 
-def output_estimate(lo: np.ndarray, hi: np.ndarray, length_mode: float, unknown_prior: float | None) -> np.ndarray:
+def output_estimate(lo: np.ndarray, hi: np.ndarray, length_mode: LengthMode,
+                    unknown_prior: float | None) -> np.ndarray:
     """A point estimate of output length from the observed interval ``[lo, hi]``.
 
     Known lengths: exact. Predicted: the interval's midpoint. Unknown: ``unknown_prior`` (an operator's
     estimate of the mean, clipped to the interval), or ``hi`` (``max_tokens``) when the prior is None.
     """
-    if length_mode == 0:
+    if length_mode is LengthMode.KNOWN:
         return lo.astype(np.float64)
-    if length_mode == 1:
+    if length_mode is LengthMode.PREDICTED:
         return (lo + hi) / 2.0
     if unknown_prior is None:
         return hi.astype(np.float64)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX, queue_matrix, running_matrix
+from servegym.engine.kv import num_blocks
+from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX, length_mode_of, queue_matrix, running_matrix
 from servegym.policies.base import Observation, engine_feature, output_estimate
 
 
@@ -36,14 +37,14 @@ def remaining_running(obs: Observation, unknown_prior: float | None) -> np.ndarr
     """Estimated output tokens left for each running request (at least 1), see :func:`output_estimate`."""
     run = running_rows(obs)
     estimate = output_estimate(run[:, RUNNING_INDEX["output_lo"]], run[:, RUNNING_INDEX["output_hi"]],
-                               engine_feature(obs, "length_mode"), unknown_prior)
+                               length_mode_of(obs), unknown_prior)
     return np.maximum(estimate - run[:, RUNNING_INDEX["num_generated"]], 1.0)
 
 
 def remaining_queued(obs: Observation, rows: np.ndarray, unknown_prior: float | None) -> np.ndarray:
     """Estimated output tokens still to generate for each waiting request in ``rows`` (at least 1)."""
     estimate = output_estimate(rows[:, QUEUE_INDEX["output_lo"]], rows[:, QUEUE_INDEX["output_hi"]],
-                               engine_feature(obs, "length_mode"), unknown_prior)
+                               length_mode_of(obs), unknown_prior)
     return np.maximum(estimate - rows[:, QUEUE_INDEX["num_generated"]], 1.0)
 
 
@@ -61,7 +62,7 @@ def upper_remaining_queue(rows: np.ndarray) -> np.ndarray:
 def admission_blocks(obs: Observation, rows: np.ndarray) -> np.ndarray:
     """KV blocks each waiting request needs on admission: its prompt, tokens to recompute, first token."""
     block = engine_feature(obs, "kv_block_size")
-    return np.ceil((rows[:, QUEUE_INDEX["num_prompt_tokens"]] + rows[:, QUEUE_INDEX["num_generated"]] + 1) / block)
+    return num_blocks(rows[:, QUEUE_INDEX["num_prompt_tokens"]] + rows[:, QUEUE_INDEX["num_generated"]] + 1, block)
 
 
 def prefix_that_fits(need: np.ndarray, budget: float) -> int:

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from servegym.policies.base import Observation, Policy, admit_first, engine_feature, register_policy
 from servegym.policies.common import fcfs_count
+from servegym.policies.params import PolicyParams, param, positive_int, positive_number
 
 
 @dataclass(frozen=True)
-class DynamicBatchParams:
-    itl_target_s: float = field(default=0.1, metadata={"help": "static ITL target (s); above it the batch is capped"})
-    max_batch: int = field(default=64, metadata={"help": "batch cap while ITL is within target"})
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.itl_target_s) and self.itl_target_s > 0):
-            raise ValueError(f"itl_target_s must be a finite number > 0, got {self.itl_target_s!r}")
-        if not (isinstance(self.max_batch, int) and self.max_batch > 0):
-            raise ValueError(f"max_batch must be a positive int, got {self.max_batch!r}")
-
+class DynamicBatchParams(PolicyParams):
+    itl_target_s: float = param(0.1, "static ITL target (s); above it the batch is capped", positive_number)
+    max_batch: int = param(64, "batch cap while ITL is within target", positive_int)
 
 @register_policy
 class DynamicBatch(Policy):
@@ -31,9 +24,8 @@ class DynamicBatch(Policy):
     name = "dynamic-batch"
     source = "TWP paper baseline (batch-level feedback, no token-level signal)"
     rule = "caps the batch size while ITL exceeds a static target"
+    Params = DynamicBatchParams
 
-    def __init__(self, **params: Any) -> None:
-        self.params = DynamicBatchParams(**params)
 
     @staticmethod
     def search_space(trial) -> dict[str, Any]:

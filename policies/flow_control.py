@@ -10,32 +10,25 @@ only through the stability analysis (:mod:`servegym.stability`) that picks ``b``
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from servegym.policies.base import Observation, Policy, admit_first, register_policy
 from servegym.policies.common import fcfs_count, free_slots, visible_queue
+from servegym.policies.params import PolicyParams, param, positive_number
 
 _ROUNDING = 1e-9
 """Tolerance for summing a float budget: repeated additions of ``b`` fall just short of whole numbers."""
 
 
 @dataclass(frozen=True)
-class FlowControlParams:
-    activation_budget: float = field(
-        default=1.0, metadata={"help": "b: most activations per step; a fraction is a rate (one every 1/b steps)"}
+class FlowControlParams(PolicyParams):
+    activation_budget: float = param(
+        1.0, "b: most activations per step; a fraction is a rate (one every 1/b steps)", positive_number
     )
-    respect_free_kv: bool = field(
-        default=True, metadata={"help": "also stop when the head's prompt does not fit in free KV (no thrashing)"}
-    )
-
-    def __post_init__(self) -> None:
-        b = self.activation_budget
-        if isinstance(b, bool) or not isinstance(b, int | float) or not (math.isfinite(b) and b > 0):
-            raise ValueError(f"activation_budget must be a finite number > 0, got {b!r}")
-
+    respect_free_kv: bool = param(True, "also stop when the head's prompt does not fit in free KV (no thrashing)")
 
 @register_policy
 class FlowControl(Policy):
@@ -44,10 +37,8 @@ class FlowControl(Policy):
     name = "flow-control"
     source = "Dong & Cao: Flow-Controlled Scheduling for LLM Inference with Provable Stability Guarantees"
     rule = "at most b activations per step (token bucket for fractional b), FIFO admission, LIFO eviction"
+    Params = FlowControlParams
 
-    def __init__(self, **params: Any) -> None:
-        self.params = FlowControlParams(**params)
-        self.reset()
 
     @staticmethod
     def search_space(trial) -> dict[str, Any]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from servegym.envs.observation import QUEUE_INDEX
-from servegym.policies.base import Observation, Policy, engine_feature, output_estimate, ranks_action, register_policy
+from servegym.envs.observation import QUEUE_INDEX, length_mode_of
+from servegym.policies.base import Observation, Policy, output_estimate, ranks_action, register_policy
 from servegym.policies.common import (
     longest_feasible_prefix,
     upper_remaining_queue,
@@ -25,7 +25,7 @@ class MCShortestFirst(Policy):
 
     def act(self, obs: Observation) -> np.ndarray:
         rows = visible_queue(obs)
-        mode = engine_feature(obs, "length_mode")
+        mode = length_mode_of(obs)
         predicted = output_estimate(rows[:, QUEUE_INDEX["output_lo"]], rows[:, QUEUE_INDEX["output_hi"]], mode, None)
         order = np.argsort(predicted, kind="stable")
         rows = rows[order]

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from servegym.policies.base import Observation, Policy, admit_first, register_policy
+from servegym.policies.params import PolicyParams, param, positive_int
 from servegym.policies.vllm import admit_within_budget, budget_after_running
 
 
 @dataclass(frozen=True)
-class SarathiParams:
-    token_budget: int = field(default=512, metadata={"help": "fixed tokens per iteration (decodes + prefill chunks)"})
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.token_budget, int) and self.token_budget > 0):
-            raise ValueError(f"token_budget must be a positive int, got {self.token_budget!r}")
-
+class SarathiParams(PolicyParams):
+    token_budget: int = param(512, "fixed tokens per iteration (decodes + prefill chunks)", positive_int)
 
 @register_policy
 class SarathiServe(Policy):
@@ -27,9 +23,8 @@ class SarathiServe(Policy):
     name = "sarathi"
     source = "Agrawal et al.: Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve (OSDI 2024)"
     rule = "stall-free batching: decodes, then ongoing prefill chunks, then admissions, under a fixed chunk budget"
+    Params = SarathiParams
 
-    def __init__(self, **params: Any) -> None:
-        self.params = SarathiParams(**params)
 
     def engine_overrides(self) -> dict[str, Any]:
         budget = self.params.token_budget

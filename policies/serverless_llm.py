@@ -8,21 +8,17 @@ containers is not modelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from servegym.policies.base import register_policy
 from servegym.policies.fcfs import FCFS
+from servegym.policies.params import PolicyParams, in_range, param
 
 
 @dataclass(frozen=True)
-class ServerlessLLMParams:
-    load_speedup: float = field(default=10.0, metadata={"help": "checkpoint-loading speed-up (paper: 10-200x)"})
-
-    def __post_init__(self) -> None:
-        if not 1.0 <= self.load_speedup <= 1000.0:
-            raise ValueError(f"load_speedup must be in [1, 1000], got {self.load_speedup!r}")
-
+class ServerlessLLMParams(PolicyParams):
+    load_speedup: float = param(10.0, "checkpoint-loading speed-up (paper: 10-200x)", in_range(1.0, 1000.0))
 
 @register_policy
 class ServerlessLLM(FCFS):
@@ -31,9 +27,8 @@ class ServerlessLLM(FCFS):
     name = "serverless-llm"
     source = "Fu et al.: ServerlessLLM: Low-Latency Serverless Inference for Large Language Models (OSDI 2024)"
     rule = "FCFS admission, routing to a container holding the model, 10x faster cold starts"
+    Params = ServerlessLLMParams
 
-    def __init__(self, **params: Any) -> None:
-        self.params = ServerlessLLMParams(**params)
 
     def pool_overrides(self) -> dict[str, Any]:
         return {"router": "warm_first", "cold_start_scale": 1.0 / self.params.load_speedup}

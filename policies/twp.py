@@ -7,7 +7,7 @@ requests, gate them against the window and the KV guard, and stage admitted prom
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,52 +22,42 @@ from servegym.policies.common import (
     total_blocks,
     visible_queue,
 )
+from servegym.policies.params import PolicyParams, in_range, optional, param, positive_int, positive_number
 
 _Q = QUEUE_INDEX
 
 
 @dataclass(frozen=True)
-class TWPParams:
+class TWPParams(PolicyParams):
     """TWP's knobs; defaults follow the paper (``H0 = 400``, ``gamma = 0.15``, ``C = 64``)."""
 
-    initial_window: float = field(default=400.0, metadata={"help": "H0: base token window (tokens)"})
-    gain: float = field(default=0.15, metadata={"help": "gamma: smoothing of H_{t+1} = H_t + gamma (H* - H_t)"})
-    prefill_chunk_tokens: int = field(default=64, metadata={"help": "C: prompt tokens staged per step"})
-    queue_norm: float = field(default=32.0, metadata={"help": "Q: queue depth at which the window doubles"})
-    window_min: float = field(default=32.0, metadata={"help": "H_min: lower clamp of the window"})
-    window_max: float = field(default=4096.0, metadata={"help": "H_max: upper clamp of the window"})
-    itl_filter: float = field(default=0.3, metadata={"help": "EMA weight of the newest ITL in l_hat"})
-    max_wait_steps: int = field(default=200, metadata={"help": "T_max: steps after which a request is forced in"})
-    weights: tuple[float, float, float] = field(
-        default=(0.5, 0.3, 0.2), metadata={"help": "w1 > w2 > w3: starvation, token balance, fairness"}
-    )
-    kv_guard: float = field(default=0.05, metadata={"help": "delta_kv at rest: minimum free KV fraction to admit"})
-    kv_guard_max: float = field(default=0.3, metadata={"help": "the tightest delta_kv"})
-    kv_guard_gain: float = field(default=50.0, metadata={"help": "delta_kv rise per unit of KV consumed per step"})
-    kv_guard_relax: float = field(default=0.1, metadata={"help": "fraction of the gap closed per step when relaxing"})
-    unknown_output_tokens: float | None = field(
-        default=128.0, metadata={"help": "length estimate when lengths are unknown (None: use max_tokens)"}
+    initial_window: float = param(400.0, "H0: base token window (tokens)", positive_number)
+    gain: float = param(0.15, "gamma: smoothing of H_{t+1} = H_t + gamma (H* - H_t)", in_range(0.0, 1.0))
+    prefill_chunk_tokens: int = param(64, "C: prompt tokens staged per step", positive_int)
+    queue_norm: float = param(32.0, "Q: queue depth at which the window doubles", positive_number)
+    window_min: float = param(32.0, "H_min: lower clamp of the window", positive_number)
+    window_max: float = param(4096.0, "H_max: upper clamp of the window", positive_number)
+    itl_filter: float = param(0.3, "EMA weight of the newest ITL in l_hat", in_range(0.0, 1.0))
+    max_wait_steps: int = param(200, "T_max: steps after which a request is forced in", positive_int)
+    weights: tuple[float, float, float] = param((0.5, 0.3, 0.2), "w1 > w2 > w3: starvation, token balance, fairness")
+    kv_guard: float = param(0.05, "delta_kv at rest: minimum free KV fraction to admit", in_range(0.0, 1.0, True))
+    kv_guard_max: float = param(0.3, "the tightest delta_kv", in_range(0.0, 1.0, True))
+    kv_guard_gain: float = param(50.0, "delta_kv rise per unit of KV consumed per step", positive_number)
+    kv_guard_relax: float = param(0.1, "fraction of the gap closed per step when relaxing", in_range(0.0, 1.0))
+    unknown_output_tokens: float | None = param(
+        128.0, "length estimate when lengths are unknown (None: use max_tokens)", optional(positive_number)
     )
 
-    def __post_init__(self) -> None:
-        positive = ("initial_window", "gain", "queue_norm", "window_min", "window_max", "itl_filter")
-        for name in positive:
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
-        if self.gain > 1 or self.itl_filter > 1 or self.kv_guard_relax > 1:
-            raise ValueError("gain, itl_filter and kv_guard_relax must be <= 1")
+    def validate(self) -> None:
+        if self.gain == 0 or self.itl_filter == 0:
+            raise ValueError("gain and itl_filter must be > 0")
         if self.window_min > self.window_max:
             raise ValueError(f"window_min {self.window_min} exceeds window_max {self.window_max}")
-        if not (isinstance(self.prefill_chunk_tokens, int) and self.prefill_chunk_tokens > 0):
-            raise ValueError(f"prefill_chunk_tokens must be a positive int, got {self.prefill_chunk_tokens!r}")
-        if not (isinstance(self.max_wait_steps, int) and self.max_wait_steps > 0):
-            raise ValueError(f"max_wait_steps must be a positive int, got {self.max_wait_steps!r}")
         w1, w2, w3 = self.weights
         if not w1 > w2 > w3 > 0:
             raise ValueError(f"weights must satisfy w1 > w2 > w3 > 0, got {self.weights}")
-        if not 0 <= self.kv_guard <= self.kv_guard_max < 1:
+        if not self.kv_guard <= self.kv_guard_max:
             raise ValueError("need 0 <= kv_guard <= kv_guard_max < 1")
-
 
 @register_policy
 class TokenWindowPacing(Policy):
@@ -76,10 +66,8 @@ class TokenWindowPacing(Policy):
     name = "twp"
     source = "Desai, N K, Addya: Stable Token-level Scheduling for Serverless LLM Inference"
     rule = "token window H_t steered by ITL and queue, KV guard, forced admission after T_max, chunked prefill C"
+    Params = TWPParams
 
-    def __init__(self, **params: Any) -> None:
-        self.params = TWPParams(**params)
-        self.reset()
 
     @staticmethod
     def search_space(trial) -> dict[str, Any]:

@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from servegym.engine.kv import num_blocks
 from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX
 from servegym.policies.base import Observation, Policy, admit_first, engine_feature, register_policy
 from servegym.policies.common import free_blocks, free_slots, running_rows, visible_queue
+from servegym.policies.params import PolicyParams, param, positive_int
 
 
 @dataclass(frozen=True)
-class VLLMParams:
-    max_num_batched_tokens: int = field(default=2048, metadata={"help": "token budget per step"})
-    max_num_seqs: int = field(default=128, metadata={"help": "most running requests"})
+class VLLMParams(PolicyParams):
+    max_num_batched_tokens: int = param(2048, "token budget per step", positive_int)
+    max_num_seqs: int = param(128, "most running requests", positive_int)
 
-    def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value > 0):
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+    def validate(self) -> None:
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
-
 
 def budget_after_running(obs: Observation, budget: int) -> int:
     """Tokens left in the step budget after every decode and every ongoing prefill chunk."""
@@ -44,7 +41,7 @@ def admit_within_budget(obs: Observation, budget_left: int) -> int:
     for row in rows[: free_slots(obs)]:
         target = row[QUEUE_INDEX["num_prompt_tokens"]] + row[QUEUE_INDEX["num_generated"]]
         first = min(chunk, target, budget_left)
-        need = np.ceil((first + (first == target)) / block)
+        need = num_blocks(first + (first == target), block)
         if budget_left <= 0 or need > blocks:
             break
         budget_left -= first
@@ -61,9 +58,9 @@ class VLLMV1(Policy):
     name = "vllm"
     source = "vLLM V1 scheduler (Kwon et al., SOSP 2023; vLLM v1 engine)"
     rule = "token budget and max_num_seqs; running first; FCFS chunked admission; none in a step that preempted"
+    Params = VLLMParams
+    Params = VLLMParams
 
-    def __init__(self, **params: Any) -> None:
-        self.params = VLLMParams(**params)
 
     @staticmethod
     def search_space(trial) -> dict[str, Any]:

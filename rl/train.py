@@ -66,7 +66,7 @@ class TrainConfig:
         return f"Serving-v0__{self.algo}__{self.resolved_mode}__{self.workload}__s{self.seed}"
 
 
-def make_env(workload: str, mode: str, engine: dict[str, Any], max_episode_steps: int) -> gym.Env:
+def make_training_env(workload: str, mode: str, engine: dict[str, Any], max_episode_steps: int) -> gym.Env:
     from stable_baselines3.common.monitor import Monitor
 
     env = gym.make(ENV_ID, workload=workload, engine=engine, max_episode_steps=max_episode_steps)
@@ -76,7 +76,7 @@ def make_env(workload: str, mode: str, engine: dict[str, Any], max_episode_steps
 def _vec_env(cfg: TrainConfig, n: int, seed: int, subprocess: bool):
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
-    factory = partial(make_env, cfg.workload, cfg.resolved_mode, cfg.engine, cfg.max_episode_steps)
+    factory = partial(make_training_env, cfg.workload, cfg.resolved_mode, cfg.engine, cfg.max_episode_steps)
     vec = SubprocVecEnv([factory] * n) if subprocess and n > 1 else DummyVecEnv([factory] * n)
     vec.seed(seed)
     return vec

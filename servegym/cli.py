@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from servegym.backends import DEFAULT_PROFILE, load_profile, shipped_profiles
 from servegym.engine import EngineConfig
+from servegym.engine.config import LENGTH_MODES
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import make_env, run_episode, write_csvs
 from servegym.stability import workload_stability
@@ -60,9 +61,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{result.steps} steps{' (truncated)' if result.truncated else ''}, "
           f"reward {result.total_reward:.2f}")
     print(format_summary(result.summary))
-    if args.policy == "flow-control":
-        print("stability (flow-control paper):")
-        print(_stability_text(args.workload, args.profile, EngineConfig(**{**engine, **policy.engine_overrides()})))
+    print("stability (flow-control paper's conditions for this workload):")
+    print(_stability_text(args.workload, args.profile, EngineConfig(**{**engine, **policy.engine_overrides()})))
     if args.out:
         req, steps = write_csvs(result.log, args.out)
         print(f"wrote {req} and {steps}")
@@ -194,10 +194,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         policy_rows, timing = fidelity(policy, make_workload(args.workload), args.profile, seed=args.seed,
                                        backend_options=_backend_options(args))
         rows += policy_rows
-        residuals = ", ".join(f"{k} {v:+.1%}" for k, v in timing["residuals"].items() if "count" not in k)
-        timings.append(f"{policy}: {timing['steps']} steps, forward {timing['forward_ms_mean']:.2f} ms, "
-                       f"scheduling/bookkeeping {timing['overhead_ms_mean']:.2f} ms per step; model error on the "
-                       f"real steps: {residuals}")
+        timings.append(f"{policy}: {timing.describe()}")
     table = fidelity_table(rows)
     print(table)
     print("\n".join(timings))
@@ -281,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile", default=DEFAULT_PROFILE,
                      help=f"shipped profile ({', '.join(shipped_profiles())}) or a JSON path")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None)
+    run.add_argument("--length-mode", choices=LENGTH_MODES, default=None)
     run.add_argument("--max-steps", type=int, default=200_000, help="truncate the episode after this many steps")
     run.add_argument("--out", default=None, help="folder for requests.csv and steps.csv")
     run.add_argument("--params", default=None, help="policy parameters file (servegym tune's best_params.json)")
@@ -337,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--study", default=None, help="study name (default <policy>-<workload>-<objective>)")
     tun.add_argument("--pruner", default="median", choices=["median", "halving", "none"])
     tun.add_argument("--sampler-seed", type=int, default=0)
-    tun.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None)
+    tun.add_argument("--length-mode", choices=LENGTH_MODES, default=None)
     tun.add_argument("--out", default=None, help="report folder (default studies/<study>)")
     tun.add_argument("--no-report", action="store_true", help="only add trials (for extra workers)")
     tun.add_argument("--quiet", action="store_true")

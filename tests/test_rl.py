@@ -16,7 +16,7 @@ from gymnasium.utils.env_checker import check_env
 from servegym import ENV_ID
 from servegym.policies import make_policy
 from servegym.rl import AdmitCount, AdmitMask, TokenWindow
-from servegym.rl.train import TrainConfig, algorithm_class, make_env, train
+from servegym.rl.train import TrainConfig, algorithm_class, make_training_env, train
 from tests.conformance import assert_conforms
 
 TINY = {
@@ -65,7 +65,7 @@ def test_incompatible_algorithm_and_mode_is_refused():
 
 
 def test_save_and_load_give_identical_actions(tmp_path):
-    env = make_env("low", "count", {"length_mode": "predicted"}, 300)
+    env = make_training_env("low", "count", {"length_mode": "predicted"}, 300)
     algo = algorithm_class("ppo")
     model = algo("MultiInputPolicy", env, seed=0, **TINY["ppo"])
     model.learn(128)

@@ -168,5 +168,5 @@ def test_calibrate_and_fidelity_commands_run_end_to_end(tmp_path, capsys):
     rows, timing = fidelity("fcfs", fixed(np.linspace(0, 0.3, 6), np.full(6, 20), np.full(6, 8)), str(path),
                             backend_options={"model": "tiny-llama"})
     assert {r.metric for r in rows} >= {"ttft_p50", "itl_mean", "throughput_rps"}
-    assert timing["forward_ms_mean"] > 0 and timing["overhead_ms_mean"] > 0
+    assert timing.forward_ms_mean > 0 and timing.overhead_ms_mean > 0
     assert "relative error" in fidelity_table(rows)
