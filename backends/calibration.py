@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import datetime
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from servegym.backends.base import StepBatch
 from servegym.backends.calibrated import prefill_attention_work, step_latency
 from servegym.backends.profile import LatencyModel, Profile
+
+if TYPE_CHECKING:
+    from servegym.backends.torch_backend import TorchBackend
 
 
 @dataclass(frozen=True)
@@ -133,7 +139,7 @@ class Sweeper:
                                            np.full(ids.size, target or tokens)))
             done += step
 
-    def decode(self, plan: SweepPlan, progress=None) -> list[Sample]:
+    def decode(self, plan: SweepPlan, progress: Callable[[int], object] | None = None) -> list[Sample]:
         samples, empty = [], np.zeros(0, dtype=np.int64)
         for context in plan.contexts:
             ids = self._new_ids(max(plan.batches))
@@ -149,7 +155,7 @@ class Sweeper:
             self.backend.release(ids)
         return samples
 
-    def prefill(self, plan: SweepPlan, progress=None) -> list[Sample]:
+    def prefill(self, plan: SweepPlan, progress: Callable[[int], object] | None = None) -> list[Sample]:
         samples, empty = [], np.zeros(0, dtype=np.int64)
         for start in plan.chunk_starts:
             for chunk in plan.chunks:
@@ -180,7 +186,7 @@ class Sweeper:
         return samples
 
 
-def device_name(backend) -> str:
+def device_name(backend: TorchBackend) -> str:
     if str(backend.device).startswith("cuda"):
         import torch
 
@@ -190,8 +196,8 @@ def device_name(backend) -> str:
     return f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
 
-def calibrate(backend, name: str, plan: SweepPlan | None = None, load_seconds: float | None = None,
-              progress=None) -> tuple[Profile, dict[str, list[Sample]]]:
+def calibrate(backend: TorchBackend, name: str, plan: SweepPlan | None = None, load_seconds: float | None = None,
+              progress: Callable[[int], object] | None = None) -> tuple[Profile, dict[str, list[Sample]]]:
     """Sweep ``backend``, fit the latency model and build a profile with provenance and fit errors."""
     plan = plan or SweepPlan()
     sweeper = Sweeper(backend)
@@ -217,7 +223,7 @@ def calibrate(backend, name: str, plan: SweepPlan | None = None, load_seconds: f
     return profile, samples
 
 
-def plot_fit(profile: Profile, samples: dict[str, list[Sample]], path) -> None:
+def plot_fit(profile: Profile, samples: dict[str, list[Sample]], path: str | Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

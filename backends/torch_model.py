@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 ATTENTION_NAME = "servegym_paged"
 
@@ -41,7 +45,7 @@ class MissingExtraError(ImportError):
     """torch or transformers is not installed."""
 
 
-def require_torch():
+def require_torch() -> tuple[ModuleType, ModuleType]:
     try:
         import torch
         import transformers
@@ -74,7 +78,9 @@ class PagedBatch:
     v_cache: list
 
 
-def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                    **kwargs: Any) -> tuple[torch.Tensor, None]:
     """Attention over the paged cache: write this step's K/V into their slots, then let each sequence's
     query tokens attend to its whole context (one padded SDPA call per row group)."""
     import torch
@@ -113,7 +119,7 @@ def register_attention() -> None:
     AttentionMaskInterface.register(ATTENTION_NAME, _no_mask)
 
 
-def load_model(model: str | Path, device: str, dtype: str, seed: int = 0):
+def load_model(model: str | Path, device: str, dtype: str, seed: int = 0) -> tuple[torch.nn.Module, str]:
     """A preset name (seeded random weights, nothing downloaded) or a local checkpoint directory."""
     torch, transformers = require_torch()
     register_attention()

@@ -112,63 +112,66 @@ class Engine:
         base = backend.baseline_step_s
         self.idle_tick_s: float = config.idle_tick_s or base or 0.05
         self._run = np.zeros((config.max_num_seqs, len(Col)), dtype=np.int64)
-        # Episode state, set by reset().
+        # Episode state: declared here, set by _start() (from here and from reset()).
         self.log: EpisodeLog | None = None
-        self.clock = 0.0
+        self.clock: float
         """This container's time (s): the end of its last iteration."""
-        self.ready_at = -math.inf
+        self.ready_at: float
         """When the model is loaded; nothing is admitted before (inf: cold, never loaded)."""
-        self.idle_since = 0.0
-        self.waiting: np.ndarray = EMPTY
+        self.idle_since: float
+        self.waiting: np.ndarray
         """Request ids waiting to be admitted, queue head first (preempted requests go to the front)."""
-        self.waiting_version = 0
+        self.waiting_version: int
         """Bumped whenever ``waiting`` changes, so observers can cache what they derive from it."""
-        self.num_running = 0
-        self.num_prefilling = 0
-        self.num_used_blocks = 0
-        self.token_load = 0
+        self.num_running: int
+        self.num_prefilling: int
+        self.num_used_blocks: int
+        self.token_load: int
         """Sum over running rows of ``output_hi - num_generated``: an upper bound on tokens still to emit."""
-        self.num_arrived = self.num_finished = self.num_rejected = 0
-        self.itl_last = 0.0
-        self.itl_smoothed = 0.0
-        self.kv_free_delta = 0.0
+        self.num_arrived: int
+        self.num_finished: int
+        self.num_rejected: int
+        self.itl_last: float
+        self.itl_smoothed: float
+        self.kv_free_delta: float
         """EMA of the per-step change of the free KV fraction (negative while the cache fills)."""
-        self.last_dt = 0.0
-        self.step_index = 0
-        self.last: StepOutcome = _IDLE
-        self._kv_free_prev = 1.0
-        self._num_prefill_seqs = 0
-        self._finish_countdown = 0
+        self.last_dt: float
+        self.step_index: int
+        self.last: StepOutcome
+        """What the last iteration did."""
+        self._kv_free_prev: float
+        self._num_prefill_seqs: int
+        self._finish_countdown: int
         """Iterations before any decoding request can finish (0: check now)."""
-        self._phases: np.ndarray | None = None
+        self._phases: np.ndarray | None
         """Decode rows per block phase; None after the table changes."""
+        self._start(0.0, -math.inf)
 
     # ------------------------------------------------------------------ episode
     def reset(self, log: EpisodeLog, rng: np.random.Generator, clock: float, ready_at: float = -math.inf) -> None:
         """Start an episode at ``clock`` with an empty queue; the model is loaded from ``ready_at`` on."""
         self.log = log
         self.backend.reset(rng)
+        self._start(clock, ready_at)
+
+    def _start(self, clock: float, ready_at: float) -> None:
         self.clock = clock
         self.ready_at = ready_at
         self.idle_since = clock
-        self.num_running = 0
-        self.num_prefilling = 0
-        self.num_used_blocks = 0
-        self.token_load = 0
-        self._finish_countdown = 0
-        self._phases = None
         self.waiting = EMPTY
         self.waiting_version = 0
+        self.num_running = self.num_prefilling = self.num_used_blocks = self.token_load = 0
         self.num_arrived = self.num_finished = self.num_rejected = 0
-        base = self.backend.baseline_step_s
         self.itl_last = 0.0
-        self.itl_smoothed = base if base else 0.0
+        self.itl_smoothed = self.backend.baseline_step_s or 0.0
         self.kv_free_delta = 0.0
-        self._kv_free_prev = 1.0
         self.last_dt = 0.0
-        self._num_prefill_seqs = 0
         self.step_index = 0
         self.last = _IDLE
+        self._kv_free_prev = 1.0
+        self._num_prefill_seqs = 0
+        self._finish_countdown = 0
+        self._phases = None
 
     @property
     def has_work(self) -> bool:

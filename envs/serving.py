@@ -12,7 +12,7 @@ from gymnasium import spaces
 from servegym.backends import DEFAULT_PROFILE, Backend, CalibratedBackend, Profile, load_profile
 from servegym.engine import Cluster, Engine, EngineConfig, PoolConfig, StepOutcome
 from servegym.envs.actions import slot_action_masks
-from servegym.envs.observation import ObservationEncoder, observation_space
+from servegym.envs.observation import SCHEMA, ObservationEncoder, observation_space, schema_table
 from servegym.workloads import Workload, make_workload
 
 REWARDS = {
@@ -52,12 +52,10 @@ class ServingEnv(gym.Env):
     A `Dict` of flat float32 boxes (SB3 `MultiInputPolicy`); `queue_matrix(obs)` and `running_matrix(obs)`
     give row views. Rows beyond the live count are zero.
 
-    | key | shape | content |
-    |-----|-------|---------|
-    | `engine` | `(17,)` | `ENGINE_FEATURES`: last and smoothed ITL, baseline `l_min`, batch size, prefilling count, token load, queue depth, KV free fraction and its smoothed rate of change, KV capacity and block size, last step's preempted/admitted/finished, length mode (0 known, 1 predicted, 2 unknown), prefill chunk, step token budget |
-    | `queue` | `(W * 6,)` | per visible waiting request: prompt tokens, wait s, wait steps, output lo, output hi, generated (preempted) |
-    | `pool` | `(num_containers * 6,)` | per container: deciding (1/0), warmth (1 warm, 0 cold, -seconds left while loading), idle s, queue depth, running, KV free fraction |
-    | `running` | `(max_num_seqs * 6,)` | per running request in activation order: prompt tokens, KV tokens, generated, output lo, output hi, prompt tokens left to prefill |
+    Shapes: `engine` `({engine},)`, `queue` `(W * {queue},)`, `running` `(max_num_seqs * {running},)`, `pool`
+    `(num_containers * {pool},)`. Every feature, from `servegym.envs.observation.SCHEMA`:
+
+    {observation_table}
 
     Output lengths show as an interval `[lo, hi]`: exact when `length_mode="known"`, a seeded interval around
     the truth when `"predicted"`, `[1, max_tokens]` when `"unknown"`.
@@ -168,7 +166,8 @@ class ServingEnv(gym.Env):
         """The container whose decision the next ``step`` takes (the only one unless ``pool`` says more)."""
         return self.cluster.engine
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         super().reset(seed=seed)
         self.cluster.reset(self.np_random)
         self._encoder.reset(self.cluster.engines[0])
@@ -177,7 +176,7 @@ class ServingEnv(gym.Env):
                           self.cluster.last_rejected)
         return self._encoder.encode(self.cluster), info
 
-    def step(self, action):
+    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         order = self._decode_action(action)
         step = self.cluster.step(order)
         latency = self.reward_name == "latency"
@@ -249,3 +248,14 @@ class ServingEnv(gym.Env):
         """The engine and pool configuration as plain values (for logs and result files)."""
         both = {**asdict(self.engine_config), **{f"pool_{k}": v for k, v in asdict(self.pool_config).items()}}
         return {k: getattr(v, "value", v) for k, v in both.items()}
+
+
+def _document_observations(doc: str) -> str:
+    """Fill the docstring's observation placeholders from the schema, so docs and spaces cannot drift."""
+    doc = doc.replace("{observation_table}", schema_table().replace("\n", "\n    "))
+    for key, features in SCHEMA.items():
+        doc = doc.replace(f"{{{key}}}", str(len(features)))
+    return doc
+
+
+ServingEnv.__doc__ = _document_observations(ServingEnv.__doc__)

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from servegym.evaluation.grid import TaskResult
 from servegym.evaluation.report import Summary, ordered
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def _pyplot():
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -24,7 +30,8 @@ def focus_workload(workloads: list[str]) -> str:
     return next((w for w in workloads if "burst" in w), workloads[0])
 
 
-def _grouped_bars(ax, summary: Summary, workloads, policies, metric, scale=1.0, ylabel=""):
+def _grouped_bars(ax: Any, summary: Summary, workloads: list[str], policies: list[str], metric: str,
+                  scale: float = 1.0, ylabel: str = "") -> None:
     width = 0.8 / len(policies)
     x = np.arange(len(workloads))
     for i, policy in enumerate(policies):
@@ -36,80 +43,126 @@ def _grouped_bars(ax, summary: Summary, workloads, policies, metric, scale=1.0, 
     ax.grid(axis="y", alpha=0.3)
 
 
-def plot_all(results: list[TaskResult], summary: Summary, out: Path) -> list[Path]:
-    plt = _pyplot()
-    out.mkdir(parents=True, exist_ok=True)
-    workloads, policies = ordered(results)
-    focus = focus_workload(workloads)
-    first_seed = min(r.seed for r in results)
-    written = []
-    wide = max(8.0, min(16.0, 0.25 * len(policies) * len(workloads) + 3))
+@dataclass(frozen=True)
+class Grid:
+    """What every figure reads: the runs, their summary, and the workload and seed the single-run figures show."""
 
-    def save(fig, name):
-        path = out / name
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+    results: list[TaskResult]
+    summary: Summary
+    workloads: list[str]
+    policies: list[str]
+    focus: str
+    first_seed: int
 
+    @property
+    def wide(self) -> float:
+        return max(8.0, min(16.0, 0.25 * len(self.policies) * len(self.workloads) + 3))
+
+    def focus_runs(self) -> list[TaskResult]:
+        return [r for r in self.results if r.workload == self.focus and r.seed == self.first_seed]
+
+
+def ttft_per_request(plt: Any, g: Grid) -> Figure:
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    for r in results:
-        if r.workload == focus and r.seed == first_seed:
-            ax.plot(np.arange(r.ttft_by_request.size), r.ttft_by_request, lw=1, label=r.policy)
-    ax.set(xlabel="request index", ylabel="TTFT (s)", title=f"TTFT per request ({focus}, seed {first_seed})")
+    for r in g.focus_runs():
+        ax.plot(np.arange(r.ttft_by_request.size), r.ttft_by_request, lw=1, label=r.policy)
+    ax.set(xlabel="request index", ylabel="TTFT (s)", title=f"TTFT per request ({g.focus}, seed {g.first_seed})")
     ax.legend(fontsize=7, ncol=2)
-    save(fig, "fig4_ttft_per_request.png")
+    return fig
 
-    fig, axes = plt.subplots(1, len(workloads), figsize=(max(6, 4 * len(workloads)), 4), squeeze=False)
-    for ax, w in zip(axes[0], workloads, strict=True):
-        x = np.arange(len(policies))
+
+def ttft_percentiles(plt: Any, g: Grid) -> Figure:
+    fig, axes = plt.subplots(1, len(g.workloads), figsize=(max(6, 4 * len(g.workloads)), 4), squeeze=False)
+    for ax, w in zip(axes[0], g.workloads, strict=True):
+        x = np.arange(len(g.policies))
         for j, p in enumerate(("ttft_p50", "ttft_p95", "ttft_p99")):
-            ax.bar(x + (j - 1) * 0.27, [summary[(w, pol, p)][0] for pol in policies], 0.27, label=p[-3:].upper())
-        ax.set_xticks(x, policies, rotation=70, fontsize=7)
+            ax.bar(x + (j - 1) * 0.27, [g.summary[(w, pol, p)][0] for pol in g.policies], 0.27, label=p[-3:].upper())
+        ax.set_xticks(x, g.policies, rotation=70, fontsize=7)
         ax.set(title=w, ylabel="TTFT (s)")
     axes[0][0].legend(fontsize=7)
-    save(fig, "fig5_ttft_percentiles.png")
+    return fig
 
-    fig, ax = plt.subplots(figsize=(wide, 4.5))
-    _grouped_bars(ax, summary, workloads, policies, "throughput_rps", ylabel="throughput (req/s)")
+
+def _bars_figure(plt: Any, g: Grid, metric: str, ylabel: str) -> Figure:
+    fig, ax = plt.subplots(figsize=(g.wide, 4.5))
+    _grouped_bars(ax, g.summary, g.workloads, g.policies, metric, ylabel=ylabel)
     ax.legend(fontsize=7, ncol=4)
-    save(fig, "fig6_throughput.png")
+    return fig
 
-    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(policies) + 2), 4.5))
-    samples = [np.concatenate([r.itl_sample for r in results if r.workload == focus and r.policy == p]) * 1e3
-               for p in policies]
+
+def throughput(plt: Any, g: Grid) -> Figure:
+    return _bars_figure(plt, g, "throughput_rps", "throughput (req/s)")
+
+
+def itl_cv(plt: Any, g: Grid) -> Figure:
+    return _bars_figure(plt, g, "itl_cv", "ITL coefficient of variation")
+
+
+def itl_distribution(plt: Any, g: Grid) -> Figure:
+    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(g.policies) + 2), 4.5))
+    samples = [np.concatenate([r.itl_sample for r in g.results if r.workload == g.focus and r.policy == p]) * 1e3
+               for p in g.policies]
     ax.boxplot(samples, showfliers=False)
-    ax.set_xticks(np.arange(1, len(policies) + 1), policies, rotation=60, fontsize=8)
-    ax.set(ylabel="inter-token latency (ms)", title=f"ITL distribution ({focus}, all seeds)")
-    save(fig, "fig7_itl_distribution.png")
+    ax.set_xticks(np.arange(1, len(g.policies) + 1), g.policies, rotation=60, fontsize=8)
+    ax.set(ylabel="inter-token latency (ms)", title=f"ITL distribution ({g.focus}, all seeds)")
+    return fig
 
-    fig, ax = plt.subplots(figsize=(wide, 4.5))
-    _grouped_bars(ax, summary, workloads, policies, "itl_cv", ylabel="ITL coefficient of variation")
-    ax.legend(fontsize=7, ncol=4)
-    save(fig, "fig8_itl_cv.png")
 
-    series = next((r.series for r in results if "window" in r.series and r.workload == focus
-                   and r.seed == first_seed), None)
-    if series:
-        fig, axes = plt.subplots(4, 1, figsize=(9, 8), sharex=True)
-        t = series["time_s"]
-        axes[0].plot(t, series["window"], label="window H_t")
-        axes[0].plot(t, series["token_load"], label="token load K_t", alpha=0.7)
-        axes[0].set_ylabel("tokens")
-        axes[0].legend(fontsize=8)
-        for ax, key, label in zip(axes[1:], ("batch", "queue", "kv_used"), ("batch size", "queue depth", "KV used"),
-                                  strict=True):
-            ax.plot(t, series[key])
-            ax.set_ylabel(label)
-        axes[-1].set_xlabel("time (s)")
-        axes[0].set_title(f"TWP feedback loop ({focus}, seed {first_seed})")
-        save(fig, "twp_feedback.png")
+def twp_feedback(plt: Any, g: Grid) -> Figure | None:
+    """TWP's window against its token load, with batch, queue and KV use (runs whose policy reports a window)."""
+    series = next((r.series for r in g.focus_runs() if "window" in r.series), None)
+    if not series:
+        return None
+    fig, axes = plt.subplots(4, 1, figsize=(9, 8), sharex=True)
+    t = series["time_s"]
+    axes[0].plot(t, series["window"], label="window H_t")
+    axes[0].plot(t, series["token_load"], label="token load K_t", alpha=0.7)
+    axes[0].set_ylabel("tokens")
+    axes[0].legend(fontsize=8)
+    for ax, key, label in zip(axes[1:], ("batch", "queue", "kv_used"), ("batch size", "queue depth", "KV used"),
+                              strict=True):
+        ax.plot(t, series[key])
+        ax.set_ylabel(label)
+    axes[-1].set_xlabel("time (s)")
+    axes[0].set_title(f"TWP feedback loop ({g.focus}, seed {g.first_seed})")
+    return fig
 
-    fig, axes = plt.subplots(2, 2, figsize=(max(10, wide), 7))
+
+def flow_control_panels(plt: Any, g: Grid) -> Figure:
+    fig, axes = plt.subplots(2, 2, figsize=(max(10, g.wide), 7))
     panels = (("e2e_mean", "average latency (s)"), ("e2e_p95", "P95 latency (s)"),
               ("throughput_rps", "request throughput (req/s)"), ("throughput_tps", "token throughput (tok/s)"))
     for ax, (metric, label) in zip(axes.ravel(), panels, strict=True):
-        _grouped_bars(ax, summary, workloads, policies, metric, ylabel=label)
+        _grouped_bars(ax, g.summary, g.workloads, g.policies, metric, ylabel=label)
     axes[0][0].legend(fontsize=6, ncol=3)
-    save(fig, "flow_control_panels.png")
+    return fig
+
+
+FIGURES: dict[str, Callable[[Any, Grid], Figure | None]] = {
+    "fig4_ttft_per_request.png": ttft_per_request,
+    "fig5_ttft_percentiles.png": ttft_percentiles,
+    "fig6_throughput.png": throughput,
+    "fig7_itl_distribution.png": itl_distribution,
+    "fig8_itl_cv.png": itl_cv,
+    "twp_feedback.png": twp_feedback,
+    "flow_control_panels.png": flow_control_panels,
+}
+"""File name -> figure builder; a builder returns None when the runs hold nothing for it to draw."""
+
+
+def plot_all(results: list[TaskResult], summary: Summary, out: Path) -> list[Path]:
+    """Draw every figure in :data:`FIGURES` into ``out``; return the files written."""
+    plt = _pyplot()
+    out.mkdir(parents=True, exist_ok=True)
+    workloads, policies = ordered(results)
+    grid = Grid(results, summary, workloads, policies, focus_workload(workloads), min(r.seed for r in results))
+    written = []
+    for name, build in FIGURES.items():
+        fig = build(plt, grid)
+        if fig is None:
+            continue
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        written.append(out / name)
     return written

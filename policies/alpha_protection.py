@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from servegym.policies.base import Observation, Policy, admit_first, register_policy
 from servegym.policies.common import fcfs_count, free_blocks, total_blocks
 from servegym.policies.params import PolicyParams, in_range, param
+
+if TYPE_CHECKING:
+    import optuna
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class AlphaProtection(Policy):
 
 
     @staticmethod
-    def search_space(trial) -> dict[str, Any]:
+    def search_space(trial: optuna.Trial) -> dict[str, Any]:
         return {"alpha": trial.suggest_float("alpha", 0.0, 0.6)}
 
     def engine_overrides(self) -> dict[str, Any]:

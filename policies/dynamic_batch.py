@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from servegym.policies.base import Observation, Policy, admit_first, engine_feature, register_policy
 from servegym.policies.common import fcfs_count
 from servegym.policies.params import PolicyParams, param, positive_int, positive_number
+
+if TYPE_CHECKING:
+    import optuna
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class DynamicBatch(Policy):
 
 
     @staticmethod
-    def search_space(trial) -> dict[str, Any]:
+    def search_space(trial: optuna.Trial) -> dict[str, Any]:
         return {"itl_target_s": trial.suggest_float("itl_target_s", 0.02, 2.0, log=True)}
 
     def act(self, obs: Observation) -> np.ndarray:

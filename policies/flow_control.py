@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from servegym.policies.base import Observation, Policy, admit_first, register_policy
 from servegym.policies.common import fcfs_count, free_slots, visible_queue
 from servegym.policies.params import PolicyParams, param, positive_number
+
+if TYPE_CHECKING:
+    import optuna
 
 _ROUNDING = 1e-9
 """Tolerance for summing a float budget: repeated additions of ``b`` fall just short of whole numbers."""
@@ -41,7 +44,7 @@ class FlowControl(Policy):
 
 
     @staticmethod
-    def search_space(trial) -> dict[str, Any]:
+    def search_space(trial: optuna.Trial) -> dict[str, Any]:
         return {"activation_budget": trial.suggest_float("activation_budget", 0.05, 32.0, log=True)}
 
     def engine_overrides(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from servegym.policies.common import (
     visible_queue,
 )
 from servegym.policies.params import PolicyParams, in_range, optional, param, positive_int, positive_number
+
+if TYPE_CHECKING:
+    import optuna
 
 _Q = QUEUE_INDEX
 
@@ -70,7 +73,7 @@ class TokenWindowPacing(Policy):
 
 
     @staticmethod
-    def search_space(trial) -> dict[str, Any]:
+    def search_space(trial: optuna.Trial) -> dict[str, Any]:
         """H0, gamma and C (the paper's three knobs), plus T_max and the KV guard."""
         return {
             "initial_window": trial.suggest_float("initial_window", 50.0, 8000.0, log=True),

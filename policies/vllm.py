@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,6 +12,9 @@ from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX
 from servegym.policies.base import Observation, Policy, admit_first, engine_feature, register_policy
 from servegym.policies.common import free_blocks, free_slots, running_rows, visible_queue
 from servegym.policies.params import PolicyParams, param, positive_int
+
+if TYPE_CHECKING:
+    import optuna
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class VLLMV1(Policy):
 
 
     @staticmethod
-    def search_space(trial) -> dict[str, Any]:
+    def search_space(trial: optuna.Trial) -> dict[str, Any]:
         return {"max_num_batched_tokens": trial.suggest_int("max_num_batched_tokens", 128, 8192, log=True)}
 
     def engine_overrides(self) -> dict[str, Any]:

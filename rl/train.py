@@ -12,12 +12,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
 from servegym import ENV_ID
 from servegym.rl.wrappers import wrap
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
 
 ALGOS = ("ppo", "a2c", "dqn", "sac", "maskable-ppo")
 DEFAULT_MODE = {"ppo": "count", "a2c": "count", "dqn": "count", "sac": "window", "maskable-ppo": "admit"}
@@ -82,7 +85,7 @@ def _vec_env(cfg: TrainConfig, n: int, seed: int, subprocess: bool):
     return vec
 
 
-def algorithm_class(name: str):
+def algorithm_class(name: str) -> type[BaseAlgorithm]:
     if name == "maskable-ppo":
         from sb3_contrib import MaskablePPO
 

@@ -48,12 +48,12 @@ def count_action(obs: Observation, count: int) -> np.ndarray:
 class _ObservingWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Keeps the latest observation so the action mapping can read it."""
 
-    def reset(self, **kwargs):
+    def reset(self, **kwargs: Any) -> tuple[Observation, dict[str, Any]]:
         obs, info = self.env.reset(**kwargs)
         self._obs = obs
         return obs, info
 
-    def step(self, action):
+    def step(self, action: Any) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(self.to_env_action(self._obs, action))
         self._obs = obs
         return obs, reward, terminated, truncated, info

@@ -144,3 +144,31 @@ def test_checkers_pass_on_a_serverless_pool():
         warnings.simplefilter("error")
         check_env(make("burst", pool=pool).unwrapped, skip_render_check=False)
         sb3_check_env(ServingEnv(workload="burst", pool=pool), warn=True)
+
+
+def test_every_engine_feature_is_the_named_engine_quantity():
+    # The encoder builds obs["engine"] positionally for speed; this pins each position to its schema name, on a
+    # tight cache where preemption, prefilling and a falling KV fraction all show.
+    env = make("burst", engine={"num_kv_blocks": 300, "length_mode": "predicted", "prefill_chunk_tokens": 128})
+    obs, _ = env.reset(seed=3)
+    seen_preemption = False
+    for _ in range(400):
+        obs, _, _, _, info = env.step(admit_all(env))
+        e = env.unwrapped.engine
+        cfg = e.config
+        expected = {
+            "itl_last_s": e.itl_last, "itl_smoothed_s": e.itl_smoothed, "baseline_step_s": 0.043,
+            "num_running": e.num_running, "num_prefilling": e.num_prefilling, "token_load": e.token_load,
+            "num_waiting": e.waiting.size, "kv_free_frac": 1 - e.num_used_blocks / e.num_kv_blocks,
+            "kv_free_delta": e.kv_free_delta, "kv_capacity_tokens": e.num_kv_blocks * e.block_size,
+            "kv_block_size": e.block_size, "last_num_preemptions": info["num_preemptions"],
+            "last_num_admitted": info["num_admitted"], "last_num_finished": info["num_finished"],
+            "length_mode": 1.0, "prefill_chunk_tokens": cfg.prefill_chunk_tokens,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        }
+        assert set(expected) == set(ENGINE_FEATURES)
+        actual = dict(zip(ENGINE_FEATURES, obs["engine"], strict=True))
+        for name, value in expected.items():
+            assert actual[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+        seen_preemption |= info["num_preemptions"] > 0
+    assert seen_preemption

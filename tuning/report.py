@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -11,6 +12,9 @@ from servegym.evaluation.stats import mean_ci
 from servegym.tuning.objectives import get_objective
 from servegym.tuning.study import TUNING_SEED_BASE, TuneConfig, best_params, evaluate, write_params
 from servegym.workloads import make_workload
+
+if TYPE_CHECKING:
+    import optuna
 
 REPORT_METRICS = ("goodput_rps", "throughput_rps", "ttft_p99", "itl_p99", "itl_cv", "e2e_mean")
 
@@ -44,7 +48,7 @@ def _plots(study, out: Path) -> list[Path]:
     return written
 
 
-def report(cfg: TuneConfig, study, out: Path) -> dict:
+def report(cfg: TuneConfig, study: optuna.Study, out: Path) -> dict[str, Any]:
     """Write ``best_params.json``, the plots and ``report.md``; return the summary numbers."""
     import optuna
 

@@ -7,9 +7,10 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,6 +18,9 @@ from servegym.policies import POLICIES, make_policy
 from servegym.runner import make_env, run_episode
 from servegym.tuning.objectives import Objective, get_objective
 from servegym.workloads import Workload, make_workload
+
+if TYPE_CHECKING:
+    import optuna
 
 TUNING_SEED_BASE = 10_000
 """Tuning episodes use seeds from here on; evaluation uses seeds 0.. (disjoint by construction)."""
@@ -62,7 +66,7 @@ class TuneConfig:
         return self.storage or f"sqlite:///studies/{self.name}.db"
 
 
-def make_storage(url: str):
+def make_storage(url: str) -> optuna.storages.BaseStorage:
     """An Optuna storage from a URL: any RDB URL (sqlite:///, postgresql://, mysql://) or ``journal:PATH``
     for a JournalStorage on a shared file (the safest choice for many processes on one machine or an NFS)."""
     import optuna
@@ -91,7 +95,8 @@ def evaluate(policy: str, params: dict[str, Any], workload: Workload, seeds: lis
     return out
 
 
-def objective_function(cfg: TuneConfig, objective: Objective, workload: Workload):
+def objective_function(cfg: TuneConfig, objective: Objective,
+                       workload: Workload) -> Callable[[optuna.Trial], float | tuple[float, ...]]:
     import optuna
 
     space = POLICIES[cfg.policy].search_space
@@ -126,7 +131,7 @@ def _pruner(name: str):
     return optuna.pruners.NopPruner()
 
 
-def load_study(cfg: TuneConfig):
+def load_study(cfg: TuneConfig) -> optuna.Study:
     import optuna
 
     objective = get_objective(cfg.objective)
@@ -137,7 +142,7 @@ def load_study(cfg: TuneConfig):
                                pruner=_pruner(cfg.pruner), load_if_exists=True)
 
 
-def tune(cfg: TuneConfig, progress: bool = True):
+def tune(cfg: TuneConfig, progress: bool = True) -> optuna.Study:
     """Run ``cfg.trials`` more trials on the (possibly shared, possibly resumed) study; return the study.
 
     A trial that raises is recorded as failed and the study goes on. SIGTERM and Ctrl-C stop after marking
@@ -149,7 +154,7 @@ def tune(cfg: TuneConfig, progress: bool = True):
     workload = make_workload(cfg.workload)
     previous = signal.getsignal(signal.SIGTERM)
 
-    def on_term(signum, frame):
+    def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt("SIGTERM")
 
     signal.signal(signal.SIGTERM, on_term)
@@ -163,7 +168,7 @@ def tune(cfg: TuneConfig, progress: bool = True):
     return study
 
 
-def best_params(study) -> dict[str, Any]:
+def best_params(study: optuna.Study) -> dict[str, Any]:
     """The best trial's parameters (for multi-objective studies: the Pareto trial with the best first value)."""
     import optuna
 
