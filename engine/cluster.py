@@ -19,6 +19,7 @@ from servegym.engine.config import EngineConfig, LengthMode, as_enum
 from servegym.engine.engine import Engine, StepOutcome
 from servegym.engine.log import EpisodeLog
 from servegym.engine.routing import ROUTERS, Router
+from servegym.engine.validation import non_negative_number, optional, positive_int, positive_number
 from servegym.workloads.base import Workload
 
 
@@ -41,15 +42,10 @@ class PoolConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "router", as_enum(Router, "router", self.router))
-        n = self.num_containers
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"num_containers must be an int >= 1, got {n!r}")
+        positive_int("num_containers", self.num_containers)
         for name in ("keep_alive_s", "cold_start_s"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be None or a finite number >= 0, got {value!r}")
-        if not (math.isfinite(self.cold_start_scale) and self.cold_start_scale > 0):
-            raise ValueError(f"cold_start_scale must be a finite number > 0, got {self.cold_start_scale!r}")
+            optional(non_negative_number)(name, getattr(self, name))
+        positive_number("cold_start_scale", self.cold_start_scale)
 
 
 class ClusterStep(NamedTuple):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from servegym.engine.validation import positive_int
+
 
 class PreemptionRule(StrEnum):
     """Which running requests are evicted (by recompute) when an iteration would overflow the KV cache."""
@@ -38,11 +40,6 @@ def as_enum(enum: type[StrEnum], name: str, value: object) -> StrEnum:
         return enum(value)
     except ValueError:
         raise ValueError(f"{name} must be one of {[m.value for m in enum]}, got {value!r}") from None
-
-
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -91,10 +88,10 @@ class EngineConfig:
         object.__setattr__(self, "preemption", as_enum(PreemptionRule, "preemption", self.preemption))
         object.__setattr__(self, "length_mode", as_enum(LengthMode, "length_mode", self.length_mode))
         for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk_tokens", "max_tokens"):
-            _positive_int(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         for name in ("num_kv_blocks", "block_size", "max_prefill_tokens"):
             if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name))
+                positive_int(name, getattr(self, name))
         if self.prefill_chunk_tokens > self.max_num_batched_tokens:
             raise ValueError(
                 f"prefill_chunk_tokens ({self.prefill_chunk_tokens}) exceeds max_num_batched_tokens "

@@ -11,6 +11,7 @@ from gymnasium import spaces
 
 from servegym.backends import DEFAULT_PROFILE, Backend, CalibratedBackend, Profile, load_profile
 from servegym.engine import Cluster, Engine, EngineConfig, PoolConfig, StepOutcome
+from servegym.engine.validation import positive_int
 from servegym.envs.actions import slot_action_masks
 from servegym.envs.observation import SCHEMA, ObservationEncoder, observation_space, schema_table
 from servegym.workloads import Workload, make_workload
@@ -123,8 +124,7 @@ class ServingEnv(gym.Env):
             pool = PoolConfig(**pool)
         self.engine_config = engine or EngineConfig()
         self.pool_config = pool or PoolConfig()
-        if isinstance(queue_window, bool) or not isinstance(queue_window, int) or queue_window < 1:
-            raise ValueError(f"queue_window must be a positive int, got {queue_window!r}")
+        positive_int("queue_window", queue_window)
         if reward not in REWARDS:
             raise ValueError(f"unknown reward {reward!r}; choose from {sorted(REWARDS)}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:

@@ -9,6 +9,7 @@ import pytest
 
 from servegym.backends import ProfileError, load_profile
 from servegym.engine import EngineConfig
+from servegym.policies import make_policy
 from servegym.workloads import RequestSpec, TraceError, TraceWorkload
 from tests.conftest import admit_all, fixed, make
 
@@ -163,3 +164,39 @@ def test_bad_trace_files_name_file_line_and_problem(tmp_path, body, match):
     with pytest.raises(TraceError, match=match) as err:
         TraceWorkload(str(path)).sample(np.random.default_rng(0))
     assert str(path.resolve()) in str(err.value) or str(path) in str(err.value)
+
+
+def _rate(v):
+    from servegym.workloads import Poisson
+
+    return Poisson(v)
+
+
+def _cold_start_scale(v):
+    from servegym.engine import PoolConfig
+
+    return PoolConfig(cold_start_scale=v)
+
+
+def _max_num_seqs(v):
+    from servegym.engine import EngineConfig
+
+    return EngineConfig(max_num_seqs=v)
+
+
+def _twp_window(v):
+    return make_policy("twp", initial_window=v)
+
+
+def _vllm_seqs(v):
+    return make_policy("vllm", max_num_seqs=v)
+
+
+@pytest.mark.parametrize("bad", [True, float("nan"), float("inf"), "3", -1, 0])
+@pytest.mark.parametrize(("build", "field"), [(_rate, "rate"), (_cold_start_scale, "cold_start_scale"),
+                                              (_max_num_seqs, "max_num_seqs"), (_twp_window, "initial_window"),
+                                              (_vllm_seqs, "max_num_seqs")])
+def test_every_config_rejects_bools_nan_strings_and_non_positive_values_alike(build, field, bad):
+    # One set of validators: a bool is not a number, NaN and inf are not finite, and the error names the field.
+    with pytest.raises(ValueError, match=field):
+        build(bad)

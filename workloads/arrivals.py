@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+from servegym.engine.validation import positive_number
 
 
 class ArrivalProcess(Protocol):
@@ -36,8 +37,7 @@ class Poisson:
     rate: float
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.rate) and self.rate > 0):
-            raise ValueError(f"rate must be a finite number > 0, got {self.rate}")
+        positive_number("rate", self.rate)
 
     def sample(self, rng: np.random.Generator, duration_s: float) -> np.ndarray:
         return _renewal(rng, duration_s, lambda n: rng.exponential(1.0 / self.rate, n))
@@ -57,10 +57,8 @@ class Gamma:
     cv: float
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.rate) and self.rate > 0):
-            raise ValueError(f"rate must be a finite number > 0, got {self.rate}")
-        if not (math.isfinite(self.cv) and self.cv > 0):
-            raise ValueError(f"cv must be a finite number > 0, got {self.cv}")
+        positive_number("rate", self.rate)
+        positive_number("cv", self.cv)
 
     def sample(self, rng: np.random.Generator, duration_s: float) -> np.ndarray:
         shape = 1.0 / self.cv**2
@@ -85,9 +83,7 @@ class MarkovModulated:
 
     def __post_init__(self) -> None:
         for name in ("base_rate", "burst_rate", "calm_s", "burst_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+            positive_number(name, getattr(self, name))
 
     def sample(self, rng: np.random.Generator, duration_s: float) -> np.ndarray:
         parts, t, burst = [], 0.0, False

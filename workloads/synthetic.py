@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from servegym.engine.validation import optional, positive_int, positive_number
 from servegym.workloads.arrivals import ArrivalProcess
 from servegym.workloads.base import RequestSpec
 from servegym.workloads.lengths import LengthDist, PairedEmpirical
@@ -28,12 +28,10 @@ class SyntheticWorkload:
     max_requests: int | None = None
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
-            raise ValueError(f"duration_s must be a finite number > 0, got {self.duration_s}")
+        positive_number("duration_s", self.duration_s)
         if (self.paired is None) == (self.prompt is None or self.output is None):
             raise ValueError("give either both prompt and output distributions, or paired")
-        if self.max_requests is not None and self.max_requests < 1:
-            raise ValueError(f"max_requests must be >= 1, got {self.max_requests}")
+        optional(positive_int)("max_requests", self.max_requests)
 
     def sample(self, rng: np.random.Generator) -> RequestSpec:
         arrival = self.arrivals.sample(rng, self.duration_s)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from servegym.engine.validation import positive_number
 from servegym.workloads.base import RequestSpec
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -96,8 +97,7 @@ class TraceWorkload:
     duration_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
-            raise ValueError(f"time_scale must be a finite number > 0, got {self.time_scale}")
+        positive_number("time_scale", self.time_scale)
         if self.start < 0:
             raise ValueError(f"start must be >= 0, got {self.start}")
 
