@@ -3,6 +3,7 @@
 from servegym.backends.base import Backend, StepBatch
 from servegym.backends.calibrated import CalibratedBackend, step_latency
 from servegym.backends.profile import LatencyModel, Profile, ProfileError, load_profile, shipped_profiles
+from servegym.backends.token_model import TokenLatencyModel
 
 DEFAULT_PROFILE = "paper-v100-llama3.2-3b"
 
@@ -14,6 +15,7 @@ __all__ = [
     "Profile",
     "ProfileError",
     "StepBatch",
+    "TokenLatencyModel",
     "load_profile",
     "shipped_profiles",
     "step_latency",

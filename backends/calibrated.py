@@ -10,33 +10,10 @@ from servegym.backends.base import StepBatch
 from servegym.backends.profile import LatencyModel, Profile
 
 
-def step_latency(
-    model: LatencyModel,
-    decode_batch: int,
-    prefill_tokens: float = 0.0,
-    prefill_attention: float = 0.0,
-    decode_context: float = 0.0,
-) -> float:
-    """Noise-free latency of one iteration.
-
-    ``l(B) = l_min + alpha * max(0, B - B0)`` for ``B`` decoding requests, plus
-    ``prefill_s_per_token * prefill_tokens``, plus ``prefill_s_per_token_context * prefill_attention``
-    (the sum over chunk tokens of the context each attends to), plus
-    ``decode_s_per_context_token * decode_context`` (KV tokens read by the decodes).
-    """
-    excess = decode_batch - model.saturation_batch
-    latency = model.l_min_s + (model.alpha_s * excess if excess > 0 else 0.0)
-    return (
-        latency
-        + model.prefill_s_per_token * prefill_tokens
-        + model.prefill_s_per_token_context * prefill_attention
-        + model.decode_s_per_context_token * decode_context
-    )
-
-
-def prefill_attention_work(start: np.ndarray, length: np.ndarray) -> float:
-    """Sum over chunk tokens of their attention context: token j of a chunk sees ``start + j + 1`` tokens."""
-    return float(np.dot(length, start + (length + 1) * 0.5))
+def step_latency(model: LatencyModel, decode_batch: int, prefill_tokens: float = 0.0,
+                 prefill_attention: float = 0.0, decode_context: float = 0.0) -> float:
+    """Noise-free latency of one iteration under a schema-1 model (see :meth:`LatencyModel.step_s`)."""
+    return model.step_s(decode_batch, prefill_tokens, prefill_attention, decode_context)
 
 
 class CalibratedBackend:
@@ -60,15 +37,7 @@ class CalibratedBackend:
         self._rng = rng
 
     def execute(self, batch: StepBatch) -> float:
-        model = self.model
-        prefill_tokens = prefill_attention = decode_context = 0.0
-        if batch.prefill_len.size:
-            prefill_tokens = float(batch.prefill_len.sum())
-            if model.prefill_s_per_token_context:
-                prefill_attention = prefill_attention_work(batch.prefill_start, batch.prefill_len)
-        if model.decode_s_per_context_token and batch.decode_context.size:
-            decode_context = float(batch.decode_context.sum())
-        latency = step_latency(model, batch.decode_ids.size, prefill_tokens, prefill_attention, decode_context)
+        latency = self.model.iteration_s(batch)
         if self._sigma:
             if self._rng is None:
                 raise RuntimeError("CalibratedBackend.execute called before reset(rng)")

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from servegym.backends.base import StepBatch
+from servegym.backends.token_model import ProfileValueError, TokenLatencyModel, prefill_attention_work
+
 SCHEMA_VERSION = 1
+"""Schema 1: the batch-keyed model (:class:`LatencyModel`); schema 2: the token-keyed
+:class:`~servegym.backends.token_model.TokenLatencyModel`. Both load."""
+SCHEMA_VERSIONS = (1, 2)
 
 
 class ProfileError(ValueError):
@@ -43,24 +49,62 @@ class LatencyModel:
         if not isinstance(self.saturation_batch, int) or self.saturation_batch < 1:
             raise ProfileError(f"latency.saturation_batch must be an int >= 1, got {self.saturation_batch!r}")
 
+    def step_s(self, decode_batch: int, prefill_tokens: float = 0.0, prefill_attention: float = 0.0,
+               decode_context: float = 0.0) -> float:
+        """Noise-free latency of one iteration.
+
+        ``l(B) = l_min + alpha * max(0, B - B0)`` for ``B`` decoding requests, plus
+        ``prefill_s_per_token * prefill_tokens``, plus ``prefill_s_per_token_context * prefill_attention``
+        (the sum over chunk tokens of the context each attends to), plus
+        ``decode_s_per_context_token * decode_context`` (KV tokens read by the decodes).
+        """
+        excess = decode_batch - self.saturation_batch
+        latency = self.l_min_s + (self.alpha_s * excess if excess > 0 else 0.0)
+        return (
+            latency
+            + self.prefill_s_per_token * prefill_tokens
+            + self.prefill_s_per_token_context * prefill_attention
+            + self.decode_s_per_context_token * decode_context
+        )
+
+    def iteration_s(self, batch: StepBatch) -> float:
+        prefill_tokens = prefill_attention = decode_context = 0.0
+        if batch.prefill_len.size:
+            prefill_tokens = float(batch.prefill_len.sum())
+            if self.prefill_s_per_token_context:
+                prefill_attention = prefill_attention_work(batch.prefill_start, batch.prefill_len)
+        if self.decode_s_per_context_token and batch.decode_context.size:
+            decode_context = float(batch.decode_context.sum())
+        return self.step_s(batch.decode_ids.size, prefill_tokens, prefill_attention, decode_context)
+
+    def decode_s(self, batch: int, context: float = 0.0) -> float:
+        """An iteration of ``batch`` decoding requests, each holding ``context`` KV tokens."""
+        return self.step_s(batch, 0.0, 0.0, batch * context)
+
+    def prefill_s(self, prompt: int, batch: int = 1) -> float:
+        """An iteration that prefills ``batch`` whole prompts of ``prompt`` tokens, no decodes."""
+        return self.step_s(0, batch * prompt, batch * prompt * (prompt + 1) / 2.0)
+
 
 @dataclass(frozen=True)
 class Profile:
     """A calibrated-backend profile: the latency model, the KV cache size and where they came from."""
 
     name: str
-    latency: LatencyModel
+    latency: LatencyModel | TokenLatencyModel
     num_kv_blocks: int
     block_size: int
     cold_start_s: float
     provenance: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
+        token = isinstance(self.latency, TokenLatencyModel)
+        latency = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.latency).items()}
         return {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": 2 if token else 1,
             "name": self.name,
             "provenance": self.provenance,
-            "latency": asdict(self.latency),
+            "latency": latency,
             "kv_cache": {"num_blocks": self.num_kv_blocks, "block_size": self.block_size},
             "cold_start_s": self.cold_start_s,
         }
@@ -88,14 +132,24 @@ def profile_from_dict(data: Any, source: str = "<dict>") -> Profile:
     """Validate a parsed profile; every error names ``source`` and the offending key."""
     try:
         _check_keys(source, data, _TOP_KEYS)
-        if data["schema_version"] != SCHEMA_VERSION:
-            raise ProfileError(f"schema_version {data['schema_version']!r} unsupported (expected {SCHEMA_VERSION})")
+        version = data["schema_version"]
+        if isinstance(version, bool) or version not in SCHEMA_VERSIONS:
+            raise ProfileError(f"schema_version {version!r} unsupported (supported: {list(SCHEMA_VERSIONS)})")
         prov = data["provenance"]
         if not isinstance(prov, dict) or not set(prov) >= _PROVENANCE_KEYS:
             raise ProfileError(f"provenance must be an object with at least {sorted(_PROVENANCE_KEYS)}")
         lat = data["latency"]
-        _check_keys("latency", lat, {"l_min_s", "saturation_batch", "alpha_s", "prefill_s_per_token"},
-                    {"prefill_s_per_token_context", "decode_s_per_context_token", "noise_cv"})
+        if version == 1:
+            _check_keys("latency", lat, {"l_min_s", "saturation_batch", "alpha_s", "prefill_s_per_token"},
+                        {"prefill_s_per_token_context", "decode_s_per_context_token", "noise_cv"})
+            latency: LatencyModel | TokenLatencyModel = LatencyModel(**lat)
+        else:
+            names = {f.name for f in fields(TokenLatencyModel)}
+            _check_keys("latency", lat, names - {"noise_cv"}, {"noise_cv"})
+            try:
+                latency = TokenLatencyModel(**lat)
+            except ProfileValueError as err:
+                raise ProfileError(f"latency.{err}") from None
         kv = data["kv_cache"]
         _check_keys("kv_cache", kv, {"num_blocks", "block_size"})
         for key in ("num_blocks", "block_size"):
@@ -109,7 +163,7 @@ def profile_from_dict(data: Any, source: str = "<dict>") -> Profile:
             raise ProfileError("name must be a non-empty string")
         return Profile(
             name=data["name"],
-            latency=LatencyModel(**lat),
+            latency=latency,
             num_kv_blocks=kv["num_blocks"],
             block_size=kv["block_size"],
             cold_start_s=float(cold),

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from servegym.backends import DEFAULT_PROFILE, load_profile, shipped_profiles
+from servegym.cli_profile import add_profile_parser
 from servegym.engine import EngineConfig
 from servegym.engine.config import LENGTH_MODES
 from servegym.policies import POLICIES, make_policy
@@ -363,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     stab.set_defaults(func=cmd_stability)
     sub.add_parser("policies", help="list the registered policies").set_defaults(func=cmd_policies)
     sub.add_parser("workloads", help="list the named workloads").set_defaults(func=cmd_workloads)
+    add_profile_parser(sub)
     return parser
 
 

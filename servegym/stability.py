@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servegym.backends import LatencyModel, Profile, step_latency
+from servegym.backends import LatencyModel, Profile, TokenLatencyModel
 from servegym.engine import EngineConfig
 from servegym.workloads import Workload
 
@@ -40,12 +40,13 @@ def suggest_budget(mean_token_steps: float, kv_tokens: float, eps: float) -> flo
     return (1.0 - eps) * kv_tokens / mean_token_steps
 
 
-def step_time_at_load(rate_per_s: float, mean_output: float, model: LatencyModel, max_batch: float) -> float:
+def step_time_at_load(rate_per_s: float, mean_output: float, model: LatencyModel | TokenLatencyModel,
+                      max_batch: float) -> float:
     """Decode step latency at the concurrency ``B = rate * step * E[o]`` (fixed point, capped at max_batch)."""
     step = model.l_min_s
     for _ in range(100):
         batch = min(max_batch, rate_per_s * step * mean_output)
-        new = step_latency(model, round(batch))
+        new = model.decode_s(round(batch))
         if abs(new - step) < 1e-12:
             break
         step = new
@@ -86,7 +87,8 @@ class StabilityReport:
         ]
 
 
-def analyse(prompt: np.ndarray, output: np.ndarray, rate_per_s: float, kv_tokens: int, model: LatencyModel,
+def analyse(prompt: np.ndarray, output: np.ndarray, rate_per_s: float, kv_tokens: int,
+            model: LatencyModel | TokenLatencyModel,
             max_batch: int, eps: float = 0.1) -> StabilityReport:
     """Stability report for requests like ``(prompt, output)`` arriving at ``rate_per_s``."""
     if not 0 <= eps < 1:

@@ -1,0 +1,160 @@
+"""Profile schema 2: an iteration's time as a sum of named terms keyed on the tokens it processes.
+
+On a GPU the linear layers' time depends on ``T``, the tokens in the iteration (decodes plus prefill-chunk
+tokens): flat while the GEMMs are memory-bound, then growing. Attention does not: decode attention reads every
+KV byte of every decoding request, prefill attention does ``chunk x context`` work. So one iteration costs
+
+* ``cpu``: host-side scheduling, input preparation, sampling and output processing, by the number of rows;
+* ``linear``: every layer's linear operators (QKV, output, MLP, norms, rotary, activation, residual) and the
+  embedding, interpolated (monotone, piecewise linear) from a measured sweep over ``T``;
+* ``allreduce``: tensor parallelism's two all-reduces per layer of ``T x hidden`` fp16 values, from a measured
+  all-reduce table (zero on one GPU);
+* ``decode_attention``: KV bytes read by the decoding requests over the effective memory bandwidth;
+* ``prefill_attention``: FLOPs of each chunk token against its context over the effective FLOP rate;
+* ``lm_head``: the vocabulary projection of the rows that emit a token, on the roofline (weights read once,
+  or FLOPs, whichever is slower).
+
+:func:`servegym.backends.build.build_profile` fills one from Vidur-format tables; each term's provenance is in
+the profile file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from servegym.backends.base import StepBatch
+
+
+class ProfileValueError(ValueError):
+    """A schema-2 latency field is invalid (the loader prefixes the file and key)."""
+
+
+def _interp(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
+    """Piecewise-linear through the knots; beyond the last knot the last segment's slope continues, below the
+    first knot the first value holds."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        if len(xs) == 1:
+            return ys[-1]
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + slope * (x - xs[-1])
+    return float(np.interp(x, xs, ys))
+
+
+def _check_knots(name: str, xs: tuple[float, ...], ys: tuple[float, ...]) -> None:
+    if len(xs) == 0 or len(xs) != len(ys):
+        raise ProfileValueError(f"{name}: need as many knots as values, at least one (got {len(xs)}, {len(ys)})")
+    if any(not math.isfinite(v) for v in (*xs, *ys)):
+        raise ProfileValueError(f"{name}: knots and values must be finite numbers")
+    if any(b <= a for a, b in itertools.pairwise(xs)):
+        raise ProfileValueError(f"{name}: knots must increase strictly")
+    if any(b < a for a, b in itertools.pairwise(ys)) or ys[0] < 0:
+        raise ProfileValueError(f"{name}: values must be >= 0 and non-decreasing (a monotone fit)")
+
+
+@dataclass(frozen=True)
+class TokenLatencyModel:
+    """Schema-2 iteration latency: ``cpu + linear + allreduce + decode_attention + prefill_attention + lm_head``."""
+
+    cpu_rows: tuple[float, ...] = field(metadata={"help": "knots: requests (rows) in the iteration"})
+    cpu_s: tuple[float, ...] = field(metadata={"help": "host-side seconds per iteration at each knot"})
+    linear_tokens: tuple[float, ...] = field(metadata={"help": "knots: tokens in the iteration (T)"})
+    linear_s: tuple[float, ...] = field(metadata={"help": "all layers' linear operators plus embedding (s)"})
+    allreduce_s: tuple[float, ...] = field(
+        metadata={"help": "all layers' tensor-parallel all-reduces at each linear_tokens knot (s); zeros on one GPU"}
+    )
+    kv_bytes_per_token: float = field(metadata={"help": "K and V bytes per token over all layers, per GPU"})
+    decode_bandwidth_bytes_s: float = field(
+        metadata={"help": "effective memory bandwidth of decode attention: data-sheet bandwidth x efficiency"}
+    )
+    attention_flops_per_pair: float = field(
+        metadata={"help": "FLOPs per (query token, context token) pair over all layers, per GPU: 4 x heads x dim"}
+    )
+    prefill_flops_s: float = field(
+        metadata={"help": "effective FLOP/s of prefill attention: stated fp16 peak x efficiency"}
+    )
+    lm_head_bytes: float = field(metadata={"help": "vocabulary-projection weight bytes per GPU"})
+    lm_head_flops_per_row: float = field(metadata={"help": "2 x hidden x vocab / TP FLOPs per emitting row"})
+    memory_bandwidth_bytes_s: float = field(metadata={"help": "data-sheet memory bandwidth (bytes/s)"})
+    peak_flops_s: float = field(metadata={"help": "stated fp16 dense peak FLOP/s"})
+    noise_cv: float = field(default=0.0, metadata={"help": "coefficient of variation of multiplicative noise"})
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple | list):
+                object.__setattr__(self, f.name, tuple(float(v) for v in value))
+            elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ProfileValueError(f"{f.name} must be a finite number, got {value!r}")
+            elif value < 0:
+                raise ProfileValueError(f"{f.name} must be >= 0, got {value!r}")
+        _check_knots("cpu_rows/cpu_s", self.cpu_rows, self.cpu_s)
+        _check_knots("linear_tokens/linear_s", self.linear_tokens, self.linear_s)
+        _check_knots("linear_tokens/allreduce_s", self.linear_tokens, self.allreduce_s)
+        for name in ("decode_bandwidth_bytes_s", "prefill_flops_s", "memory_bandwidth_bytes_s", "peak_flops_s"):
+            if getattr(self, name) <= 0:
+                raise ProfileValueError(f"{name} must be > 0")
+
+    # ------------------------------------------------------------------ terms
+    def terms(self, rows: int, tokens: float, decode_context: float, prefill_pairs: float,
+              emitting_rows: int) -> dict[str, float]:
+        """Each term's seconds for an iteration of ``rows`` requests and ``tokens`` tokens, whose decodes read
+        ``decode_context`` KV tokens and whose prefill chunks attend over ``prefill_pairs`` (query, key) pairs."""
+        if rows == 0:
+            return dict.fromkeys(TERMS, 0.0)
+        return {
+            "cpu": _interp(rows, self.cpu_rows, self.cpu_s),
+            "linear": _interp(tokens, self.linear_tokens, self.linear_s),
+            "allreduce": _interp(tokens, self.linear_tokens, self.allreduce_s),
+            "decode_attention": decode_context * self.kv_bytes_per_token / self.decode_bandwidth_bytes_s,
+            "prefill_attention": prefill_pairs * self.attention_flops_per_pair / self.prefill_flops_s,
+            "lm_head": max(self.lm_head_bytes / self.memory_bandwidth_bytes_s,
+                           emitting_rows * self.lm_head_flops_per_row / self.peak_flops_s) if emitting_rows else 0.0,
+        }
+
+    def iteration_s(self, batch: StepBatch) -> float:
+        decodes = batch.decode_ids.size
+        prefills = batch.prefill_ids.size
+        tokens = decodes + (float(batch.prefill_len.sum()) if prefills else 0.0)
+        context = float(batch.decode_context.sum()) if decodes else 0.0
+        pairs = prefill_attention_work(batch.prefill_start, batch.prefill_len) if prefills else 0.0
+        completes = int(np.count_nonzero(batch.prefill_start + batch.prefill_len == batch.prefill_target))
+        return sum(self.terms(decodes + prefills, tokens, context, pairs, decodes + completes).values())
+
+    # ------------------------------------------------------------------ summaries
+    def decode_s(self, batch: int, context: float = 0.0) -> float:
+        """An iteration of ``batch`` decoding requests, each holding ``context`` KV tokens."""
+        return sum(self.terms(batch, batch, batch * context, 0.0, batch).values())
+
+    def prefill_s(self, prompt: int, batch: int = 1) -> float:
+        """An iteration that prefills ``batch`` whole prompts of ``prompt`` tokens, no decodes."""
+        pairs = batch * prompt * (prompt + 1) / 2.0
+        return sum(self.terms(batch, batch * prompt, 0.0, pairs, batch).values())
+
+    @property
+    def l_min_s(self) -> float:
+        """A one-request decode iteration with an empty context: the floor of a decode step."""
+        return self.decode_s(1)
+
+    @property
+    def saturation_batch(self) -> int:
+        """``B0``: the largest decode batch whose iteration stays within 10% of :attr:`l_min_s` (context 0)."""
+        floor, batch = self.l_min_s, 1
+        while batch < 65536 and self.decode_s(batch + 1) <= 1.1 * floor:
+            batch += 1
+        return batch
+
+
+TERMS = ("cpu", "linear", "allreduce", "decode_attention", "prefill_attention", "lm_head")
+"""The named terms of :meth:`TokenLatencyModel.terms`, in the profile's order."""
+
+
+def prefill_attention_work(start: np.ndarray, length: np.ndarray) -> float:
+    """Sum over chunk tokens of their attention context: token j of a chunk sees ``start + j + 1`` tokens
+    (the (query, key) pairs of causal chunks)."""
+    return float(np.dot(length, start + (length + 1) * 0.5))

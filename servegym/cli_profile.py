@@ -1,0 +1,125 @@
+"""``servegym profile``: list, show, predict with and build calibrated-backend profiles."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from servegym.backends import Profile, TokenLatencyModel, load_profile, shipped_profiles
+
+
+def _summary(profile: Profile) -> tuple[str, ...]:
+    prov = profile.provenance
+    tp = str(prov.get("model_shape", {}).get("tensor_parallel", 1))
+    source = prov.get("source", prov.get("method", ""))
+    if isinstance(source, dict):
+        source = f"{source['repository']} @ {source['commit'][:7]}"
+    kv_tokens = f"{profile.num_kv_blocks * profile.block_size:,}"
+    return profile.name, prov.get("hardware", "?"), prov.get("model", "?"), tp, kv_tokens, str(source)[:70]
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    rows = [("name", "GPU", "model", "TP", "KV tokens", "source")]
+    rows += [_summary(load_profile(name)) for name in shipped_profiles()]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)) + "  " + row[5])
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    profile = load_profile(args.name)
+    data = profile.to_json()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"{profile.name}: {data['provenance'].get('hardware')}, {data['provenance'].get('model')}")
+    print(f"schema {data['schema_version']}; KV {profile.num_kv_blocks:,} blocks of {profile.block_size} tokens; "
+          f"cold start {profile.cold_start_s} s")
+    lat = profile.latency
+    print(f"decode floor l_min {lat.l_min_s * 1e3:.2f} ms, saturation batch B0 {lat.saturation_batch}")
+    if isinstance(lat, TokenLatencyModel):
+        from servegym.backends.build import fit_report
+
+        print("terms (fit error against the table each came from):")
+        for line in fit_report(profile):
+            print(f"  {line}")
+    else:
+        for key, value in data["latency"].items():
+            print(f"  {key} = {value}")
+    for key in ("method", "date"):
+        print(f"{key}: {data['provenance'].get(key)}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    lat = load_profile(args.name).latency
+    if args.prefill is not None:
+        if args.context:
+            raise ValueError("--context describes decodes; a prefill-only iteration has none")
+        seconds = lat.prefill_s(args.prefill, args.batch)
+    else:
+        seconds = lat.decode_s(args.batch, args.context)
+    print(f"{seconds * 1e3:.3f}")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from servegym.backends.build import TABLES, build_profile, fit_report, rebuild_shipped
+
+    tables = Path(args.tables) if args.tables else TABLES
+    out = Path(args.out)
+    if args.all:
+        for path in rebuild_shipped(out, tables):
+            print(f"wrote {path}")
+        return 0
+    if not (args.gpu and args.model):
+        raise ValueError("give --gpu and --model (and --tp), or --all")
+    profile = build_profile(args.gpu, args.model, args.tp, tables)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{profile.name}.json"
+    profile.save(path)
+    for line in fit_report(profile):
+        print(f"  {line}")
+    print(f"wrote {path}")
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def add_profile_parser(sub: argparse._SubParsersAction) -> None:
+    prof = sub.add_parser("profile", help="list, show, predict with or build calibrated-backend profiles")
+    verbs = prof.add_subparsers(dest="verb", required=True)
+    verbs.add_parser("list", help="name, GPU, model, TP, KV capacity and source of every shipped profile") \
+        .set_defaults(func=cmd_list)
+    show = verbs.add_parser("show", help="every term of a profile and its provenance")
+    show.add_argument("name", help="shipped name or JSON path")
+    show.add_argument("--json", action="store_true", help="the profile file as JSON")
+    show.set_defaults(func=cmd_show)
+    pred = verbs.add_parser("predict", help="one iteration's time in ms")
+    pred.add_argument("name", help="shipped name or JSON path")
+    pred.add_argument("--batch", type=_positive, default=1, help="decoding requests (or prompts with --prefill)")
+    pred.add_argument("--context", type=_non_negative, default=0, help="KV tokens each decoding request holds")
+    pred.add_argument("--prefill", type=_positive, default=None, help="prefill --batch prompts of this many tokens")
+    pred.set_defaults(func=cmd_predict)
+    build = verbs.add_parser("build", help="build schema-2 profiles from Vidur-format tables")
+    build.add_argument("--gpu", help="a100, h100 or a40")
+    build.add_argument("--model", help="llama3-8b, llama2-7b or llama2-70b")
+    build.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree")
+    build.add_argument("--all", action="store_true", help="rebuild every shipped profile")
+    build.add_argument("--tables", default=None, help="folder of Vidur-format tables (default: the bundled copy)")
+    build.add_argument("--out", default="profiles", help="output folder")
+    build.set_defaults(func=cmd_build)
