@@ -5,7 +5,8 @@ from servegym.backends.calibrated import CalibratedBackend, step_latency
 from servegym.backends.profile import LatencyModel, Profile, ProfileError, load_profile, shipped_profiles
 from servegym.backends.token_model import TokenLatencyModel
 
-DEFAULT_PROFILE = "paper-v100-llama3.2-3b"
+DEFAULT_PROFILE = "a100-llama3-8b"
+"""Llama-3-8B on one A100-80GB, built from measured tables (``servegym profile show a100-llama3-8b``)."""
 
 __all__ = [
     "DEFAULT_PROFILE",

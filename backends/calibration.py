@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servegym.backends.base import StepBatch
-from servegym.backends.calibrated import prefill_attention_work, step_latency
+from servegym.backends.calibrated import step_latency
+from servegym.backends.token_model import prefill_attention_work
 from servegym.backends.profile import LatencyModel, Profile
 
 if TYPE_CHECKING:

@@ -14,6 +14,7 @@ import argparse
 import numpy as np
 
 from servegym.backends import DEFAULT_PROFILE
+from servegym.engine import STEP_INDEX
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
 from servegym.workloads import Poisson, SyntheticWorkload
@@ -35,9 +36,9 @@ def main() -> None:
         s = result.summary
         steps = result.log.steps()
         arrivals_end = result.log.arrival_s[-1]
-        during = steps[:, 0] <= arrivals_end
-        batch = float(np.mean(steps[during, 2])) if during.any() else 0.0
-        backlog = int(steps[during, 6][-1]) if during.any() else 0  # waiting when the last request arrives
+        during = steps[:, STEP_INDEX["end_s"]] <= arrivals_end
+        batch = float(np.mean(steps[during, STEP_INDEX["num_decode_tokens"]])) if during.any() else 0.0
+        backlog = int(steps[during, STEP_INDEX["num_waiting"]][-1]) if during.any() else 0  # when the last arrives
         served = s["num_finished"] / s["makespan_s"]
         print(f"{rate:6.1f} {served:10.2f} {batch:7.1f} {backlog:8d} {s['ttft_p99']:11.2f} "
               f"{s['itl_p99'] * 1e3:11.1f}")

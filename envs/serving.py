@@ -9,12 +9,13 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from servegym.backends import DEFAULT_PROFILE, Backend, CalibratedBackend, Profile, load_profile
+from servegym.backends import Backend, CalibratedBackend, Profile, load_profile
 from servegym.engine import Cluster, Engine, EngineConfig, PoolConfig, StepOutcome
 from servegym.engine.validation import positive_int
 from servegym.envs.actions import slot_action_masks
 from servegym.envs.observation import SCHEMA, ObservationEncoder, observation_space, schema_table
 from servegym.workloads import Workload, make_workload
+from servegym.workloads.scenarios import profile_for
 
 REWARDS = {
     "latency": "minus requests-in-system x step seconds (plus arrivals' lag): sums to minus total latency",
@@ -87,7 +88,7 @@ class ServingEnv(gym.Env):
     | parameter | default | description |
     |-----------|---------|-------------|
     | `workload` | `"medium"` | a name from `servegym.workloads.WORKLOADS` or a `Workload` |
-    | `profile` | `"paper-v100-llama3.2-3b"` | calibrated profile: a shipped name, a JSON path or a `Profile` |
+    | `profile` | `None` | calibrated profile: a shipped name, a JSON path or a `Profile`; None: the named workload's own (`servegym.workloads.scenarios.profile_for`), else `a100-llama3-8b` |
     | `backend` | `None` | `"calibrated"` (default, from `profile`), `"torch"` (a real model) or a `Backend` instance |
     | `backend_options` | `None` | `TorchBackend` arguments for `backend="torch"`: `model` (preset or local path), `device`, `dtype`, ... |
     | `engine` | `None` | an `EngineConfig` or a dict of its fields |
@@ -107,7 +108,7 @@ class ServingEnv(gym.Env):
     def __init__(
         self,
         workload: str | Workload = "medium",
-        profile: str | Profile = DEFAULT_PROFILE,
+        profile: str | Profile | None = None,
         backend: Backend | str | None = None,
         backend_options: dict[str, Any] | None = None,
         engine: EngineConfig | dict[str, Any] | None = None,
@@ -145,6 +146,8 @@ class ServingEnv(gym.Env):
                 raise ValueError("a backend instance serves one container; use profile= for a pool")
             backends, cold_start = [backend], 0.0
         else:
+            if profile is None:
+                profile = profile_for(workload)
             prof = profile if isinstance(profile, Profile) else load_profile(profile)
             backends = [CalibratedBackend(prof, noise_cv=latency_noise_cv) for _ in range(n)]
             cold_start = prof.cold_start_s

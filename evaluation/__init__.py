@@ -21,9 +21,9 @@ DEFAULT_EXPERIMENT = {
     "name": "default",
     "description": (
         "The seed papers' policies and baselines on the four TWP scenarios (low, medium, high, burst) of the "
-        "shipped V100 profile, with predicted output lengths (a seeded interval around the truth)."
+        "default profile (Llama-3-8B on an A100, from measured tables), with predicted output lengths (a seeded "
+        "interval around the truth)."
     ),
-    "profile": "paper-v100-llama3.2-3b",
     "seeds": 10,
     "engine": {"length_mode": "predicted"},
     "policies": ["twp", "flow-control", "fcfs", "round-robin", "priority", "dynamic-batch", "serverless-llm",

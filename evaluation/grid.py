@@ -15,6 +15,7 @@ from servegym.evaluation.spec import Experiment, PolicySpec, WorkloadSpec
 from servegym.metrics import inter_token_latencies, summarize
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
+from servegym.workloads.scenarios import profile_for
 
 ITL_SAMPLE = 4000
 """Inter-token gaps kept per run for distribution plots (a seeded subsample)."""
@@ -47,7 +48,8 @@ class TaskResult:
 
 def tasks(experiment: Experiment) -> list[Task]:
     return [
-        Task(policy, workload, seed, experiment.profile, experiment.engine, experiment.pool, experiment.max_steps,
+        Task(policy, workload, seed, experiment.profile or profile_for(workload.source), experiment.engine,
+             experiment.pool, experiment.max_steps,
              experiment.ttft_slo_s, experiment.itl_slo_s)
         for workload in experiment.workloads for policy in experiment.policies for seed in experiment.seeds
     ]

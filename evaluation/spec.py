@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servegym.backends import DEFAULT_PROFILE
 from servegym.engine.config import LENGTH_MODES
 from servegym.policies import POLICIES, make_policy
 from servegym.workloads import (
@@ -60,7 +59,8 @@ class Experiment:
     workloads: tuple[WorkloadSpec, ...]
     seeds: tuple[int, ...] = tuple(range(10))
     description: str = ""
-    profile: str = DEFAULT_PROFILE
+    profile: str | None = None
+    """One profile for every workload; None: each named workload's own (``profile_for``), else the default."""
     engine: dict[str, Any] = field(default_factory=dict)
     pool: dict[str, Any] = field(default_factory=dict)
     max_steps: int = 200_000
@@ -117,7 +117,8 @@ def experiment_from_dict(data: Any, source: str = "<experiment>") -> Experiment:
         raise fail(f"max_steps must be a positive int, got {max_steps!r}")
     experiment = Experiment(
         name=str(data["name"]), policies=policies, workloads=tuple(workloads), seeds=seeds,
-        description=str(data.get("description", "")), profile=str(data.get("profile", DEFAULT_PROFILE)),
+        description=str(data.get("description", "")),
+        profile=None if data.get("profile") is None else str(data["profile"]),
         engine=dict(data.get("engine", {})), pool=dict(data.get("pool", {})), max_steps=max_steps,
         ttft_slo_s=float(data.get("ttft_slo_s", 2.0)), itl_slo_s=float(data.get("itl_slo_s", 0.2)),
     )

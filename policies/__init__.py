@@ -10,6 +10,7 @@ from servegym.policies import (  # noqa: F401  (each module registers its policy
     mc,
     mc_sf,
     priority,
+    random_admit,
     round_robin,
     sarathi,
     serverless_llm,

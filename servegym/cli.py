@@ -7,7 +7,7 @@ import math
 import sys
 from collections.abc import Sequence
 
-from servegym.backends import DEFAULT_PROFILE, load_profile, shipped_profiles
+from servegym.backends import load_profile, shipped_profiles
 from servegym.cli_profile import add_profile_parser
 from servegym.engine import EngineConfig
 from servegym.engine.config import LENGTH_MODES
@@ -15,6 +15,7 @@ from servegym.policies import POLICIES, make_policy
 from servegym.runner import make_env, run_episode, write_csvs
 from servegym.stability import workload_stability
 from servegym.workloads import WORKLOADS, make_workload
+from servegym.workloads.scenarios import profile_for
 
 SUMMARY_ROWS = (
     ("num_requests", "requests", "{:.0f}"), ("num_finished", "finished", "{:.0f}"),
@@ -26,7 +27,7 @@ SUMMARY_ROWS = (
     ("e2e_p50", "E2E P50 (s)", "{:.3f}"), ("e2e_p99", "E2E P99 (s)", "{:.3f}"),
     ("itl_mean", "ITL mean (ms)", "ms"), ("itl_p50", "ITL P50 (ms)", "ms"), ("itl_p99", "ITL P99 (ms)", "ms"),
     ("itl_cv", "ITL CV", "{:.3f}"), ("kv_util_mean", "KV util mean", "{:.3f}"),
-    ("kv_util_max", "KV util max", "{:.3f}"), ("num_preemptions", "num_preemptions", "{:.0f}"),
+    ("kv_util_max", "KV util max", "{:.3f}"), ("num_preemptions", "preemptions", "{:.0f}"),
     ("queue_slope_rps", "queue growth (req/s)", "{:+.3f}"),
 )
 
@@ -55,6 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.params} holds parameters of {name!r}, not of --policy {args.policy!r}")
     policy = make_policy(args.policy, **params)
     engine = {"length_mode": args.length_mode} if args.length_mode else {}
+    args.profile = args.profile or profile_for(args.workload)
     env = make_env(policy, max_episode_steps=args.max_steps, workload=args.workload, profile=args.profile,
                    engine=engine)
     print(f"servegym run: policy={args.policy} workload={args.workload} profile={args.profile} seed={args.seed}")
@@ -77,6 +79,7 @@ def _stability_text(workload: str, profile: str, config: EngineConfig, eps: floa
 
 def cmd_stability(args: argparse.Namespace) -> int:
     engine = {"length_mode": args.length_mode} if args.length_mode else {}
+    args.profile = args.profile or profile_for(args.workload)
     print(f"servegym stability: workload={args.workload} profile={args.profile}")
     print(_stability_text(args.workload, args.profile, EngineConfig(**engine), args.eps))
     return 0
@@ -256,6 +259,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from servegym.evaluation.headroom import SCENARIOS, markdown, measure
+
+    rows = []
+    for name in args.only or SCENARIOS:
+        print(f"servegym scenarios: {name} ({args.seeds} seeds)", flush=True)
+        rows.append(measure(name, args.seeds, args.workers, progress=not args.quiet))
+    text = markdown(rows, args.seeds)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_policies(args: argparse.Namespace) -> int:
     width = max(len(name) for name in POLICIES)
     for name, cls in sorted(POLICIES.items()):
@@ -265,8 +285,9 @@ def cmd_policies(args: argparse.Namespace) -> int:
 
 def cmd_workloads(args: argparse.Namespace) -> int:
     width = max(len(name) for name in WORKLOADS)
+    profile_width = max(len(profile_for(name)) for name in WORKLOADS)
     for name, (_, description) in WORKLOADS.items():
-        print(f"{name:<{width}}  {description}")
+        print(f"{name:<{width}}  {profile_for(name):<{profile_width}}  {description}")
     return 0
 
 
@@ -276,8 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one episode of a policy and print its metrics")
     run.add_argument("--policy", default="fcfs", help=f"one of {sorted(POLICIES)}, or rl:RUN_DIR")
     run.add_argument("--workload", default="medium", choices=sorted(WORKLOADS))
-    run.add_argument("--profile", default=DEFAULT_PROFILE,
-                     help=f"shipped profile ({', '.join(shipped_profiles())}) or a JSON path")
+    run.add_argument("--profile", default=None,
+                     help=f"shipped profile ({', '.join(shipped_profiles())}) or a JSON path; default: the "
+                          "workload's own (servegym workloads)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--length-mode", choices=LENGTH_MODES, default=None)
     run.add_argument("--max-steps", type=int, default=200_000, help="truncate the episode after this many steps")
@@ -358,12 +380,19 @@ def build_parser() -> argparse.ArgumentParser:
     trn.set_defaults(func=cmd_train)
     stab = sub.add_parser("stability", help="flow-control stability conditions of a workload on a profile")
     stab.add_argument("--workload", default="medium", choices=sorted(WORKLOADS))
-    stab.add_argument("--profile", default=DEFAULT_PROFILE)
+    stab.add_argument("--profile", default=None, help="default: the workload's own (servegym workloads)")
     stab.add_argument("--eps", type=float, default=0.1, help="safety margin of the sufficient condition")
     stab.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None)
     stab.set_defaults(func=cmd_stability)
     sub.add_parser("policies", help="list the registered policies").set_defaults(func=cmd_policies)
     sub.add_parser("workloads", help="list the named workloads").set_defaults(func=cmd_workloads)
+    scen = sub.add_parser("scenarios", help="each scenario's headroom: random, FCFS, best policy, hindsight")
+    scen.add_argument("--seeds", type=int, default=10)
+    scen.add_argument("--workers", type=int, default=None)
+    scen.add_argument("--only", nargs="+", default=None, choices=sorted(WORKLOADS), help="these scenarios only")
+    scen.add_argument("--out", default=None, help="write the Markdown report here (docs/SCENARIOS.md)")
+    scen.add_argument("--quiet", action="store_true")
+    scen.set_defaults(func=cmd_scenarios)
     add_profile_parser(sub)
     return parser
 

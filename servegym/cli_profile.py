@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from servegym.backends import Profile, TokenLatencyModel, load_profile, shipped_profiles
 
@@ -100,7 +101,8 @@ def _non_negative(text: str) -> int:
     return value
 
 
-def add_profile_parser(sub: argparse._SubParsersAction) -> None:
+def add_profile_parser(sub: Any) -> None:
+    """Add ``servegym profile`` to ``sub`` (the parser's ``add_subparsers()`` result)."""
     prof = sub.add_parser("profile", help="list, show, predict with or build calibrated-backend profiles")
     verbs = prof.add_subparsers(dest="verb", required=True)
     verbs.add_parser("list", help="name, GPU, model, TP, KV capacity and source of every shipped profile") \

@@ -9,7 +9,7 @@ from servegym.envs import ENGINE_INDEX, queue_matrix
 from servegym.policies import make_policy
 from servegym.policies.amin import amin_estimate
 from servegym.runner import make_env, run_episode
-from tests.conftest import fixed
+from tests.conftest import PAPER, fixed
 
 
 def drive(name, workload, steps=100_000, seed=0, check=None, **env):
@@ -121,7 +121,7 @@ def test_dynamic_batch_stops_growing_while_itl_is_above_target():
 
     policy_params = {"itl_target_s": 0.06, "max_batch": 40}
     policy = make_policy("dynamic-batch", **policy_params)
-    env = make_env(policy, workload="high", strict_actions=True)
+    env = make_env(policy, workload="high", strict_actions=True, profile=PAPER)
     obs, _ = env.reset(seed=0)
     above = 0
     for _ in range(3000):
@@ -183,9 +183,10 @@ def test_hindsight_sees_true_lengths():
 def test_serverless_llm_shortens_cold_starts():
     workload = fixed([0.0], [10], [3])
     cold = {"start_cold": True}
-    fcfs = run_episode(make_env(make_policy("fcfs"), workload=workload, pool=cold), make_policy("fcfs"), seed=0)
+    fcfs = run_episode(make_env(make_policy("fcfs"), workload=workload, pool=cold, profile=PAPER), make_policy("fcfs"),
+                       seed=0)
     sllm_policy = make_policy("serverless-llm")
-    sllm = run_episode(make_env(sllm_policy, workload=workload, pool=cold), sllm_policy, seed=0)
+    sllm = run_episode(make_env(sllm_policy, workload=workload, pool=cold, profile=PAPER), sllm_policy, seed=0)
     assert fcfs.log.load_wait_s[0] == pytest.approx(8.0)
     assert sllm.log.load_wait_s[0] == pytest.approx(0.8)
     assert sllm.summary["ttft_p50"] == pytest.approx(fcfs.summary["ttft_p50"] - 7.2)

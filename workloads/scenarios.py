@@ -1,9 +1,10 @@
-"""Named workloads. Rates are set against the shipped ``paper-v100-llama3.2-3b`` profile (see README).
+"""Named workloads, each set against the profile it runs on (:func:`profile_for`).
 
-With the TWP paper's length mix (mean prompt 245, mean output 65 tokens) and the default engine
-(``max_num_seqs=128``), FCFS on that profile keeps its backlog near zero up to about 5.5 requests/s and
-serves at most about 5.6 requests/s when overloaded (measured by ``benchmarks/capacity.py``). The scenarios
-sit below, near, above and in bursts over that capacity.
+The four TWP scenarios run on the default profile, ``a100-llama3-8b``. With the TWP paper's length mix (mean
+prompt 245, mean output 65 tokens) and the default engine (``max_num_seqs=128``), FCFS there keeps its backlog
+near zero up to about 35 requests/s and serves at most about 36 requests/s when overloaded (measured by
+``python benchmarks/capacity.py``). The scenarios sit below, near, above and in bursts over that capacity.
+Scenarios where KV memory binds run on ``a40-llama2-7b`` (53k KV tokens).
 """
 
 from __future__ import annotations
@@ -26,13 +27,18 @@ TWP_OUTPUTS = Choice((20, 50, 200), (0.5, 0.3, 0.2))
 GSM8K_SHAPED_PROMPTS = RangeMix(((30, 80), (120, 250), (350, 512)), (0.6, 0.3, 0.1))
 """The TWP paper's GSM8K-shaped prompt lengths."""
 
-CAPACITY_RPS = 5.5
-"""FCFS capacity of the shipped profile on the TWP length mix (see the module docstring)."""
-SCENARIO_RATES = {"low": 2.5, "medium": 5.0, "high": 7.5}
+CAPACITY_RPS = 35.0
+"""FCFS capacity of the default profile on the TWP length mix (see the module docstring)."""
+SCENARIO_RATES = {"low": 16.0, "medium": 32.0, "high": 47.0}
 """Poisson rates (requests/s): about 0.45x, 0.9x and 1.35x :data:`CAPACITY_RPS`."""
-BURST = MarkovModulated(base_rate=2.0, burst_rate=14.0, calm_s=10.0, burst_s=3.0)
-"""Calm at 2 req/s, bursts of 14 req/s (2.5x capacity) lasting 3 s on average; mean 4.8 req/s (0.87x)."""
+BURST = MarkovModulated(base_rate=13.0, burst_rate=90.0, calm_s=10.0, burst_s=3.0)
+"""Calm at 13 req/s, bursts of 90 req/s (2.5x capacity) lasting 3 s on average; mean 31 req/s (0.89x)."""
 DURATION_S = 60.0
+TIGHT_PROFILE = "a40-llama2-7b"
+"""The smaller GPU of the memory-bound scenarios: 53,136 KV tokens (512 KiB per token for Llama-2-7B)."""
+LONG_PROMPTS = RangeMix(((100, 400), (400, 1200)), (0.5, 0.5))
+LONG_OUTPUTS = RangeMix(((100, 400), (400, 1500)), (0.6, 0.4))
+"""Long outputs (mean about 550 tokens): a request's KV grows for hundreds of steps after admission."""
 
 
 def _twp(rate_or_process, prompts=TWP_PROMPTS) -> SyntheticWorkload:
@@ -51,21 +57,34 @@ def gsm8k_pairs(tokens_per_word: float = 1.0) -> PairedEmpirical:
 
 
 WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
-    "low": (lambda: _twp(SCENARIO_RATES["low"]), "TWP length mix, Poisson 2.5 req/s for 60 s (0.45x capacity)"),
-    "medium": (lambda: _twp(SCENARIO_RATES["medium"]), "TWP length mix, Poisson 5 req/s for 60 s (0.9x capacity)"),
-    "high": (lambda: _twp(SCENARIO_RATES["high"]), "TWP length mix, Poisson 7.5 req/s for 60 s (1.35x capacity)"),
-    "burst": (lambda: _twp(BURST), "TWP length mix, MMPP-2: 2 req/s calm (10 s), 14 req/s bursts (3 s), for 60 s"),
+    "low": (
+        lambda: _twp(SCENARIO_RATES["low"]),
+        f"TWP length mix, Poisson {SCENARIO_RATES['low']:g} req/s for 60 s (0.45x capacity)",
+    ),
+    "medium": (
+        lambda: _twp(SCENARIO_RATES["medium"]),
+        f"TWP length mix, Poisson {SCENARIO_RATES['medium']:g} req/s for 60 s (0.9x capacity)",
+    ),
+    "high": (
+        lambda: _twp(SCENARIO_RATES["high"]),
+        f"TWP length mix, Poisson {SCENARIO_RATES['high']:g} req/s for 60 s (1.35x capacity)",
+    ),
+    "burst": (
+        lambda: _twp(BURST),
+        f"TWP length mix, MMPP-2: {BURST.base_rate:g} req/s calm (10 s), {BURST.burst_rate:g} req/s bursts (3 s), 60 s",
+    ),
     "twp-gsm8k": (
         lambda: _twp(SCENARIO_RATES["medium"], GSM8K_SHAPED_PROMPTS),
-        "GSM8K-shaped prompts (60% 30-80, 30% 120-250, 10% 350-512), TWP outputs, Poisson 5 req/s",
+        f"GSM8K-shaped prompts (60% 30-80, 30% 120-250, 10% 350-512), TWP outputs, Poisson "
+        f"{SCENARIO_RATES['medium']:g} req/s",
     ),
     "gsm8k": (
         lambda: SyntheticWorkload(Poisson(SCENARIO_RATES["medium"]), DURATION_S, paired=gsm8k_pairs()),
-        "GSM8K question/answer word counts as token lengths, Poisson 5 req/s for 60 s",
+        f"GSM8K question/answer word counts as token lengths, Poisson {SCENARIO_RATES['medium']:g} req/s for 60 s",
     ),
     "gamma-bursty": (
         lambda: _twp(Gamma(SCENARIO_RATES["medium"], cv=3.0)),
-        "TWP length mix, gamma renewal arrivals at 5 req/s with inter-arrival CV 3 (bursty)",
+        f"TWP length mix, gamma renewal arrivals at {SCENARIO_RATES['medium']:g} req/s with inter-arrival CV 3",
     ),
     "cpu-fidelity": (
         lambda: SyntheticWorkload(Poisson(6.0), 20.0, prompt=Choice((32, 128, 256), (0.5, 0.3, 0.2)),
@@ -74,9 +93,32 @@ WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
     ),
     "azure-code": (
         lambda: TraceWorkload(str(bundled_trace()), duration_s=120.0),
-        "Azure LLM code trace 2023 (CC-BY-4.0), first 120 s replayed in real time",
+        "Azure LLM code trace 2023 (CC-BY-4.0), first 120 s replayed in real time (long prompts, mean 2k tokens)",
+    ),
+    "azure-code-2x": (
+        lambda: TraceWorkload(str(bundled_trace()), time_scale=0.5, duration_s=60.0),
+        "the Azure code trace at twice its rate (time compressed 2x), the first 120 s of the trace in 60 s",
+    ),
+    "long-output": (
+        lambda: SyntheticWorkload(Poisson(3.0), DURATION_S, prompt=LONG_PROMPTS, output=LONG_OUTPUTS),
+        "long outputs (100-1500 tokens, mean ~550) and prompts (100-1200), Poisson 3 req/s on the A40 (KV-bound)",
+    ),
+    "tight-memory": (
+        lambda: _twp(7.0, RangeMix(((200, 800), (800, 2000)), (0.6, 0.4))),
+        "TWP outputs with 200-2000-token prompts, Poisson 7 req/s on the A40's 53k KV tokens (preempts under FCFS)",
     ),
 }
+
+
+SCENARIO_PROFILES = {"long-output": TIGHT_PROFILE, "tight-memory": TIGHT_PROFILE, "cpu-fidelity": "cpu-small-llama"}
+"""Scenarios set against a profile other than the default."""
+
+
+def profile_for(workload: object) -> str:
+    """The profile a named scenario is set against (the default for the others and for workload objects)."""
+    from servegym.backends import DEFAULT_PROFILE
+
+    return SCENARIO_PROFILES.get(workload, DEFAULT_PROFILE) if isinstance(workload, str) else DEFAULT_PROFILE
 
 
 def make_workload(name: str) -> Workload:
