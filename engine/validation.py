@@ -17,6 +17,11 @@ def positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
+def non_negative_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+
 def positive_number(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

@@ -12,14 +12,15 @@ from typing import Any
 from servegym.engine.validation import (  # re-exported for policy files
     Check,
     in_range,
+    non_negative_int,
     non_negative_number,
     optional,
     positive_int,
     positive_number,
 )
 
-__all__ = ["Check", "PolicyParams", "in_range", "non_negative_number", "optional", "param", "positive_int",
-           "positive_number"]
+__all__ = ["Check", "PolicyParams", "in_range", "non_negative_int", "non_negative_number", "optional", "param",
+           "positive_int", "positive_number"]
 
 def param(default: Any, help: str, check: Check | None = None) -> Any:
     """A parameter field: its default, a one-line help (shown by ``servegym policies``) and its validator."""

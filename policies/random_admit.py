@@ -10,19 +10,14 @@ import numpy as np
 from servegym.envs.observation import QUEUE_FEATURES
 from servegym.policies.base import Observation, Policy, register_policy
 from servegym.policies.common import visible_queue
-from servegym.policies.params import PolicyParams, in_range, param
-
-
-def _non_negative_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+from servegym.policies.params import PolicyParams, in_range, non_negative_int, param
 
 
 @dataclass(frozen=True)
 class RandomAdmitParams(PolicyParams):
     admit_probability: float = param(0.5, "chance that each visible waiting request is admitted this step",
                                      in_range(0.0, 1.0))
-    seed: int = param(0, "seed of the policy's own generator (restarted by reset)", _non_negative_int)
+    seed: int = param(0, "seed of the policy's own generator (restarted by reset)", non_negative_int)
 
 
 @register_policy
