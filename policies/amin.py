@@ -32,6 +32,7 @@ class AMin(Policy):
     name = "amin"
     source = "Chen, Ye, Zhou: Adaptively Robust LLM Inference Optimization under Prediction Uncertainty (2025)"
     rule = "estimate = lower end, doubled when outgrown; shortest estimate first; evict fewest-generated first"
+    uses_output_lengths = True
 
     def engine_overrides(self) -> dict[str, Any]:
         return {"preemption": "fewest_generated"}

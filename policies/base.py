@@ -32,6 +32,9 @@ class Policy(ABC):
     """The one-line rule it implements."""
     search_space: ClassVar[Callable[[Any], dict[str, Any]] | None] = None
     """``trial -> params`` for Optuna (``servegym tune``); None when the policy has nothing to tune."""
+    uses_output_lengths: ClassVar[bool] = False
+    """True when the rule reads ``output_lo``/``output_hi``: runners then default to predicted lengths, since
+    with unknown lengths the interval is ``[1, max_tokens]`` and the rule degenerates."""
     Params: ClassVar[type[PolicyParams] | None] = None
     """The policy's parameters (a frozen :class:`PolicyParams` dataclass); None when it has none."""
 

@@ -20,6 +20,7 @@ class MemoryConstrained(Policy):
     name = "mc"
     source = "Dong & Cao (flow-control paper), baseline: MC benchmark"
     rule = "FCFS, admitting only if projected memory stays within M at every future completion (upper bounds)"
+    uses_output_lengths = True
 
     def act(self, obs: Observation) -> np.ndarray:
         rows = visible_queue(obs)

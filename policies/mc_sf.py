@@ -22,6 +22,7 @@ class MCShortestFirst(Policy):
     source = ("Jaillet, Jiang, Mellou, Molinaro, Podimata, Zhou: "
               "Online Scheduling for LLM Inference with KV Cache Constraints (2025)")
     rule = "queue sorted by predicted output ascending; admit the longest prefix feasible at every future completion"
+    uses_output_lengths = True
 
     def act(self, obs: Observation) -> np.ndarray:
         rows = visible_queue(obs)

@@ -69,6 +69,7 @@ class TokenWindowPacing(Policy):
     name = "twp"
     source = "Desai, N K, Addya: Stable Token-level Scheduling for Serverless LLM Inference"
     rule = "token window H_t steered by ITL and queue, KV guard, forced admission after T_max, chunked prefill C"
+    uses_output_lengths = True
     Params = TWPParams
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import math
 import sys
 from collections.abc import Sequence
@@ -55,11 +56,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         if name != args.policy:
             raise ValueError(f"{args.params} holds parameters of {name!r}, not of --policy {args.policy!r}")
     policy = make_policy(args.policy, **params)
-    engine = {"length_mode": args.length_mode} if args.length_mode else {}
+    mode = args.length_mode or ("predicted" if policy.uses_output_lengths else EngineConfig().length_mode.value)
+    engine = {"length_mode": mode}
     args.profile = args.profile or profile_for(args.workload)
     env = make_env(policy, max_episode_steps=args.max_steps, workload=args.workload, profile=args.profile,
                    engine=engine)
-    print(f"servegym run: policy={args.policy} workload={args.workload} profile={args.profile} seed={args.seed}")
+    mode_note = "" if args.length_mode else " (the policy reads output lengths)" if policy.uses_output_lengths else ""
+    print(f"servegym run: policy={args.policy} workload={args.workload} profile={args.profile} seed={args.seed} "
+          f"length mode={engine['length_mode']}{mode_note}")
     result = run_episode(env, policy, seed=args.seed, progress=not args.quiet)
     print(f"{result.steps} steps{' (truncated)' if result.truncated else ''}, "
           f"reward {result.total_reward:.2f}")
@@ -401,6 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly, like other Unix tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (ValueError, OSError) as err:
         print(f"servegym: error: {err}", file=sys.stderr)
         return 2

@@ -29,3 +29,15 @@ def test_listing_commands(capsys):
 def test_bad_profile_is_a_clear_error(tmp_path, capsys):
     assert main(["run", "--profile", str(tmp_path / "missing.json"), "--quiet"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_run_defaults_length_aware_policies_to_predicted_lengths_and_says_so(capsys):
+    # TWP, MC, MC-SF and A_min read output lengths; under "unknown" every request would count as max_tokens.
+    assert main(["run", "--policy", "twp", "--workload", "low", "--quiet", "--max-steps", "30"]) == 0
+    assert "length mode=predicted (the policy reads output lengths)" in capsys.readouterr().out
+    assert main(["run", "--policy", "fcfs", "--workload", "low", "--quiet", "--max-steps", "30"]) == 0
+    assert "length mode=unknown" in capsys.readouterr().out
+    assert main(["run", "--policy", "twp", "--workload", "low", "--quiet", "--max-steps", "30",
+                 "--length-mode", "known"]) == 0
+    out = capsys.readouterr().out
+    assert "length mode=known" in out and "reads output lengths" not in out
