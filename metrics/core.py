@@ -66,13 +66,23 @@ def goodput(log: EpisodeLog, ttft_slo_s: float, itl_slo_s: float) -> float:
 
 def kv_utilisation(log: EpisodeLog) -> tuple[float, float]:
     """Time-weighted mean and the max of the used KV fraction after each step."""
+    mean, _, peak = kv_utilisation_stats(log)
+    return mean, peak
+
+
+def kv_utilisation_stats(log: EpisodeLog) -> tuple[float, float, float]:
+    """Time-weighted mean and standard deviation, and the max, of the used KV fraction: each step's
+    fraction after it ran holds for that step's duration. The standard deviation measures how steady the
+    cache runs (the flow-control paper's "more stable KV cache utilization")."""
     steps = log.steps()
     if steps.size == 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     used = steps[:, STEP_FIELDS.index("num_used_blocks")] / log.num_kv_blocks
     dt = steps[:, STEP_FIELDS.index("dt_s")]
-    mean = float(np.dot(used, dt) / dt.sum()) if dt.sum() > 0 else float(used.mean())
-    return mean, float(used.max())
+    weights = dt if dt.sum() > 0 else np.ones_like(dt)
+    mean = float(np.dot(used, weights) / weights.sum())
+    std = float(np.sqrt(np.dot((used - mean) ** 2, weights) / weights.sum()))
+    return mean, std, float(used.max())
 
 
 def queue_growth_slope(log: EpisodeLog) -> float:
@@ -94,7 +104,7 @@ def summarize(log: EpisodeLog, ttft_slo_s: float = 2.0, itl_slo_s: float = 0.2) 
     span = makespan(log)
     finished = int(np.count_nonzero(log.state == State.FINISHED))
     tokens = int(log.num_output_tokens[log.state == State.FINISHED].sum())
-    kv_mean, kv_max = kv_utilisation(log)
+    kv_mean, kv_std, kv_max = kv_utilisation_stats(log)
     counts = log.counts()
     out = {
         "num_requests": float(log.num_requests),
@@ -113,6 +123,7 @@ def summarize(log: EpisodeLog, ttft_slo_s: float = 2.0, itl_slo_s: float = 0.2) 
         "itl_cv": itl_cv(gaps),
         "kv_util_mean": kv_mean,
         "kv_util_max": kv_max,
+        "kv_util_std": kv_std,
         "num_preemptions": float(log.num_preemptions.sum()),
         "num_cold_starts": float(np.count_nonzero(log.cold_start)),
         "queue_slope_rps": queue_growth_slope(log),

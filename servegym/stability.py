@@ -40,6 +40,23 @@ def suggest_budget(mean_token_steps: float, kv_tokens: float, eps: float) -> flo
     return (1.0 - eps) * kv_tokens / mean_token_steps
 
 
+def class_budgets(prompts: list[int], outputs: list[int], shares: list[float], kv_tokens: float,
+                  eps: float) -> list[tuple[int, float]]:
+    """Per-class budgets ``b_k`` for known lengths that meet the sufficient condition with equality:
+    ``sum_k b_k c_k = (1 - eps) M`` with ``b_k`` proportional to class ``k``'s share of arrivals, where
+    ``c_k = l_k o_k + (o_k + o_k^2)/2``. Returns ``(output length, b_k)`` pairs (flow control's
+    ``class_budgets``)."""
+    if not (len(prompts) == len(outputs) == len(shares)) or not shares:
+        raise ValueError("need one prompt, output and share per class")
+    if not 0 <= eps < 1 or any(p <= 0 for p in shares):
+        raise ValueError("shares must be > 0 and eps in [0, 1)")
+    total = sum(shares)
+    cost = sum(share / total * token_steps(np.array([prompt]), np.array([o]))
+               for prompt, o, share in zip(prompts, outputs, shares, strict=True))
+    scale = (1.0 - eps) * kv_tokens / cost
+    return [(int(o), share / total * scale) for o, share in zip(outputs, shares, strict=True)]
+
+
 def step_time_at_load(rate_per_s: float, mean_output: float, model: LatencyModel | TokenLatencyModel,
                       max_batch: float) -> float:
     """Decode step latency at the concurrency ``B = rate * step * E[o]`` (fixed point, capped at max_batch)."""

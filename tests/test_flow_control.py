@@ -177,3 +177,51 @@ def test_flow_control_runs_with_known_and_unknown_lengths(length_mode):
     env = make_env(policy, workload="medium", engine={"length_mode": length_mode})
     result = run_episode(env, policy, seed=1)
     assert result.summary["num_finished"] == result.summary["num_requests"]
+
+
+def test_per_class_budgets_admit_each_class_at_its_own_rate_with_known_lengths():
+    # Requests alternate between outputs 20 and 60, all waiting at t=0 in a roomy cache. Class 20 gets b = 1,
+    # class 60 gets b = 0.25: over 40 steps class 20 admits 40 and class 60 admits 10, each FIFO within its class,
+    # although a single FIFO bucket would have taken them in arrival order.
+    n = 200
+    outputs = np.where(np.arange(n) % 2 == 0, 20, 60)
+    policy = FlowControl(activation_budget=5.0, class_budgets=[[20, 1.0], [60, 0.25]])
+    env = make_env(policy, workload=fixed(np.zeros(n), np.full(n, 4), outputs), engine={"length_mode": "known"},
+                   profile=flat_profile(num_kv_blocks=100_000, block_size=1))
+    obs, _ = env.reset(seed=0)
+    for _ in range(40):
+        obs, *_ = env.step(policy.act(obs))
+    log = env.unwrapped.cluster.log
+    admitted = ~np.isnan(log.admit_s)
+    assert admitted[outputs == 20].sum() == 40 and admitted[outputs == 60].sum() == 10
+    assert np.flatnonzero(admitted & (outputs == 60)).tolist() == list(range(1, 20, 2))  # FIFO within the class
+
+
+def test_per_class_budgets_fall_back_to_one_bucket_when_lengths_are_hidden():
+    n = 60
+    policy = FlowControl(activation_budget=1.5, class_budgets=[[20, 5.0]])
+    env = make_env(policy, workload=fixed(np.zeros(n), np.full(n, 4), np.full(n, 20)),
+                   profile=flat_profile(num_kv_blocks=100_000, block_size=1))  # unknown lengths (the default)
+    obs, _ = env.reset(seed=0)
+    for _ in range(10):
+        obs, *_ = env.step(policy.act(obs))
+    assert np.count_nonzero(~np.isnan(env.unwrapped.cluster.log.admit_s)) == 15
+
+
+@pytest.mark.parametrize("bad", [[[20]], [[20, 0.0]], [[0, 1.0]], [[20, 1.0], [20, 2.0]], "x"])
+def test_class_budgets_are_validated(bad):
+    with pytest.raises(ValueError, match="class_budgets"):
+        FlowControl(class_budgets=bad)
+
+
+def test_class_budgets_meet_the_sufficient_condition_by_hand():
+    # Classes (l, o) = (10, 20), (10, 40), (10, 60): c = 10 o + (o + o^2)/2 = 410, 1220, 2430. Shares 1:1:2
+    # (weights 0.25, 0.25, 0.5) give E[c] = 102.5 + 305 + 1215 = 1622.5; with M = 4096 and eps = 0.1 the
+    # total budget is 0.9 x 4096 / 1622.5 = 2.27205 activations per step, split 0.25 / 0.25 / 0.5.
+    from servegym.stability import class_budgets
+
+    budgets = class_budgets([10, 10, 10], [20, 40, 60], [1, 1, 2], 4096, 0.1)
+    total = 0.9 * 4096 / 1622.5
+    assert [k for k, _ in budgets] == [20, 40, 60]
+    assert [b for _, b in budgets] == pytest.approx([0.25 * total, 0.25 * total, 0.5 * total])
+    assert sum(b * c for (_, b), c in zip(budgets, (410, 1220, 2430), strict=True)) == pytest.approx(0.9 * 4096)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -70,3 +72,16 @@ def test_overload_shows_a_growing_queue():
         if truncated:
             break
     assert queue_growth_slope(log_env.unwrapped.engine.log) > 20.0
+
+
+def test_kv_utilisation_is_time_weighted_mean_std_and_max():
+    # Two iterations: 1 s at 2/10 blocks used, then 3 s at 6/10. Time-weighted mean (0.2 + 1.8) / 4 = 0.5,
+    # variance (1 x 0.3^2 + 3 x 0.1^2) / 4 = 0.03; unweighted they would be 0.4 and 0.2.
+    from servegym.engine import EpisodeLog, StepRow
+    from servegym.metrics import kv_utilisation_stats
+
+    one = np.ones(1)
+    log = EpisodeLog(np.zeros(1), one, one, one, one, np.zeros(1, dtype=bool), num_kv_blocks=10, block_size=16)
+    log.step_rows[0] = [StepRow(1.0, 1.0, 0, 0, 0, 1, 0, 2, 0, 0, 0), StepRow(4.0, 3.0, 0, 0, 0, 1, 0, 6, 0, 0, 0)]
+    mean, std, peak = kv_utilisation_stats(log)
+    assert mean == pytest.approx(0.5) and std == pytest.approx(math.sqrt(0.03)) and peak == pytest.approx(0.6)
