@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 import math
+import os
 import sys
 from collections.abc import Sequence
 
@@ -125,7 +125,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-PAPER_EXPERIMENTS = ("twp_paper", "flow_control_synthetic", "flow_control_trace")
+PAPER_EXPERIMENTS = ("twp_paper", "flow_control_synthetic", "flow_control_mixed", "flow_control_trace")
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
