@@ -125,7 +125,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-PAPER_EXPERIMENTS = ("twp_paper", "flow_control_synthetic", "flow_control_mixed", "flow_control_trace")
+PAPER_EXPERIMENTS = ("twp_paper_warm", "twp_paper", "flow_control_synthetic", "flow_control_mixed",
+                     "flow_control_trace")
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
