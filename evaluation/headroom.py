@@ -109,7 +109,8 @@ def markdown(rows: list[Headroom], seeds: int) -> str:
         f"predicted output lengths, {seeds} seeds per policy; cells are mean ± 95% CI half-width. Latency is the "
         "mean end-to-end latency of finished requests (s); goodput counts requests/s that meet both SLOs, "
         "TTFT <= 2 s and time per output token <= 0.2 s. Load ratio is the flow-control paper's "
-        "`lambda E[l o + (o + o^2)/2] / M` (KV memory only). *Best* is the hand-coded policy with the lowest latency among those that finish every "
+        "`lambda E[l o + (o + o^2)/2] / M` (KV memory only). *Best* is the hand-coded policy with the lowest "
+        "latency among those that finish every "
         "request. A scenario is **decision-sensitive** when hindsight or the best policy is at least 15% better "
         "than FCFS on latency or goodput.",
         "",
