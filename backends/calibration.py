@@ -19,8 +19,8 @@ import numpy as np
 
 from servegym.backends.base import StepBatch
 from servegym.backends.calibrated import step_latency
-from servegym.backends.token_model import prefill_attention_work
 from servegym.backends.profile import LatencyModel, Profile
+from servegym.backends.token_model import prefill_attention_work
 
 if TYPE_CHECKING:
     from servegym.backends.torch_backend import TorchBackend

@@ -162,6 +162,7 @@ class ServingEnv(gym.Env):
         self.observation_space = observation_space(queue_window, slots, n)
         self._encoder = ObservationEncoder(queue_window, slots)
         self._invalid = 0
+        self._stepped = False
 
     # ------------------------------------------------------------------ gym API
     @property
@@ -175,12 +176,20 @@ class ServingEnv(gym.Env):
         self.cluster.reset(self.np_random)
         self._encoder.reset(self.cluster.engines[0])
         self._invalid = 0
+        self._stepped = False
         info = self._info(self.engine.last, self.cluster.deciding, self.cluster.last_arrived,
                           self.cluster.last_rejected)
         return self._encoder.encode(self.cluster), info
 
     def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         order = self._decode_action(action)
+        if self.cluster.done and not self._stepped:
+            # Nothing to serve (an empty workload, or every request rejected on arrival): reset() could not say
+            # so (Gymnasium's reset has no terminated flag), so the first step ends the episode, changing nothing.
+            self._stepped = True
+            info = self._info(self.engine.last, self.cluster.deciding, 0, 0)
+            return self._encoder.encode(self.cluster), 0.0, True, False, info
+        self._stepped = True
         step = self.cluster.step(order)
         latency = self.reward_name == "latency"
         reward = -step.latency_accrued_s if latency else float(step.outcome.num_decode_tokens)

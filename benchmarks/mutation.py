@@ -1,0 +1,514 @@
+"""Mutation check: apply small, realistic slips to the source one at a time and see whether the tests catch them.
+
+Each mutation replaces one exact piece of text (which must occur exactly once in its file) in a scratch copy of
+the repository, runs the tests that pin that behaviour, and counts the mutation *caught* when they fail.
+The working tree is never modified.
+
+    python benchmarks/mutation.py              # run every mutation, print caught/survived and the score
+    python benchmarks/mutation.py --list       # list the mutations and their target tests
+    python benchmarks/mutation.py --check      # only verify that every mutation's text still occurs exactly once
+    python benchmarks/mutation.py --only ID    # run some (repeat --only, or give a comma-separated list)
+    python benchmarks/mutation.py --jobs 2     # run in parallel scratch copies
+
+The scratch copy imports its own code: the package is installed in editable mode with a package-dir mapping
+(``servegym.engine`` lives in ``engine/``...), so the script links each mapped folder into the copy's
+``servegym/`` package and runs pytest from the copy, where ``servegym`` resolves to the copy before the
+editable finder is consulted; it checks that before running anything. Hypothesis runs derandomized
+(``SERVEGYM_MUTATION=1``) so that a score is reproducible. Exit status: 0 when every mutation is caught, 1 when
+some survive, 2 on a setup error (a mutation whose text is missing, a baseline that fails).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Queue
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = "tests/test_bite_engine.py"
+METRICS = "tests/test_bite_metrics.py"
+POLICIES = "tests/test_bite_policies.py"
+PROPS = "tests/test_properties.py"
+IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis",
+                                "*.egg-info", "runs", "studies", "results", "out", "build", "dist")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    id: str
+    file: str
+    old: str
+    new: str
+    targets: tuple[str, ...]
+    """pytest arguments: test files, node ids, ``-k`` expressions."""
+    kind: str
+
+
+def m(id: str, file: str, old: str, new: str, *targets: str, kind: str) -> Mutation:
+    return Mutation(id, file, old, new, targets, kind)
+
+
+ADMIT_STOP = "            if self.num_running >= cfg.max_num_seqs or blocks > free:\n                break"
+TWP_GATE = ("            if token_load_after + want[i] > self.window or kv_free - blocks[i] <= self.kv_guard:\n"
+            "                break")
+MC_LINE = "count = longest_feasible_prefix(obs, upper_remaining_running(obs), rows, upper_remaining_queue(rows))"
+
+MUTATIONS: list[Mutation] = [
+    # ------------------------------------------------------------------ engine admission
+    m("admit-first-chunk-floor", "engine/engine.py",
+      "blocks = num_blocks(first_chunk_tokens(target, cfg.prefill_chunk_tokens), bs)",
+      "blocks = first_chunk_tokens(target, cfg.prefill_chunk_tokens) // bs",
+      ENGINE, "-k", "first_chunk or sampled_token or chunked_admission", kind="engine admission"),
+    m("admit-no-sampled-token", "engine/kv.py",
+      "    if isinstance(prefill_target, int):  # the engine's per-request path: stay in plain ints\n"
+      "        first = min(int(prefill_chunk_tokens), prefill_target)\n"
+      "        return first + (first == prefill_target)",
+      "    if isinstance(prefill_target, int):  # the engine's per-request path: stay in plain ints\n"
+      "        first = min(int(prefill_chunk_tokens), prefill_target)\n"
+      "        return first",
+      ENGINE, "-k", "sampled_token", kind="engine admission"),
+    m("admit-whole-prompt", "engine/engine.py",
+      "blocks = num_blocks(first_chunk_tokens(target, cfg.prefill_chunk_tokens), bs)",
+      "blocks = num_blocks(target + 1, bs)",
+      ENGINE, "-k", "chunked_admission", kind="engine admission"),
+    m("admit-skips-misfit", "engine/engine.py", ADMIT_STOP, ADMIT_STOP.replace("break", "continue"),
+      ENGINE, "-k", "stops_at_the_first", kind="engine admission"),
+    m("admit-seat-off-by-one", "engine/engine.py",
+      "if self.num_running >= cfg.max_num_seqs or blocks > free:",
+      "if self.num_running > cfg.max_num_seqs or blocks > free:",
+      ENGINE, "-k", "max_num_seqs", kind="engine admission"),
+    m("never-fits-ge", "engine/engine.py",
+      "> self.num_kv_blocks * self.block_size", ">= self.num_kv_blocks * self.block_size",
+      ENGINE, "-k", "never_fits", kind="engine admission"),
+    m("never-fits-plus-one", "engine/engine.py",
+      "> self.num_kv_blocks * self.block_size", "> self.num_kv_blocks * self.block_size + 1",
+      ENGINE, "-k", "never_fits", kind="engine admission"),
+    m("max-tokens-not-capped", "engine/cluster.py",
+      "output = np.minimum(spec.num_output_tokens, cfg.max_tokens)", "output = spec.num_output_tokens",
+      ENGINE, "-k", "never_fits", kind="engine admission"),
+    # ------------------------------------------------------------------ preemption and bookkeeping
+    m("admit-time-overwritten", "engine/engine.py",
+      "            if math.isnan(log.admit_s[rid]):\n                log.admit_s[rid] = self.clock",
+      "            log.admit_s[rid] = self.clock",
+      ENGINE, "-k", "queue_head", kind="preemption"),
+    m("first-token-overwritten", "engine/engine.py",
+      "first = ids[np.isnan(log.first_token_s[ids])]", "first = ids",
+      ENGINE, "-k", "queue_head", kind="preemption"),
+    m("preempted-to-queue-back", "engine/engine.py",
+      "self.waiting = np.concatenate([ids, self.waiting])", "self.waiting = np.concatenate([self.waiting, ids])",
+      ENGINE, "-k", "queue_head", kind="preemption"),
+    m("preemption-forgets-generated", "engine/engine.py",
+      "log.num_generated_at_preemption[ids] = run[rows, GEN]", "log.num_generated_at_preemption[ids] = 0",
+      PROPS, "-k", "random_actions or seeded", kind="preemption"),
+    m("preemption-segment-off-by-one", "engine/engine.py",
+      "log.seg_last.extend([self.step_index - 1] * int(opened.sum()))",
+      "log.seg_last.extend([self.step_index] * int(opened.sum()))",
+      PROPS, "-k", "random_actions or seeded", kind="preemption"),
+    m("preempted-marked-pending", "engine/engine.py",
+      "log.state[ids] = State.PREEMPTED", "log.state[ids] = State.PENDING",
+      PROPS, "-k", "random_actions or seeded", kind="conservation"),
+    m("finished-not-marked", "engine/engine.py",
+      "log.state[ids] = State.FINISHED", "log.state[ids] = State.DECODING",
+      PROPS, "-k", "random_actions or seeded", kind="conservation"),
+    m("lifo-evicts-oldest", "engine/preemption.py",
+      "return np.array([n - 1])", "return np.array([0])",
+      ENGINE, POLICIES, "-k", "queue_head or evicts_the_newest", kind="preemption"),
+    # ------------------------------------------------------------------ KV accounting (caught without check_invariants)
+    m("kv-leak-on-release", "engine/engine.py",
+      "self.num_used_blocks -= int(num_blocks(run[rows, KV], bs).sum())",
+      "self.num_used_blocks -= int((run[rows, KV] // bs).sum())",
+      PROPS, "-k", "random_actions or seeded", kind="conservation"),
+    m("kv-need-floor", "engine/engine.py",
+      "need = int((num_blocks(kv + new_tokens, bs) - num_blocks(kv, bs)).sum())",
+      "need = int(((kv + new_tokens) // bs - kv // bs).sum())",
+      PROPS, "-k", "random_actions or seeded", kind="conservation"),
+    m("kv-decode-phase", "engine/engine.py",
+      "return None, int(self._phases[-self.step_index % bs])",
+      "return None, int(self._phases[self.step_index % bs])",
+      PROPS, "-k", "random_actions or seeded", kind="conservation"),
+    m("prefill-count-drift", "engine/engine.py",
+      "self.num_prefilling -= int(np.count_nonzero(run[rows, PREFILL_LEFT]))", "self.num_prefilling -= 0",
+      PROPS, "-k", "random_actions or seeded", kind="conservation"),
+    m("token-load-drift", "engine/engine.py",
+      "self.token_load -= decode_tokens", "self.token_load -= 0 * decode_tokens",
+      PROPS, "-k", "random_actions or seeded", kind="conservation"),
+    # ------------------------------------------------------------------ the invariant checker
+    m("check-no-kv", "engine/engine.py",
+      "if held != self.num_used_blocks or not 0 <= self.num_used_blocks <= self.num_kv_blocks:",
+      "if not 0 <= self.num_used_blocks <= self.num_kv_blocks:",
+      ENGINE, "-k", "check_invariants", kind="conservation"),
+    m("check-no-duplicates", "engine/engine.py",
+      "if np.unique(self.waiting).size != self.waiting.size:", "if False:",
+      ENGINE, "-k", "check_invariants", kind="conservation"),
+    m("check-no-queue-states", "engine/engine.py",
+      "if not np.all((states == State.WAITING) | (states == State.PREEMPTED)):", "if False:",
+      ENGINE, "-k", "check_invariants", kind="conservation"),
+    m("check-no-running-states", "engine/engine.py",
+      "if not np.all((run_states == State.PREFILLING) | (run_states == State.DECODING)):", "if False:",
+      ENGINE, "-k", "check_invariants", kind="conservation"),
+    m("check-no-token-load", "engine/engine.py",
+      "if int((rows[:, HI] - rows[:, GEN]).sum()) != self.token_load:", "if False:",
+      ENGINE, "-k", "check_invariants", kind="conservation"),
+    m("check-no-prefill-count", "engine/engine.py",
+      "if int(np.count_nonzero(rows[:, PREFILL_LEFT])) != self.num_prefilling:", "if False:",
+      ENGINE, "-k", "check_invariants", kind="conservation"),
+    m("check-flag-ignored", "engine/config.py",
+      "    def __post_init__(self) -> None:\n        object.__setattr__(self, \"preemption\"",
+      "    def __post_init__(self) -> None:\n        object.__setattr__(self, \"check_invariants\", False)\n"
+      "        object.__setattr__(self, \"preemption\"",
+      ENGINE, "-k", "check_invariants", kind="conservation"),
+    m("check-cluster-counts-from-states", "engine/cluster.py",
+      "queued = sum(e.waiting.size for e in self.engines)", "queued = c[\"num_waiting\"]",
+      ENGINE, "-k", "check_invariants", kind="conservation"),
+    # ------------------------------------------------------------------ metrics
+    m("p99-is-p95", "metrics/core.py",
+      "np.percentile(values, PERCENTILES)", "np.percentile(values, (50, 95, 95))",
+      METRICS, kind="metrics"),
+    m("percentile-nearest", "metrics/core.py",
+      "np.percentile(values, PERCENTILES)", "np.percentile(values, PERCENTILES, method=\"nearest\")",
+      METRICS, kind="metrics"),
+    m("percentile-weibull", "metrics/core.py",
+      "np.percentile(values, PERCENTILES)", "np.percentile(values, PERCENTILES, method=\"weibull\")",
+      METRICS, kind="metrics"),
+    m("e2e-from-admission", "metrics/core.py",
+      "return log.finish_s[done] - log.arrival_s[done]", "return log.finish_s[done] - log.admit_s[done]",
+      METRICS, kind="metrics"),
+    m("ttft-from-admission", "metrics/core.py",
+      "return log.first_token_s[have] - log.arrival_s[have]", "return log.first_token_s[have] - log.admit_s[have]",
+      METRICS, kind="metrics"),
+    m("tpot-divides-by-output", "metrics/core.py",
+      "np.maximum(out - 1, 1)", "np.maximum(out, 1)",
+      METRICS, kind="metrics"),
+    m("goodput-ttft-from-admission", "metrics/core.py",
+      "ok = (first - log.arrival_s[done] <= ttft_slo_s)", "ok = (first - log.admit_s[done] <= ttft_slo_s)",
+      METRICS, kind="metrics"),
+    m("kv-util-not-time-weighted", "metrics/core.py",
+      "weights = dt if dt.sum() > 0 else np.ones_like(dt)", "weights = np.ones_like(dt)",
+      METRICS, kind="metrics"),
+    m("kv-util-std-not-time-weighted", "metrics/core.py",
+      "std = float(np.sqrt(np.dot((used - mean) ** 2, weights) / weights.sum()))", "std = float(used.std())",
+      METRICS, kind="metrics"),
+    m("makespan-from-zero", "metrics/core.py",
+      "return float(max(ends) - log.arrival_s[0])", "return float(max(ends))",
+      METRICS, kind="metrics"),
+    m("itl-cv-sample-std", "metrics/core.py",
+      "return float(gaps.std() / gaps.mean())", "return float(gaps.std(ddof=1) / gaps.mean())",
+      METRICS, kind="metrics"),
+    m("throughput-counts-unfinished", "metrics/core.py",
+      "tokens = int(log.num_output_tokens[log.state == State.FINISHED].sum())",
+      "tokens = int(log.num_output_tokens.sum())",
+      METRICS, kind="metrics"),
+    m("queue-slope-is-intercept", "metrics/core.py",
+      "total += float(np.polyfit(t, q, 1)[0])", "total += float(np.polyfit(t, q, 1)[1])",
+      METRICS, kind="metrics"),
+    m("token-times-drop-last", "engine/log.py",
+      "out[r].append(ends[self.container[r]][first : last + 1])",
+      "out[r].append(ends[self.container[r]][first : last])",
+      METRICS, kind="metrics"),
+    # ------------------------------------------------------------------ TWP
+    m("twp-no-kv-guard-in-gate", "policies/twp.py", TWP_GATE,
+      TWP_GATE.replace(" or kv_free - blocks[i] <= self.kv_guard", ""),
+      POLICIES, "-k", "twp", kind="twp"),
+    m("twp-gate-skips", "policies/twp.py", TWP_GATE, TWP_GATE.replace("break", "continue"),
+      POLICIES, "-k", "twp", kind="twp"),
+    m("twp-no-sigma-floor", "policies/twp.py", "/ max(0.5, sigma)", "/ sigma",
+      POLICIES, "-k", "twp", kind="twp"),
+    m("twp-no-itl-smoothing", "policies/twp.py",
+      "self.itl_hat = itl if self.itl_hat is None else self.itl_hat + p.itl_filter * (itl - self.itl_hat)",
+      "self.itl_hat = itl",
+      POLICIES, "-k", "twp", kind="twp"),
+    m("twp-window-jumps", "policies/twp.py",
+      "self.window + p.gain * (target - self.window)", "target",
+      POLICIES, "-k", "twp", kind="twp"),
+    m("twp-queue-term-uncapped", "policies/twp.py",
+      "min(1.0, queue_depth / p.queue_norm)", "queue_depth / p.queue_norm",
+      POLICIES, "-k", "twp", kind="twp"),
+    m("twp-guard-never-tightens-at-once", "policies/twp.py",
+      "self.kv_guard = target if target > self.kv_guard else relaxed", "self.kv_guard = relaxed",
+      POLICIES, "-k", "twp", kind="twp"),
+    m("twp-guard-ignores-its-parameter", "policies/twp.py",
+      "self.kv_guard = self.params.kv_guard", "self.kv_guard = 0.05",
+      POLICIES, "-k", "twp", kind="twp"),
+    m("twp-forces-at-t-max", "policies/twp.py",
+      "queue[:, _Q[\"wait_steps\"]] > p.max_wait_steps)", "queue[:, _Q[\"wait_steps\"]] >= p.max_wait_steps)",
+      POLICIES, "-k", "twp", kind="twp"),
+    # ------------------------------------------------------------------ memory-aware baselines
+    m("mc-queue-lower-bound", "policies/mc.py", MC_LINE,
+      MC_LINE.replace("upper_remaining_queue(rows)", "np.maximum(rows[:, 3] - rows[:, 5], 1.0)"),
+      POLICIES, "-k", "upper_bound", kind="memory-aware"),
+    m("mc-sf-queue-lower-bound", "policies/mc_sf.py", MC_LINE,
+      MC_LINE.replace("upper_remaining_queue(rows)",
+                      "np.maximum(rows[:, QUEUE_INDEX[\"output_lo\"]] - rows[:, QUEUE_INDEX[\"num_generated\"]], 1.0)"),
+      POLICIES, "-k", "mc_sf or upper_bound", kind="memory-aware"),
+    m("running-lower-bound", "policies/common.py",
+      "return np.maximum(run[:, RUNNING_INDEX[\"output_hi\"]] - run[:, RUNNING_INDEX[\"num_generated\"]], 1.0)",
+      "return np.maximum(run[:, RUNNING_INDEX[\"output_lo\"]] - run[:, RUNNING_INDEX[\"num_generated\"]], 1.0)",
+      POLICIES, "-k", "upper_bound", kind="memory-aware"),
+    m("queue-lower-bound", "policies/common.py",
+      "return np.maximum(rows[:, QUEUE_INDEX[\"output_hi\"]] - rows[:, QUEUE_INDEX[\"num_generated\"]], 1.0)",
+      "return np.maximum(rows[:, QUEUE_INDEX[\"output_lo\"]] - rows[:, QUEUE_INDEX[\"num_generated\"]], 1.0)",
+      POLICIES, "-k", "upper_bound or mc_sf", kind="memory-aware"),
+    m("no-block-slack", "policies/common.py",
+      "slack = (engine_feature(obs, \"kv_block_size\") - 1) * current.size", "slack = 0",
+      POLICIES, "-k", "slack", kind="memory-aware"),
+    m("peak-counts-one-too-few", "policies/common.py",
+      "alive = np.arange(rem.size, 0, -1)", "alive = np.arange(rem.size, 0, -1) - 1",
+      POLICIES, "-k", "peak_future", kind="memory-aware"),
+    m("mc-sf-sorts-by-lower-bound", "policies/mc_sf.py",
+      "order = np.argsort(predicted, kind=\"stable\")",
+      "order = np.argsort(rows[:, QUEUE_INDEX[\"output_lo\"]], kind=\"stable\")",
+      POLICIES, "-k", "mc_sf", kind="memory-aware"),
+    m("mc-sf-longest-first", "policies/mc_sf.py",
+      "order = np.argsort(predicted, kind=\"stable\")", "order = np.argsort(-predicted, kind=\"stable\")",
+      POLICIES, "-k", "mc_sf", kind="memory-aware"),
+    m("predicted-estimate-is-lower-bound", "policies/base.py",
+      "return (lo + hi) / 2.0", "return lo.astype(np.float64)",
+      POLICIES, "-k", "mc_sf", kind="memory-aware"),
+    m("hindsight-longest-first", "policies/hindsight.py",
+      "order = np.argsort(left + 1e-6", "order = np.argsort(-left + 1e-6",
+      POLICIES, "-k", "hindsight", kind="memory-aware"),
+    m("hindsight-without-true-lengths", "policies/hindsight.py",
+      "return {\"length_mode\": \"known\", \"preemption\": \"lifo\"}", "return {\"preemption\": \"lifo\"}",
+      POLICIES, "-k", "hindsight", kind="memory-aware"),
+    # ------------------------------------------------------------------ flow control
+    m("flow-control-fewest-generated", "policies/flow_control.py",
+      "return {\"preemption\": \"lifo\"}", "return {\"preemption\": \"fewest_generated\"}",
+      POLICIES, "-k", "flow_control", kind="flow control"),
+    m("flow-control-no-override", "policies/flow_control.py",
+      "return {\"preemption\": \"lifo\"}", "return {}",
+      POLICIES, "-k", "flow_control", kind="flow control"),
+    m("flow-control-drops-fraction", "policies/flow_control.py",
+      "self.credit = max(self.credit - whole, 0.0)", "self.credit = 0.0",
+      POLICIES, "-k", "flow_control", kind="flow control"),
+    m("flow-control-no-rounding", "policies/flow_control.py",
+      "_ROUNDING = 1e-9", "_ROUNDING = 0.0",
+      POLICIES, "-k", "flow_control", kind="flow control"),
+    m("flow-control-caps-at-floor-b", "policies/flow_control.py",
+      "whole = math.floor(self.credit + _ROUNDING)",
+      "whole = min(math.floor(self.credit + _ROUNDING), max(1, math.floor(self.params.activation_budget)))",
+      POLICIES, "-k", "flow_control", kind="flow control"),
+    # ------------------------------------------------------------------ backend, workloads, determinism
+    m("backend-drops-decode-context", "backends/profile.py",
+      "decode_context = float(batch.decode_context.sum())", "decode_context = 0.0",
+      ENGINE, "-k", "decode_context", kind="backend"),
+    m("token-model-drops-decode-context", "backends/token_model.py",
+      "context = float(batch.decode_context.sum()) if decodes else 0.0", "context = 0.0",
+      ENGINE, "-k", "decode_context", kind="backend"),
+    m("decode-context-after-the-step", "engine/engine.py",
+      "batch = StepBatch(run[:n, REQ], run[:n, KV], EMPTY, EMPTY, EMPTY, EMPTY)",
+      "batch = StepBatch(run[:n, REQ], run[:n, KV] + 1, EMPTY, EMPTY, EMPTY, EMPTY)",
+      ENGINE, "-k", "decode_context", kind="backend"),
+    m("prefill-attention-off-by-one", "backends/token_model.py",
+      "return float(np.dot(length, start + (length + 1) * 0.5))",
+      "return float(np.dot(length, start + length * 0.5))",
+      ENGINE, "-k", "prefill_attention", kind="backend"),
+    m("backend-noise-unseeded", "backends/calibrated.py",
+      "self._rng.standard_normal()", "np.random.standard_normal()",
+      ENGINE, "-k", "same_seed", kind="determinism"),
+    m("mmpp-starts-in-burst", "workloads/arrivals.py",
+      "parts, t, burst = [], 0.0, False", "parts, t, burst = [], 0.0, True",
+      ENGINE, "-k", "mmpp", kind="workload"),
+    m("predicted-lengths-unseeded", "engine/cluster.py",
+      "u = rng.random((2, output.size))", "u = np.random.default_rng().random((2, output.size))",
+      ENGINE, "-k", "same_seed", kind="determinism"),
+    m("predicted-hi-below-truth", "engine/cluster.py",
+      "np.ceil(output * (1.0 + err * u[1]))", "np.ceil(output * (1.0 - err * u[1]))",
+      PROPS, "-k", "random_actions or seeded", kind="determinism"),
+    m("workload-lengths-unseeded", "workloads/synthetic.py",
+      "prompt, output = self.prompt.sample(rng, n), self.output.sample(rng, n)",
+      "prompt, output = self.prompt.sample(np.random.default_rng(), n), self.output.sample(rng, n)",
+      ENGINE, "-k", "same_seed", kind="determinism"),
+]
+
+
+# ---------------------------------------------------------------------------------------------------- running
+def python_executable() -> str:
+    venv = ROOT / ".venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def validate(mutations: list[Mutation]) -> list[str]:
+    """Problems with the mutations' texts against the current working tree (empty when all is well)."""
+    problems, seen = [], set()
+    for mut in mutations:
+        if mut.id in seen:
+            problems.append(f"{mut.id}: duplicate id")
+        seen.add(mut.id)
+        path = ROOT / mut.file
+        if not path.is_file():
+            problems.append(f"{mut.id}: {mut.file} does not exist")
+            continue
+        count = path.read_text().count(mut.old)
+        if count != 1:
+            problems.append(f"{mut.id}: the old text occurs {count} times in {mut.file} (must be exactly once):\n"
+                            f"    {mut.old!r}")
+        if mut.old == mut.new:
+            problems.append(f"{mut.id}: old and new text are the same")
+        for target in mut.targets:
+            if target.startswith("tests/") and not (ROOT / target.split("::")[0]).is_file():
+                problems.append(f"{mut.id}: target {target} does not exist")
+    return problems
+
+
+def make_scratch(parent: Path, name: str) -> Path:
+    """Copy the repository (without .venv, .git and caches) and link the package-dir mapping into servegym/."""
+    repo = parent / name
+    shutil.copytree(ROOT, repo, ignore=IGNORE, symlinks=True)
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in mapping.items():
+        parts = package.split(".")
+        if len(parts) != 2 or parts[0] != "servegym":
+            continue
+        link = repo / "servegym" / parts[1]
+        if link.exists() or link.is_symlink():
+            raise RuntimeError(f"{link} already exists in the scratch copy")
+        link.symlink_to(Path("..") / folder, target_is_directory=True)
+    return repo
+
+
+def subprocess_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
+    env.update(PYTHONDONTWRITEBYTECODE="1", SERVEGYM_MUTATION="1")
+    return env
+
+
+def check_imports(repo: Path) -> None:
+    """Fail unless every servegym module imported from the scratch copy comes from the scratch copy."""
+    code = ("import servegym.runner, servegym.policies, servegym.metrics, sys; "
+            "print('\\n'.join(m.__file__ for n, m in sys.modules.items() "
+            "if n.startswith('servegym') and getattr(m, '__file__', None)))")
+    out = subprocess.run([python_executable(), "-c", code], cwd=repo, env=subprocess_env(), capture_output=True,
+                         text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"importing servegym from the scratch copy failed:\n{out.stderr}")
+    files = [Path(line) for line in out.stdout.split()]
+    outside = [f for f in files if not f.resolve().is_relative_to(repo.resolve())]
+    if not files or outside:
+        raise RuntimeError(f"the scratch copy imports servegym from outside itself: {outside[:5]}")
+
+
+def run_pytest(repo: Path, targets: tuple[str, ...], timeout: float) -> tuple[int, str, float]:
+    cmd = [python_executable(), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *targets]
+    start = time.perf_counter()
+    try:
+        out = subprocess.run(cmd, cwd=repo, env=subprocess_env(), capture_output=True, text=True, timeout=timeout,
+                             check=False)
+    except subprocess.TimeoutExpired:
+        return -1, "timed out", time.perf_counter() - start
+    return out.returncode, out.stdout + out.stderr, time.perf_counter() - start
+
+
+def first_failure(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split(" - ")[0]
+    return output.strip().splitlines()[-1] if output.strip() else ""
+
+
+def run_mutation(repo: Path, mut: Mutation, timeout: float) -> tuple[str, str, float]:
+    path = repo / mut.file
+    original = path.read_text()
+    if original.count(mut.old) != 1:
+        return "ERROR", f"old text occurs {original.count(mut.old)} times in the scratch copy", 0.0
+    try:
+        path.write_text(original.replace(mut.old, mut.new))
+        rc, output, seconds = run_pytest(repo, mut.targets, timeout)
+    finally:
+        path.write_text(original)
+    if rc == 0:
+        return "SURVIVED", "targeted tests pass", seconds
+    if rc == -1:
+        return "CAUGHT", "timed out (a hang)", seconds
+    if rc == 5:
+        return "ERROR", "no tests collected: check the targets", seconds
+    return "CAUGHT", first_failure(output), seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--check", action="store_true", help="only check that each old text occurs exactly once")
+    parser.add_argument("--only", action="append", default=[], metavar="ID", help="run only these ids (repeatable)")
+    parser.add_argument("--jobs", type=int, default=1, help="parallel scratch copies (default 1)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mutation before it counts as a hang")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    args = parser.parse_args(argv)
+
+    wanted = {i for arg in args.only for i in arg.split(",") if i}
+    unknown = wanted - {mut.id for mut in MUTATIONS}
+    if unknown:
+        print(f"unknown mutation id(s): {sorted(unknown)}", file=sys.stderr)
+        return 2
+    chosen = [mut for mut in MUTATIONS if not wanted or mut.id in wanted]
+    if args.list:
+        for mut in chosen:
+            print(f"{mut.id:38s} {mut.kind:14s} {mut.file:26s} {' '.join(mut.targets)}")
+        print(f"{len(chosen)} mutations")
+        return 0
+    problems = validate(chosen)
+    if problems:
+        print("mutation list out of date with the source:", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"all {len(chosen)} mutations apply (each old text occurs exactly once)")
+        return 0
+
+    started = time.perf_counter()
+    scratch = Path(tempfile.mkdtemp(prefix="servegym-mutation-"))
+    try:
+        jobs = max(1, min(args.jobs, len(chosen)))
+        repos = [make_scratch(scratch, f"repo{j}") for j in range(jobs)]
+        check_imports(repos[0])
+        files = tuple(sorted({t.split("::")[0] for mut in chosen for t in mut.targets if t.startswith("tests/")}))
+        rc, output, seconds = run_pytest(repos[0], files, args.timeout)
+        if rc != 0:
+            print(f"baseline failed: the unmutated tests must pass first ({' '.join(files)}):\n{output[-3000:]}",
+                  file=sys.stderr)
+            return 2
+        print(f"baseline: {' '.join(files)} pass on the unmutated copy ({seconds:.1f} s)")
+        free: Queue[Path] = Queue()
+        for repo in repos:
+            free.put(repo)
+        results: dict[str, tuple[str, str, float]] = {}
+
+        def work(mut: Mutation) -> None:
+            repo = free.get()
+            try:
+                results[mut.id] = run_mutation(repo, mut, args.timeout)
+            finally:
+                free.put(repo)
+            verdict, detail, secs = results[mut.id]
+            print(f"[{len(results):3d}/{len(chosen)}] {verdict:8s} {mut.id:38s} {secs:5.1f}s  {detail}", flush=True)
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(work, chosen))
+    finally:
+        if args.keep:
+            print(f"scratch kept at {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    caught = [mut.id for mut in chosen if results[mut.id][0] == "CAUGHT"]
+    survived = [mut.id for mut in chosen if results[mut.id][0] == "SURVIVED"]
+    errors = [mut.id for mut in chosen if results[mut.id][0] == "ERROR"]
+    print(f"\nscore: {len(caught)}/{len(chosen)} caught ({time.perf_counter() - started:.0f} s)")
+    if survived:
+        print(f"survived: {', '.join(survived)}")
+    if errors:
+        print(f"errors: {', '.join(errors)}")
+    return 2 if errors else (1 if survived else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
