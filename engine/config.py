@@ -16,7 +16,10 @@ class PreemptionRule(StrEnum):
     CLEAR_ALL = "clear_all"
     """Evict every running request (alpha-protection greedy)."""
     FEWEST_GENERATED = "fewest_generated"
-    """Fewest generated tokens first, newest first on ties (Amin, Chen-Ye-Zhou 2025)."""
+    """Fewest generated tokens first, newest first on ties."""
+    SHORTEST_PREDICTED = "shortest_predicted"
+    """Ascending predicted output length, newest first on ties; the prediction is A_min's estimate: the lower
+    end of the observed interval, doubled each time the request outgrows it (Chen, Ye, Zhou 2025)."""
 
 
 class LengthMode(StrEnum):

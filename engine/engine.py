@@ -234,7 +234,8 @@ class Engine:
         if self.num_running:
             plan, need = self._plan()
             while need > self.num_kv_blocks - self.num_used_blocks:
-                preempted += self._evict(pick_victims(self.config.preemption, self._run[: self.num_running, GEN]))
+                rows = self._run[: self.num_running]
+                preempted += self._evict(pick_victims(self.config.preemption, rows[:, GEN], rows[:, LO], rows[:, HI]))
                 plan, need = self._plan()
         if self.num_running:
             decode_tokens, prefill_tokens, finished = self._execute(plan, need)

@@ -4,7 +4,8 @@ Each request's length estimate starts at the lower end ``lo`` of its prediction 
 time the request outgrows it (capped at ``hi``). The estimate is a function of what the observation shows
 (``lo``, ``hi``, tokens generated), so a preempted request returns to the queue with its raised estimate.
 Admission is greedy, shortest estimate first, while the future-memory check on the estimates holds; on KV
-overflow the engine evicts the running requests with the fewest generated tokens first.
+overflow the engine evicts in ascending order of predicted output length, the paper's order (the
+``shortest_predicted`` preemption rule, on the same estimate).
 """
 
 from __future__ import annotations
@@ -13,16 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from servegym.engine.preemption import amin_estimate
 from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX
 from servegym.policies.base import Observation, Policy, ranks_action, register_policy
 from servegym.policies.common import longest_feasible_prefix, running_rows, visible_queue
-
-
-def amin_estimate(lo: np.ndarray, hi: np.ndarray, generated: np.ndarray) -> np.ndarray:
-    """``lo * 2**k`` for the smallest ``k`` with an estimate above ``generated``, capped at ``hi``."""
-    lo = np.maximum(lo, 1.0)
-    doublings = np.ceil(np.log2(np.maximum((generated + 1.0) / lo, 1.0)))
-    return np.minimum(lo * 2.0**doublings, hi)
 
 
 @register_policy
@@ -31,11 +26,11 @@ class AMin(Policy):
 
     name = "amin"
     source = "Chen, Ye, Zhou: Adaptively Robust LLM Inference Optimization under Prediction Uncertainty (2025)"
-    rule = "estimate = lower end, doubled when outgrown; shortest estimate first; evict fewest-generated first"
+    rule = "estimate = lower end, doubled when outgrown; shortest estimate first; evict shortest estimate first"
     uses_output_lengths = True
 
     def engine_overrides(self) -> dict[str, Any]:
-        return {"preemption": "fewest_generated"}
+        return {"preemption": "shortest_predicted"}
 
     def reset(self) -> None:
         self.running_estimates = np.zeros(0)

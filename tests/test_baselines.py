@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from servegym.engine.preemption import amin_estimate
 from servegym.envs import ENGINE_INDEX, queue_matrix
 from servegym.policies import make_policy
-from servegym.policies.amin import amin_estimate
 from servegym.runner import make_env, run_episode
 from tests.conftest import PAPER, fixed
 

@@ -209,3 +209,17 @@ def test_token_budget_caps_each_iteration():
             break
     steps = env.unwrapped.engine.log.steps()
     assert steps[:, 4].max() <= 1024 and math.isclose(steps[:, 4].max(), 1024)
+
+
+def test_shortest_predicted_evicts_the_smallest_amin_estimate_not_the_fewest_generated():
+    # Rows (oldest first): lo = 50, 8, 30 with hi = 400, generated = 3, 20, 1. A_min's estimates: 50 (3 < 50);
+    # 8 doubled past 20 -> 32; 30. Shortest predicted evicts row 2 (estimate 30); fewest-generated would evict
+    # row 2 as well, so also check a case where they differ: generated = 0, 20, 31 -> estimates 50, 32, 60
+    # (31 outgrew 30, so it doubled): shortest predicted evicts row 1, fewest generated row 0.
+    lo, hi = np.array([50, 8, 30]), np.full(3, 400)
+    assert pick_victims(PreemptionRule.SHORTEST_PREDICTED, np.array([3, 20, 1]), lo, hi).tolist() == [2]
+    gen = np.array([0, 20, 31])
+    assert pick_victims(PreemptionRule.SHORTEST_PREDICTED, gen, lo, hi).tolist() == [1]
+    assert pick_victims(PreemptionRule.FEWEST_GENERATED, gen, lo, hi).tolist() == [0]
+    # Ties go to the most recently activated row.
+    assert pick_victims(PreemptionRule.SHORTEST_PREDICTED, np.zeros(3), np.full(3, 10), hi).tolist() == [2]
