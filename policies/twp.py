@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 _Q = QUEUE_INDEX
 
 
+def _chunking(name: str, value: object) -> None:
+    if value not in ("per_request", "total"):
+        raise ValueError(f"{name} must be 'per_request' or 'total', got {value!r}")
+
+
 @dataclass(frozen=True)
 class TWPParams(PolicyParams):
     """TWP's knobs; defaults follow the paper (``H0 = 400``, ``gamma = 0.15``, ``C = 64``)."""
@@ -50,6 +55,13 @@ class TWPParams(PolicyParams):
     unknown_output_tokens: float | None = param(
         128.0, "length estimate when lengths are unknown (None: use max_tokens)", optional(positive_number)
     )
+    min_active_requests: int | None = param(
+        8, "B0: the window never falls below this many requests' mean estimated remaining tokens, so enough "
+        "requests stay active to use the GPU's parallelism (the paper's B0 = 8); None: window_min alone",
+        optional(positive_int))
+    chunking: str = param(
+        "per_request", "'per_request': each prompt ingests at most C tokens per step, the paper's fixed-size "
+        "chunks, one per decode step; 'total': at most C prefill tokens per step over all prompts", _chunking)
 
     def validate(self) -> None:
         if self.gain == 0 or self.itl_filter == 0:
@@ -91,7 +103,7 @@ class TokenWindowPacing(Policy):
 
     def engine_overrides(self) -> dict[str, Any]:
         c = self.params.prefill_chunk_tokens
-        return {"prefill_chunk_tokens": c, "max_prefill_tokens": c}
+        return {"prefill_chunk_tokens": c, "max_prefill_tokens": c if self.params.chunking == "total" else None}
 
     def reset(self) -> None:
         self.window = self.params.initial_window
@@ -99,11 +111,13 @@ class TokenWindowPacing(Policy):
         self.itl_floor = math.inf
         self.kv_guard = self.params.kv_guard
         self.forced_total = 0
-        self.trace: dict[str, list[float]] = {k: [] for k in ("window", "target", "sigma", "kv_guard", "token_load",
-                                                               "forced", "num_admitted", "num_waiting", "num_running")}
+        self.trace: dict[str, list[float]] = {k: [] for k in (
+            "window", "window_floor", "target", "sigma", "kv_guard", "token_load", "forced", "num_admitted",
+            "num_waiting", "num_running")}
 
     def diagnostics(self) -> dict[str, np.ndarray]:
-        """Per step: H_t, H*, sigma, delta_kv, token load K_t, forced and total admissions, queue, batch."""
+        """Per step: H_t, its floor H_min, H*, sigma, delta_kv, token load K_t, forced and total admissions, queue,
+        batch."""
         return {k: np.asarray(v) for k, v in self.trace.items()}
 
     # ------------------------------------------------------------------ the five stages
@@ -117,11 +131,21 @@ class TokenWindowPacing(Policy):
         l_min = baseline if baseline > 0 else self.itl_floor
         return self.itl_hat / l_min if self.itl_hat is not None and math.isfinite(l_min) else 1.0
 
-    def _update_window(self, sigma: float, queue_depth: float) -> float:
+    def _update_window(self, sigma: float, queue_depth: float, floor: float) -> float:
         p = self.params
         target = p.initial_window * (1.0 + min(1.0, queue_depth / p.queue_norm)) / max(0.5, sigma)
-        self.window = min(p.window_max, max(p.window_min, self.window + p.gain * (target - self.window)))
+        self.window = min(p.window_max, max(floor, self.window + p.gain * (target - self.window)))
         return target
+
+    def _window_floor(self, running_remaining: np.ndarray, queued_remaining: np.ndarray) -> float:
+        """``H_min``: ``window_min``, raised to ``B0`` times the mean estimated remaining tokens of the running
+        requests (of the waiting ones while nothing runs), capped at ``window_max``."""
+        p = self.params
+        if p.min_active_requests is None:
+            return p.window_min
+        pool = running_remaining if running_remaining.size else queued_remaining
+        mean = float(pool.mean()) if pool.size else 0.0
+        return min(p.window_max, max(p.window_min, p.min_active_requests * mean))
 
     def _update_kv_guard(self, obs: Observation) -> None:
         p = self.params
@@ -145,17 +169,18 @@ class TokenWindowPacing(Policy):
     def act(self, obs: Observation) -> np.ndarray:
         p = self.params
         depth = engine_feature(obs, "num_waiting")
-        sigma = self._monitor(obs)
-        target = self._update_window(sigma, depth)
-        self._update_kv_guard(obs)
-
         batch = int(engine_feature(obs, "num_running"))
         remaining = remaining_running(obs, p.unknown_output_tokens)
         token_load = float(remaining.sum())
         mean_remaining = float(remaining.mean()) if batch else 0.0
-
         queue = visible_queue(obs)
         want = remaining_queued(obs, queue, p.unknown_output_tokens)
+
+        sigma = self._monitor(obs)
+        floor = self._window_floor(remaining, want)
+        target = self._update_window(sigma, depth, floor)
+        self._update_kv_guard(obs)
+
         blocks = admission_blocks(obs, queue) / total_blocks(obs)
         kv_free = engine_feature(obs, "kv_free_frac")
         slots = free_slots(obs)
@@ -177,7 +202,8 @@ class TokenWindowPacing(Policy):
             token_load_after += want[i]
             kv_free -= blocks[i]
         self.forced_total += forced.size
-        for key, value in (("window", self.window), ("target", target), ("sigma", sigma), ("kv_guard", self.kv_guard),
+        for key, value in (("window", self.window), ("window_floor", floor), ("target", target), ("sigma", sigma),
+                           ("kv_guard", self.kv_guard),
                            ("token_load", token_load), ("forced", forced.size), ("num_admitted", len(admitted)),
                            ("num_waiting", depth), ("num_running", batch)):
             self.trace[key].append(value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servegym.engine import State
+from servegym.engine import STEP_INDEX, State
 from servegym.policies import make_policy
 from servegym.policies.twp import TokenWindowPacing, TWPParams
 from servegym.runner import make_env, run_episode
@@ -27,8 +27,10 @@ def backlog(n=300, prompt=20, output=50):
 
 
 def test_window_contracts_when_step_latency_rises():
-    # T_max out of the way: forced admissions would otherwise drain the backlog after 200 steps.
-    flat, steep = TokenWindowPacing(max_wait_steps=10**6), TokenWindowPacing(max_wait_steps=10**6)
+    # T_max out of the way: forced admissions would otherwise drain the backlog after 200 steps; the parallelism
+    # floor too, so that the window rule alone moves the window.
+    flat = TokenWindowPacing(max_wait_steps=10**6, min_active_requests=None)
+    steep = TokenWindowPacing(max_wait_steps=10**6, min_active_requests=None)
     known = {"length_mode": "known"}
     d_flat = drive(flat, make_env(flat, workload=backlog(), profile=flat_profile(), engine=known), 400)
     # Beyond one request every extra request adds l_min: sigma grows with the batch TWP admits.
@@ -97,13 +99,56 @@ def test_request_waiting_past_t_max_is_forced_in_with_the_window_full():
     assert policy.diagnostics()["token_load"][-1] + 100 > 250
 
 
-def test_chunked_prefill_bounds_prefill_tokens_per_step_at_c():
-    policy = TokenWindowPacing(prefill_chunk_tokens=48)
+def test_total_chunking_bounds_prefill_tokens_per_step_at_c():
+    policy = TokenWindowPacing(prefill_chunk_tokens=48, chunking="total")
     env = make_env(policy, workload="medium", engine={"length_mode": "predicted"})
     result = run_episode(env, policy, seed=0)
     steps = result.log.steps()
-    assert steps[:, 4].max() == 48  # prefill tokens column: never above C, and C is used
+    assert steps[:, STEP_INDEX["num_prefill_tokens"]].max() == 48  # never above C, and C is used
     assert env.unwrapped.engine_config.prefill_chunk_tokens == 48
+
+
+def test_per_request_chunking_gives_each_prompt_one_chunk_of_c_per_step():
+    # The paper's reading: "fixed-size chunks processed one per decode step", per request. Three 200-token
+    # prompts admitted together ingest 64 tokens each in the first step (192 in all): 64, 64, 64, then 8 each.
+    policy = TokenWindowPacing(prefill_chunk_tokens=64, initial_window=10_000.0, window_max=10_000.0)
+    env = make_env(policy, workload=fixed(np.zeros(3), np.full(3, 200), np.full(3, 5)), profile=flat_profile(),
+                   engine={"length_mode": "known"})
+    result = run_episode(env, policy, seed=0)
+    prefill = result.log.steps()[:, STEP_INDEX["num_prefill_tokens"]]
+    assert prefill[:4].tolist() == [192, 192, 192, 24]
+    assert env.unwrapped.engine_config.max_prefill_tokens is None
+
+
+def test_window_floor_keeps_b0_requests_worth_of_tokens():
+    # min_active_requests = 8 (the paper's B0): running requests with 100 and 300 tokens left (mean 200) give a
+    # floor of 1600; with nothing running, the waiting requests' mean (50) gives 400; never below window_min or
+    # above window_max; None leaves window_min alone.
+    policy = TokenWindowPacing(window_min=32.0, window_max=1000.0)
+    assert policy._window_floor(np.array([100.0, 300.0]), np.array([50.0])) == 1000.0  # capped at window_max
+    policy = TokenWindowPacing(window_min=32.0, window_max=4096.0)
+    assert policy._window_floor(np.array([100.0, 300.0]), np.array([50.0])) == 1600.0
+    assert policy._window_floor(np.zeros(0), np.array([40.0, 60.0])) == 400.0
+    assert policy._window_floor(np.zeros(0), np.zeros(0)) == 32.0
+    assert TokenWindowPacing(min_active_requests=None)._window_floor(np.array([500.0]), np.zeros(0)) == 32.0
+
+
+def test_window_floor_holds_the_window_up_when_latency_soars():
+    # On the steep profile (every request beyond the first adds l_min) sigma drives the target down; with the
+    # floor the window never drops below 8 x the mean estimated remaining tokens (known lengths here).
+    def run(min_active):
+        policy = TokenWindowPacing(max_wait_steps=10**6, min_active_requests=min_active)
+        env = make_env(policy, workload=backlog(), profile=flat_profile(alpha_s=0.043, saturation_batch=1),
+                       engine={"length_mode": "known"})
+        return drive(policy, env, 300)
+
+    floored, free = run(8), run(None)
+    assert np.all(floored["window"] >= floored["window_floor"])
+    # The floor binds: the window sits on it at steps where the rule's target lies below it.
+    binds = (floored["target"] < floored["window_floor"]) & np.isclose(floored["window"], floored["window_floor"])
+    assert binds.sum() > 10
+    assert floored["window_floor"].max() > 32.0  # the floor, not window_min, held the window
+    assert np.all(free["window_floor"] == 32.0)
 
 
 def test_p99_itl_under_burst_stays_below_fcfs():
