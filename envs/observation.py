@@ -50,7 +50,7 @@ ENGINE_SCHEMA = (
 QUEUE_SCHEMA = (
     Feature("num_prompt_tokens", "prompt tokens"),
     Feature("wait_s", "seconds since arrival"),
-    Feature("wait_steps", "iterations since it joined this container's queue"),
+    Feature("wait_steps", "iterations since it first joined this container's queue (kept through preemptions)"),
     Feature("output_lo", "lower bound of the output length"),
     Feature("output_hi", "upper bound of the output length"),
     Feature("num_generated", "output tokens to recompute (> 0 marks a preempted request)"),
