@@ -42,6 +42,15 @@ def read_tidy_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+def results_from_tidy_csv(path: Path) -> list[TaskResult]:
+    """The per-run metrics of a ``results.csv`` (no token-level samples), in the file's order."""
+    runs: dict[tuple[str, str, int], dict[str, float]] = {}
+    for row in read_tidy_csv(path):
+        runs.setdefault((row["policy"], row["workload"], int(row["seed"])), {})[row["metric"]] = float(row["value"])
+    empty = np.zeros(0)
+    return [TaskResult(p, w, s, metrics, empty, empty) for (p, w, s), metrics in runs.items()]
+
+
 def summarize_results(results: list[TaskResult]) -> Summary:
     groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for r in results:

@@ -58,6 +58,13 @@ class Table:
     def mean(self, workload: str, policy: str, metric: str) -> tuple[float, float]:
         return mean_ci(self.series(workload, policy, metric))
 
+    def restricted(self, workloads: list[str]) -> Table:
+        """A copy holding only ``workloads``."""
+        out = Table([])
+        out.values.update({k: dict(v) for k, v in self.values.items() if k[0] in workloads})
+        out.workloads, out.policies = [w for w in self.workloads if w in workloads], list(self.policies)
+        return out
+
     def best_variants(self, metric: str) -> tuple[Table, dict[tuple[str, str], str]]:
         """A copy where each family with variants (``name setting`` labels) is its lowest-``metric`` variant per
         workload, renamed to the family; also which variant was chosen, by (workload, family)."""
@@ -187,11 +194,26 @@ def flow_claims(table: Table, setting: str) -> list[Claim]:
         beats_claim(table, FLOW, f"more stable KV cache utilization than the baselines ({setting})",
                     "flow-control", FLOW_BASELINES, "kv_util_std"),
     ]
-    if "flow-control-per-class" in table.policies:
-        claims.append(beats_claim(table, FLOW, f"per-class budgets (known lengths) beat one budget ({setting})",
-                                  "flow-control-per-class", ["flow-control"], "e2e_mean"))
+    known = table.restricted([w for w in table.workloads if w.endswith("/known")])
+    if "flow-control-per-class" in table.policies and known.workloads:
+        claims.append(near_claim(known, FLOW, f"with per-class budgets b_k (known lengths) comes near hindsight "
+                                 f"({setting})", "flow-control-per-class", "hindsight", "e2e_mean", 0.10))
     return [Claim(c.paper, c.claim, c.measured + (suffix if i == 0 else ""), c.verdict, c.reason)
             for i, c in enumerate(claims)]
+
+
+CHANGES = [
+    "Flow control comes near hindsight (synthetic classes): partly -> reproduced. The budget bug floored "
+    "b = 1.5 to one activation per step, so l10-o60 ran 164% above hindsight; with the fix and the grid search "
+    "it is within 10% in every class.",
+    "TWP's four claims are now checked in two conditions. In the paper's warm, light-load regime the verdicts "
+    "are the same as under the cold pool (only the ITL-CV claim reproduces): cold starts did not decide them; "
+    "TWP's P99 TTFT stays above round-robin's there because it stages each prompt in chunks of C = 64 tokens per step and its window holds requests back.",
+    "New claims: flow control's throughput and KV-stability claims (partly reproduced on the synthetic classes "
+    "and the trace; KV stability not reproduced on the mixed classes), the mixed-classes setting, and flow "
+    "control with per-class budgets b_k near hindsight.",
+]
+"""One line per verdict that changed since the previous report (written by hand from the two runs)."""
 
 
 def render(claims: list[Claim], notes: list[str], sources: list[str]) -> str:
@@ -208,6 +230,7 @@ def render(claims: list[Claim], notes: list[str], sources: list[str]) -> str:
     ]
     for c in claims:
         lines.append(f"| {c.paper} | {c.claim} | {c.measured} | **{c.verdict}** ({c.reason}) |")
+    lines += ["", "## Changes since the previous report", ""] + [f"- {c}" for c in CHANGES]
     lines += ["", "## Readings taken and caveats", ""] + [f"- {n}" for n in notes]
     lines += ["", "## Runs", ""] + [f"- {s}" for s in sources]
     return "\n".join(lines) + "\n"
@@ -260,6 +283,9 @@ NOTES = [
     "profile, a regime the paper's memory-only analysis does not model.",
     "MC and MC-SF plan with upper-bound lengths: with unknown lengths (the interval [1, max_tokens]) they admit "
     "very few requests, which is what their rule implies, not a tuning choice.",
+    "The best b sits at the top of the grid (12) in every synthetic workload, and the best alpha at 0.1: in "
+    "discrete time with no batch cost, faster activation only shortens waits while the cache holds, so the "
+    "grid's edge, not an interior optimum, wins.",
     "Passages quoted above are the ones available to servegym's authors; for the other readings (equal class "
     "shares, the b and alpha grids) the papers' exact wording was not at hand, and each reading is stated as "
     "such.",

@@ -140,6 +140,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         experiment = load_experiment(Path(args.experiments) / f"{name}.yaml")
         if args.seeds:
             experiment = experiment.with_seeds(args.seeds)
+        if args.from_results:
+            from servegym.evaluation.report import results_from_tidy_csv
+
+            results[name] = results_from_tidy_csv(Path(args.results) / name / "results.csv")
+            seeds[name] = len({r.seed for r in results[name]})
+            continue
         print(f"servegym reproduce: {name} ({len(experiment.seeds)} seeds)")
         results[name], _ = compare(experiment, Path(args.results) / name, workers=args.workers,
                                    progress=not args.quiet)
@@ -327,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--experiments", default="experiments", help="folder with the paper experiment files")
     rep.add_argument("--results", default="docs/results", help="folder for each experiment's results")
     rep.add_argument("--doc", default="docs/REPRODUCTION.md")
+    rep.add_argument("--from-results", action="store_true",
+                     help="re-derive the verdicts from the saved results.csv files without running anything")
     rep.add_argument("--seeds", type=int, default=None, help="override every experiment's seed count")
     rep.add_argument("--workers", type=int, default=None)
     rep.add_argument("--quiet", action="store_true")

@@ -166,3 +166,15 @@ def test_grid_searched_variants_collapse_to_the_best_per_workload():
     assert table.policies == ["flow-control", "mc"]
     assert table.series("w1", "flow-control", "e2e_mean").tolist() == [4.0, 5.0, 6.0]
     assert table.series("w2", "flow-control", "e2e_mean").tolist() == [2.0, 3.0, 4.0]
+
+
+def test_verdicts_can_be_rederived_from_the_saved_tidy_csv(tmp_path):
+    from servegym.evaluation import TaskResult
+    from servegym.evaluation.report import results_from_tidy_csv, write_tidy_csv
+
+    runs = [TaskResult("fcfs", "w", seed, {"e2e_mean": 1.5 + seed, "num_finished": 10.0}, np.zeros(1), np.zeros(1))
+            for seed in range(3)]
+    write_tidy_csv(runs, tmp_path / "results.csv")
+    back = results_from_tidy_csv(tmp_path / "results.csv")
+    assert [(r.policy, r.workload, r.seed, r.metrics) for r in back] == [
+        (r.policy, r.workload, r.seed, r.metrics) for r in runs]
