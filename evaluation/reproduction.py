@@ -208,7 +208,8 @@ CHANGES = [
     "it is within 10% in every class.",
     "TWP's four claims are now checked in two conditions. In the paper's warm, light-load regime the verdicts "
     "are the same as under the cold pool (only the ITL-CV claim reproduces): cold starts did not decide them; "
-    "TWP's P99 TTFT stays above round-robin's there because it stages each prompt in chunks of C = 64 tokens per step and its window holds requests back.",
+    "TWP's P99 TTFT stays above round-robin's there because it stages each prompt in chunks of C = 64 tokens "
+    "per step and its window holds requests back.",
     "New claims: flow control's throughput and KV-stability claims (partly reproduced on the synthetic classes "
     "and the trace; KV stability not reproduced on the mixed classes), the mixed-classes setting, and flow "
     "control with per-class budgets b_k near hindsight.",
