@@ -20,6 +20,7 @@ the profile file.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from dataclasses import dataclass, field, fields
@@ -35,15 +36,16 @@ class ProfileValueError(ValueError):
 
 def _interp(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
     """Piecewise-linear through the knots; beyond the last knot the last segment's slope continues, below the
-    first knot the first value holds."""
+    first knot the first value holds. (Plain Python: a scalar lookup per step, faster than ``np.interp``.)"""
     if x <= xs[0]:
         return ys[0]
-    if x >= xs[-1]:
-        if len(xs) == 1:
-            return ys[-1]
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        return ys[-1] + slope * (x - xs[-1])
-    return float(np.interp(x, xs, ys))
+    i = bisect.bisect_right(xs, x)
+    if i == len(xs):
+        if i == 1:
+            return ys[0]
+        i -= 1  # extrapolate the last segment
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 def _check_knots(name: str, xs: tuple[float, ...], ys: tuple[float, ...]) -> None:
@@ -117,24 +119,41 @@ class TokenLatencyModel:
                            emitting_rows * self.lm_head_flops_per_row / self.peak_flops_s) if emitting_rows else 0.0,
         }
 
+    def total_s(self, rows: int, tokens: float, decode_context: float, prefill_pairs: float,
+                emitting_rows: int) -> float:
+        """The sum of :meth:`terms`, without building the dict (the per-step path)."""
+        if rows == 0:
+            return 0.0
+        total = (_interp(rows, self.cpu_rows, self.cpu_s) + _interp(tokens, self.linear_tokens, self.linear_s)
+                 + _interp(tokens, self.linear_tokens, self.allreduce_s)
+                 + decode_context * self.kv_bytes_per_token / self.decode_bandwidth_bytes_s
+                 + prefill_pairs * self.attention_flops_per_pair / self.prefill_flops_s)
+        if emitting_rows:
+            total += max(self.lm_head_bytes / self.memory_bandwidth_bytes_s,
+                         emitting_rows * self.lm_head_flops_per_row / self.peak_flops_s)
+        return total
+
     def iteration_s(self, batch: StepBatch) -> float:
         decodes = batch.decode_ids.size
         prefills = batch.prefill_ids.size
-        tokens = decodes + (float(batch.prefill_len.sum()) if prefills else 0.0)
+        if not prefills:
+            context = float(batch.decode_context.sum()) if decodes else 0.0
+            return self.total_s(decodes, decodes, context, 0.0, decodes)
+        tokens = decodes + float(batch.prefill_len.sum())
         context = float(batch.decode_context.sum()) if decodes else 0.0
-        pairs = prefill_attention_work(batch.prefill_start, batch.prefill_len) if prefills else 0.0
+        pairs = prefill_attention_work(batch.prefill_start, batch.prefill_len)
         completes = int(np.count_nonzero(batch.prefill_start + batch.prefill_len == batch.prefill_target))
-        return sum(self.terms(decodes + prefills, tokens, context, pairs, decodes + completes).values())
+        return self.total_s(decodes + prefills, tokens, context, pairs, decodes + completes)
 
     # ------------------------------------------------------------------ summaries
     def decode_s(self, batch: int, context: float = 0.0) -> float:
         """An iteration of ``batch`` decoding requests, each holding ``context`` KV tokens."""
-        return sum(self.terms(batch, batch, batch * context, 0.0, batch).values())
+        return self.total_s(batch, batch, batch * context, 0.0, batch)
 
     def prefill_s(self, prompt: int, batch: int = 1) -> float:
         """An iteration that prefills ``batch`` whole prompts of ``prompt`` tokens, no decodes."""
         pairs = batch * prompt * (prompt + 1) / 2.0
-        return sum(self.terms(batch, batch * prompt, 0.0, pairs, batch).values())
+        return self.total_s(batch, batch * prompt, 0.0, pairs, batch)
 
     @property
     def l_min_s(self) -> float:

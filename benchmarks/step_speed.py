@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 import servegym
+from servegym.backends import DEFAULT_PROFILE
 from servegym.workloads import FixedWorkload, RequestSpec
 
 
@@ -29,11 +30,12 @@ def time_steps(env: gym.Env, action, steps: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def servegym_rate(steps: int, repeats: int) -> tuple[float, dict]:
+def servegym_rate(steps: int, repeats: int, profile: str) -> tuple[float, dict]:
     n = 320
     spec = RequestSpec(np.zeros(n), np.full(n, 100), np.full(n, steps * repeats + 1000))
     engine = {"max_num_seqs": 64, "max_tokens": 10**6, "num_kv_blocks": 10**7}
-    env = gym.make(servegym.ENV_ID, workload=FixedWorkload(spec), engine=engine, max_episode_steps=10**9)
+    env = gym.make(servegym.ENV_ID, workload=FixedWorkload(spec), engine=engine, profile=profile,
+                   max_episode_steps=10**9)
     env.reset(seed=0)
     w = env.unwrapped.queue_window
     admit = np.ones(w, dtype=np.int64)
@@ -66,13 +68,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", nargs="+", default=[DEFAULT_PROFILE, "paper-v100-llama3.2-3b"],
+                        help="profiles to time (schema 2 costs more per step than schema 1)")
     args = parser.parse_args()
-    serve, state = servegym_rate(args.steps, args.repeats)
     cart = cartpole_rate(args.steps, args.repeats)
-    print(f"servegym/Serving-v0 ({state['running']} running, {state['waiting']} waiting): "
-          f"{serve:10.0f} steps/s  ({1e6 / serve:6.1f} us/step)")
     print(f"CartPole-v1:                                   {cart:10.0f} steps/s  ({1e6 / cart:6.1f} us/step)")
-    print(f"cost ratio servegym/CartPole: {cart / serve:.2f}x (target <= 3x)")
+    for profile in args.profile:
+        serve, state = servegym_rate(args.steps, args.repeats, profile)
+        print(f"servegym/Serving-v0 on {profile} ({state['running']} running, {state['waiting']} waiting): "
+              f"{serve:8.0f} steps/s  ({1e6 / serve:6.1f} us/step), {cart / serve:.2f}x CartPole")
 
 
 if __name__ == "__main__":

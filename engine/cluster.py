@@ -132,7 +132,13 @@ class Cluster:
 
     def _update_done(self) -> None:
         """``done``: the workload is exhausted and every container is empty."""
-        self.done = self._next_arrival == self._num_requests and not any(e.has_work for e in self.engines)
+        if self._next_arrival < self._num_requests:
+            self.done = False
+        elif len(self.engines) == 1:  # the common case, on the per-step path
+            engine = self.engines[0]
+            self.done = not (engine.waiting.size or engine.num_running)
+        else:
+            self.done = not any(e.has_work for e in self.engines)
 
     @property
     def next_arrival_s(self) -> float:

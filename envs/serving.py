@@ -247,7 +247,12 @@ class ServingEnv(gym.Env):
             "next_container": self.cluster.deciding,
             "clock_s": e.clock,
             "step_s": out.dt_s,
-            **out._asdict(),  # dt_s again, num_decode_tokens, num_prefill_tokens, num_admitted, num_refused, ...
+            "num_decode_tokens": out.num_decode_tokens,
+            "num_prefill_tokens": out.num_prefill_tokens,
+            "num_admitted": out.num_admitted,
+            "num_refused": out.num_refused,
+            "num_preemptions": out.num_preemptions,
+            "num_finished": out.num_finished,
             "num_arrived": arrived,
             "num_rejected": rejected,
             "num_running": e.num_running,

@@ -196,3 +196,16 @@ def test_iteration_time_grows_with_tokens_and_context():
     decode = [lat.decode_s(b, 1024) for b in (1, 8, 32, 128, 256)]
     assert decode == sorted(decode) and decode[-1] > 2 * decode[0]
     assert lat.decode_s(32, 4096) > lat.decode_s(32, 512)
+
+
+def test_the_per_step_total_equals_the_sum_of_the_named_terms():
+    # total_s is the hot path; terms() is what the docs and reports show. They must agree everywhere, including
+    # below the first knot and beyond the last (extrapolation).
+    rng = np.random.default_rng(0)
+    for name in ("a100-llama3-8b", "h100-llama2-70b-tp8", "a40-llama2-7b"):
+        lat = load_profile(name).latency
+        for _ in range(200):
+            rows = int(rng.integers(0, 300))
+            args = (rows, float(rng.integers(0, 70_000)), float(rng.integers(0, 10**6)), float(rng.integers(0, 10**7)),
+                    int(rng.integers(0, rows + 1)))
+            assert lat.total_s(*args) == pytest.approx(sum(lat.terms(*args).values()), rel=1e-12)
