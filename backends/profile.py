@@ -12,10 +12,9 @@ from typing import Any
 from servegym.backends.base import StepBatch
 from servegym.backends.token_model import ProfileValueError, TokenLatencyModel, prefill_attention_work
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSIONS = (1, 2)
 """Schema 1: the batch-keyed model (:class:`LatencyModel`); schema 2: the token-keyed
 :class:`~servegym.backends.token_model.TokenLatencyModel`. Both load."""
-SCHEMA_VERSIONS = (1, 2)
 
 
 class ProfileError(ValueError):

@@ -136,11 +136,10 @@ class TokenLatencyModel:
     def iteration_s(self, batch: StepBatch) -> float:
         decodes = batch.decode_ids.size
         prefills = batch.prefill_ids.size
+        context = float(batch.decode_context.sum()) if decodes else 0.0
         if not prefills:
-            context = float(batch.decode_context.sum()) if decodes else 0.0
             return self.total_s(decodes, decodes, context, 0.0, decodes)
         tokens = decodes + float(batch.prefill_len.sum())
-        context = float(batch.decode_context.sum()) if decodes else 0.0
         pairs = prefill_attention_work(batch.prefill_start, batch.prefill_len)
         completes = int(np.count_nonzero(batch.prefill_start + batch.prefill_len == batch.prefill_target))
         return self.total_s(decodes + prefills, tokens, context, pairs, decodes + completes)

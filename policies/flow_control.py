@@ -73,11 +73,10 @@ class FlowControlParams(PolicyParams):
         None, "known lengths: (output length, b_k) pairs, one token bucket per class (servegym.stability."
         "class_budgets derives them); other classes, and unknown lengths, use activation_budget", _check_classes)
 
-    def __post_init__(self) -> None:
-        _check_classes("class_budgets", self.class_budgets)
+    def validate(self) -> None:
         if self.class_budgets is not None:  # YAML gives lists; keep the frozen params hashable
             object.__setattr__(self, "class_budgets", tuple((int(k), float(b)) for k, b in self.class_budgets))
-        super().__post_init__()
+
 
 @register_policy
 class FlowControl(Policy):
@@ -119,7 +118,6 @@ class FlowControl(Policy):
             elif length not in grants and shared > 0:
                 shared -= 1
                 chosen.append(slot)
-        if self.params.respect_free_kv:
-            count = prefix_that_fits(admission_blocks(obs, rows[chosen]), free_blocks(obs))
-            chosen = chosen[: min(count, free_slots(obs))]
-        return ranks_action(obs, chosen)
+        fits = prefix_that_fits(admission_blocks(obs, rows[chosen]), free_blocks(obs)) \
+            if self.params.respect_free_kv else len(chosen)
+        return ranks_action(obs, chosen[: min(fits, free_slots(obs))])
