@@ -19,8 +19,11 @@ from servegym.engine.config import EngineConfig, LengthMode, as_enum
 from servegym.engine.engine import Engine, StepOutcome
 from servegym.engine.log import EpisodeLog
 from servegym.engine.routing import ROUTERS, Router
-from servegym.engine.validation import non_negative_number, optional, positive_int, positive_number
+from servegym.engine.validation import boolean, in_range, optional, positive_int, positive_number
 from servegym.workloads.base import Workload
+
+MAX_POOL_SECONDS = 1e6
+"""Longest keep-alive or cold start accepted (11.6 days): beyond it clocks would outrun the observation bounds."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,9 @@ class PoolConfig:
         object.__setattr__(self, "router", as_enum(Router, "router", self.router))
         positive_int("num_containers", self.num_containers)
         for name in ("keep_alive_s", "cold_start_s"):
-            optional(non_negative_number)(name, getattr(self, name))
+            optional(in_range(0.0, MAX_POOL_SECONDS))(name, getattr(self, name))
         positive_number("cold_start_scale", self.cold_start_scale)
+        boolean("start_cold", self.start_cold)
 
 
 class ClusterStep(NamedTuple):
@@ -74,6 +78,9 @@ class Cluster:
         self.engines = [Engine(config, backend, container=c) for c, backend in enumerate(backends)]
         base = pool.cold_start_s if pool.cold_start_s is not None else cold_start_s
         self.cold_start_s = base * pool.cold_start_scale
+        if self.cold_start_s > MAX_POOL_SECONDS:
+            raise ValueError(f"cold start {self.cold_start_s:g} s (cold_start_s x cold_start_scale) exceeds "
+                             f"{MAX_POOL_SECONDS:g} s")
         self._route = ROUTERS[pool.router]
         # Episode state, set by reset().
         self.log: EpisodeLog | None = None

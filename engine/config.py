@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from servegym.engine.validation import positive_int
+from servegym.engine.validation import boolean, positive_int
 
 
 class PreemptionRule(StrEnum):
@@ -111,3 +111,4 @@ class EngineConfig:
             raise ValueError(f"itl_smoothing must be in (0, 1], got {self.itl_smoothing}")
         if self.idle_tick_s is not None and not self.idle_tick_s > 0.0:
             raise ValueError(f"idle_tick_s must be > 0, got {self.idle_tick_s}")
+        boolean("check_invariants", self.check_invariants)

@@ -130,6 +130,9 @@ class Engine:
         """Sum over running rows of ``output_hi - num_generated``: an upper bound on tokens still to emit."""
         self.num_arrived: int
         self.num_finished: int
+        self.last_finished_ids: np.ndarray = np.zeros(0, dtype=np.int64)
+        """Request ids that finished in the latest iteration that finished any (read it when
+        ``last.num_finished > 0``)."""
         self.num_rejected: int
         self.itl_last: float
         self.itl_smoothed: float
@@ -370,6 +373,7 @@ class Engine:
         ids = run[rows, REQ]
         log.finish_s[ids] = self.clock
         log.state[ids] = State.FINISHED
+        self.last_finished_ids = ids
         log.seg_req.extend(ids.tolist())
         log.seg_first.extend(run[rows, SEG].tolist())
         log.seg_last.extend([self.step_index] * rows.size)

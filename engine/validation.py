@@ -32,6 +32,12 @@ def non_negative_number(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
+def boolean(name: str, value: Any) -> None:
+    """A real bool: YAML's ``"no"`` or a 0/1 int would otherwise pass as truthy or falsy by accident."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
 def in_range(low: float, high: float, high_open: bool = False) -> Check:
     """A check for a number in ``[low, high]`` (``[low, high)`` with ``high_open``)."""
 

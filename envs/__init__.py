@@ -1,5 +1,6 @@
 """Gymnasium environments over the serving engine."""
 
+from servegym.envs.mixture import MixtureEnv, make_serving_env
 from servegym.envs.observation import (
     ENGINE_FEATURES,
     ENGINE_INDEX,
@@ -12,6 +13,7 @@ from servegym.envs.observation import (
     running_matrix,
 )
 from servegym.envs.serving import REWARDS, ServingEnv
+from servegym.envs.tasks import TASKS, TEST_SEEDS, TRAIN_SEEDS, VALIDATION_SEEDS, Task, get_task
 
 __all__ = [
     "ENGINE_FEATURES",
@@ -22,7 +24,15 @@ __all__ = [
     "QUEUE_INDEX",
     "REWARDS",
     "RUNNING_INDEX",
+    "TASKS",
+    "TEST_SEEDS",
+    "TRAIN_SEEDS",
+    "VALIDATION_SEEDS",
+    "MixtureEnv",
     "ServingEnv",
+    "Task",
+    "get_task",
+    "make_serving_env",
     "queue_matrix",
     "running_matrix",
 ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import math
+import warnings
+from dataclasses import asdict, fields
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -11,16 +13,23 @@ from gymnasium import spaces
 
 from servegym.backends import Backend, CalibratedBackend, Profile, load_profile
 from servegym.engine import Cluster, Engine, EngineConfig, PoolConfig, StepOutcome
-from servegym.engine.validation import positive_int
+from servegym.engine.cluster import ClusterStep
+from servegym.engine.validation import boolean, non_negative_number, optional, positive_int, positive_number
 from servegym.envs.actions import slot_action_masks
 from servegym.envs.observation import SCHEMA, ObservationEncoder, observation_space, schema_table
+from servegym.metrics.core import met_slo
 from servegym.workloads import Workload, make_workload
 from servegym.workloads.scenarios import profile_for
 
 REWARDS = {
     "latency": "minus requests-in-system x step seconds (plus arrivals' lag): sums to minus total latency",
     "tokens": "output tokens emitted in the step (throughput)",
+    "slo_goodput": "requests that finished in the step within both SLOs: sums to the SLO-good request count",
 }
+STALL_WARNING_STEPS = 100
+"""Consecutive stalled steps after which the env warns (once per env) that the policy is not making progress."""
+TRUNCATION_PENALTY_S = 60.0
+"""Default seconds of latency charged per unserved request when the env truncates an episode itself."""
 
 
 class ServingEnv(gym.Env):
@@ -66,7 +75,15 @@ class ServingEnv(gym.Env):
 
     `reward="latency"` (default): minus the request-seconds spent in the system since the last step (requests
     in system x elapsed time, plus the lag of requests that arrived meanwhile); over an episode it sums to
-    minus the total time requests spent in the system, so maximising it minimises mean latency. `reward="tokens"`: output tokens emitted in the step.
+    minus the total time requests spent in the system, the unfinished counted up to the episode's end (minus
+    `e2e_mean_all_s` times the arrived, unrejected requests), so maximising it minimises mean latency and
+    starving the queue does not pay. `reward="slo_goodput"`: the number of requests that finished in the step with TTFT
+    <= `ttft_slo_s` and mean inter-token latency <= `itl_slo_s`; it sums to the SLO-good request count
+    (`goodput_rps * makespan_s`). `reward="tokens"`: output tokens emitted in the step.
+
+    `reward_half_life_s` discounts by simulated time instead of by step: a step's reward is multiplied by
+    `2 ** (-t / half_life)`, `t` the seconds from the episode's first arrival to the step's start, so the
+    undiscounted sum of rewards is the time-discounted return (train with `gamma` at or near 1).
 
     ## Starting State
 
@@ -74,8 +91,14 @@ class ServingEnv(gym.Env):
 
     ## Episode End
 
-    Terminated when the workload is exhausted and the system is empty. Truncated by `max_episode_steps`
-    (20,000 for `servegym/Serving-v0`).
+    Terminated when the workload is exhausted and the system is empty. Truncated by `max_steps` (the task's
+    episode limit), by the idle-admission guard (`idle_guard_steps=N`: requests waited while nothing ran and no
+    model was loading for `N` consecutive steps), and by `max_episode_steps` (gym.make's `TimeLimit`, 20,000
+    for `servegym/Serving-v0`). When the env truncates an episode itself (`max_steps` or the guard), the
+    latency reward of the last step is charged `truncation_penalty_s` per unserved request (waiting, running
+    or not yet arrived): steps are iterations of varying length, so without it an agent could end an episode
+    cheaply by making iterations short or by stalling. `info["num_stalled_steps"]` counts the current run of
+    stalled steps, with or without the guard; `info["idle_guard"]` marks a guard truncation.
 
     ## Arguments
 
@@ -94,7 +117,13 @@ class ServingEnv(gym.Env):
     | `engine` | `None` | an `EngineConfig` or a dict of its fields |
     | `pool` | `None` | a `PoolConfig` or a dict of its fields (containers, keep-alive, cold start, router) |
     | `queue_window` | `32` | visible waiting requests `W` |
+    | `task` | `None` | a name from `servegym.envs.TASKS`: its workload, profile, engine, pool, reward and limits (other arguments override) |
     | `reward` | `"latency"` | one of `REWARDS` |
+    | `ttft_slo_s`, `itl_slo_s` | `2.0`, `0.2` | SLOs of the `slo_goodput` reward and `info["num_slo_good"]` |
+    | `reward_half_life_s` | `None` | discount rewards by simulated time (see Rewards) |
+    | `max_steps` | `None` | truncate after this many steps |
+    | `idle_guard_steps` | `None` | truncate after this many consecutive stalled steps (see Episode End) |
+    | `truncation_penalty_s` | `60.0` | latency charged per unserved request when `max_steps` or the guard truncates |
     | `latency_noise_cv` | `None` | override the profile's multiplicative latency noise |
     | `strict_actions` | `False` | raise on admits of empty slots instead of counting them |
 
@@ -118,14 +147,34 @@ class ServingEnv(gym.Env):
         latency_noise_cv: float | None = None,
         strict_actions: bool = False,
         render_mode: str | None = None,
+        ttft_slo_s: float = 2.0,
+        itl_slo_s: float = 0.2,
+        reward_half_life_s: float | None = None,
+        max_steps: int | None = None,
+        idle_guard_steps: int | None = None,
+        truncation_penalty_s: float = TRUNCATION_PENALTY_S,
     ) -> None:
-        if isinstance(engine, dict):
-            engine = EngineConfig(**engine)
-        if isinstance(pool, dict):
-            pool = PoolConfig(**pool)
+        engine = _config("engine", engine, EngineConfig)
+        pool = _config("pool", pool, PoolConfig)
+        if not isinstance(workload, str | Workload):
+            raise TypeError(f"workload must be a name from servegym.workloads.WORKLOADS or a Workload, got {workload!r}")
+        if profile is not None and not isinstance(profile, str | Profile):
+            raise TypeError(f"profile must be a shipped name, a JSON path or a Profile, got {profile!r}")
+        if latency_noise_cv is not None:
+            non_negative_number("latency_noise_cv", latency_noise_cv)
+        for name, value in (("strict_actions", strict_actions),):
+            boolean(name, value)
+        if not isinstance(reward, str):
+            raise TypeError(f"reward must be a string, one of {sorted(REWARDS)}, got {reward!r}")
         self.engine_config = engine or EngineConfig()
         self.pool_config = pool or PoolConfig()
         positive_int("queue_window", queue_window)
+        for name, value in (("ttft_slo_s", ttft_slo_s), ("itl_slo_s", itl_slo_s)):
+            positive_number(name, value)
+        optional(positive_number)("reward_half_life_s", reward_half_life_s)
+        optional(positive_int)("max_steps", max_steps)
+        optional(positive_int)("idle_guard_steps", idle_guard_steps)
+        non_negative_number("truncation_penalty_s", truncation_penalty_s)
         if reward not in REWARDS:
             raise ValueError(f"unknown reward {reward!r}; choose from {sorted(REWARDS)}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -157,12 +206,22 @@ class ServingEnv(gym.Env):
         self.reward_name = reward
         self.strict_actions = strict_actions
         self.render_mode = render_mode
+        self.ttft_slo_s, self.itl_slo_s = float(ttft_slo_s), float(itl_slo_s)
+        self.reward_half_life_s = reward_half_life_s
+        self.max_steps = max_steps
+        self.idle_guard_steps = idle_guard_steps
+        self.truncation_penalty_s = float(truncation_penalty_s)
         slots = self.engine_config.max_num_seqs
         self.action_space = spaces.MultiDiscrete(np.full(queue_window, queue_window + 1, dtype=np.int64))
         self.observation_space = observation_space(queue_window, slots, n)
         self._encoder = ObservationEncoder(queue_window, slots)
         self._invalid = 0
         self._stepped = False
+        self._num_steps = 0
+        self._num_stalled = 0
+        """Consecutive steps after which requests waited, nothing ran and no model was loading."""
+        self._num_slo_good = 0
+        self._warned_stall = False
 
     # ------------------------------------------------------------------ gym API
     @property
@@ -177,6 +236,7 @@ class ServingEnv(gym.Env):
         self._encoder.reset(self.cluster.engines[0])
         self._invalid = 0
         self._stepped = False
+        self._num_steps = self._num_stalled = self._num_slo_good = 0
         info = self._info(self.engine.last, self.cluster.deciding, self.cluster.last_arrived,
                           self.cluster.last_rejected)
         return self._encoder.encode(self.cluster), info
@@ -190,12 +250,53 @@ class ServingEnv(gym.Env):
             info = self._info(self.engine.last, self.cluster.deciding, 0, 0)
             return self._encoder.encode(self.cluster), 0.0, True, False, info
         self._stepped = True
+        started_s = self.cluster.time
         step = self.cluster.step(order)
-        latency = self.reward_name == "latency"
-        reward = -step.latency_accrued_s if latency else float(step.outcome.num_decode_tokens)
+        self._num_steps += 1
+        reward = self._reward(step)
+        self._num_stalled = self._num_stalled + 1 if self._stalled() else 0
+        if self._num_stalled == STALL_WARNING_STEPS and not self._warned_stall:
+            self._warned_stall = True
+            warnings.warn(f"requests have waited while nothing ran for {STALL_WARNING_STEPS} steps at t="
+                          f"{self.cluster.time:.2f} s: the policy is not admitting (info['num_stalled_steps'] counts "
+                          "such steps; idle_guard_steps truncates them)", RuntimeWarning, stacklevel=2)
+        terminated = self.cluster.done
+        truncated = not terminated and self.max_steps is not None and self._num_steps >= self.max_steps
+        guarded = not terminated and self.idle_guard_steps is not None and self._num_stalled >= self.idle_guard_steps
+        if (truncated or guarded) and self.reward_name == "latency":
+            reward -= self.truncation_penalty_s * self.num_unserved
+        if self.reward_half_life_s is not None:
+            reward *= 2.0 ** (-(started_s - self.cluster.log.arrival_s[0]) / self.reward_half_life_s)
         obs = self._encoder.encode(self.cluster)
-        return obs, reward, self.cluster.done, False, self._info(step.outcome, step.container, step.arrived,
-                                                                 step.rejected)
+        info = self._info(step.outcome, step.container, step.arrived, step.rejected)
+        if guarded:
+            info["idle_guard"] = True
+        return obs, reward, terminated, truncated or guarded, info
+
+    def _reward(self, step: ClusterStep) -> float:
+        if self.reward_name == "latency":
+            return -step.latency_accrued_s
+        if self.reward_name == "tokens":
+            return float(step.outcome.num_decode_tokens)
+        if not step.outcome.num_finished:
+            return 0.0
+        engine = self.cluster.engines[step.container]
+        good = int(np.count_nonzero(met_slo(self.cluster.log, engine.last_finished_ids, self.ttft_slo_s,
+                                            self.itl_slo_s)))
+        self._num_slo_good += good
+        return float(good)
+
+    def _stalled(self) -> bool:
+        """Requests wait somewhere while no container runs anything or loads a model."""
+        engines, now = self.cluster.engines, self.cluster.time
+        waiting = any(e.waiting.size for e in engines)
+        return waiting and not any(e.num_running or now < e.ready_at < math.inf for e in engines)
+
+    @property
+    def num_unserved(self) -> int:
+        """Requests of the episode neither finished nor rejected (waiting, running or not yet arrived)."""
+        log = self.cluster.log
+        return log.num_requests - sum(e.num_finished for e in self.cluster.engines) - self.cluster.num_rejected
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":
@@ -259,12 +360,27 @@ class ServingEnv(gym.Env):
             "num_waiting": e.waiting.size,
             "kv_used_frac": e.num_used_blocks / e.num_kv_blocks,
             "num_invalid_admissions": self._invalid,
+            "num_stalled_steps": self._num_stalled,
+            "num_slo_good": self._num_slo_good,
         }
 
     def config_dict(self) -> dict[str, Any]:
         """The engine and pool configuration as plain values (for logs and result files)."""
         both = {**asdict(self.engine_config), **{f"pool_{k}": v for k, v in asdict(self.pool_config).items()}}
         return {k: getattr(v, "value", v) for k, v in both.items()}
+
+
+def _config(name: str, value: Any, cls: type) -> Any:
+    """An engine or pool config from a config, a dict of its fields, or None; anything else is a clear error."""
+    if value is None or isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a {cls.__name__} or a dict of its fields, got {value!r}")
+    allowed = {f.name for f in fields(cls)}
+    unknown = set(value) - allowed
+    if unknown:
+        raise ValueError(f"{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+    return cls(**value)
 
 
 def _document_observations(doc: str) -> str:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from servegym.engine import STEP_INDEX
+from servegym.evaluation.executor import RunStore, run_stored
 from servegym.evaluation.spec import Experiment, PolicySpec, WorkloadSpec
 from servegym.metrics import inter_token_latencies, summarize
 from servegym.policies import make_policy
@@ -89,30 +87,20 @@ def run_task(task: Task) -> TaskResult:
     return TaskResult(task.policy.title, task.workload.label, task.seed, metrics, ttft, gaps, series)
 
 
-def run_grid(experiment: Experiment, workers: int | None = None, progress: bool = True) -> list[TaskResult]:
-    """Run the whole grid; results come back sorted by (workload, policy, seed) whatever the worker order."""
+def run_grid(experiment: Experiment, workers: int | None = None, progress: bool = True,
+             store: RunStore | None = None) -> list[TaskResult]:
+    """Run the whole grid; results come back sorted by (workload, policy, seed) whatever the worker order.
+
+    With a ``store``, runs already in it are not run again and each new one is saved as it finishes. Ctrl-C
+    raises :class:`~servegym.evaluation.executor.Interrupted` with the finished runs (already stored).
+    """
     todo = tasks(experiment)
-    workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
     bar = _bar(len(todo), experiment.name) if progress else None
-    results: list[TaskResult] = []
-    if workers == 1:
-        for task in todo:
-            results.append(run_task(task))
-            if bar is not None:
-                bar.update(1)
-    else:
-        # spawn, not fork: a parent that already loaded torch (an rl: policy, the real backend) can deadlock
-        # forked children on torch's thread pools.
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(run_task, task) for task in todo]
-            for future in as_completed(futures):
-                results.append(future.result())
-                if bar is not None:
-                    bar.update(1)
-    if bar is not None:
-        bar.close()
-    order = {(t.workload.label, t.policy.title, t.seed): i for i, t in enumerate(todo)}
-    return sorted(results, key=lambda r: order[(r.workload, r.policy, r.seed)])
+    return run_stored(run_task, todo, workers, store, _describe, bar)
+
+
+def _describe(task: Task) -> str:
+    return f"run {task.policy.title} on {task.workload.label} seed {task.seed}"
 
 
 def _bar(total: int, name: str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -89,6 +90,8 @@ def markdown_summary(experiment: Experiment, results: list[TaskResult]) -> str:
     for workload in workloads:
         lines += [f"## {workload}", "", header, rule]
         for policy in policies:
+            if (workload, policy, TABLE_COLUMNS[0][0]) not in summary:  # a stopped grid did not reach it
+                continue
             cells = [cell(*summary[(workload, policy, m)][:2], scale, dec) for m, _, scale, dec in TABLE_COLUMNS]
             truncated = summary.get((workload, policy, "truncated"), (0.0,))[0]
             mark = " (truncated)" if truncated and truncated > 0 else ""
@@ -97,9 +100,21 @@ def markdown_summary(experiment: Experiment, results: list[TaskResult]) -> str:
     return "\n".join(lines)
 
 
-def write_reports(experiment: Experiment, results: list[TaskResult], out: Path) -> dict[str, Path]:
+def write_reports(experiment: Experiment, results: list[TaskResult], out: Path,
+                  partial: int | None = None) -> dict[str, Path]:
+    """Write ``results.csv`` and ``summary.md`` atomically; ``partial`` (finished runs of a stopped grid) marks
+    the summary as covering only those runs."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"results": out / "results.csv", "summary": out / "summary.md"}
-    write_tidy_csv(results, paths["results"])
-    paths["summary"].write_text(markdown_summary(experiment, results) + "\n")
+    tmp = out / "results.csv.tmp"
+    write_tidy_csv(results, tmp)
+    os.replace(tmp, paths["results"])
+    text = markdown_summary(experiment, results) if results else f"# {experiment.name}\n\nNo run finished."
+    if partial is not None:
+        total = len(experiment.policies) * len(experiment.workloads) * len(experiment.seeds)
+        text = (f"> **PARTIAL RESULTS**: the grid was stopped after {partial} of {total} runs; re-run the same "
+                "command to finish it (finished runs are kept in `runs/`).\n\n" + text)
+    tmp = out / "summary.md.tmp"
+    tmp.write_text(text + "\n")
+    os.replace(tmp, paths["summary"])
     return paths

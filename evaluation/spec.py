@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from servegym.backends import load_profile
+from servegym.engine import EngineConfig, PoolConfig
 from servegym.engine.config import LENGTH_MODES
 from servegym.policies import POLICIES, make_policy
 from servegym.workloads import (
@@ -77,8 +80,13 @@ TOP_KEYS = {"name", "description", "profile", "seeds", "engine", "pool", "max_st
             "length_modes", "ttft_slo_s", "itl_slo_s"}
 
 
-def experiment_from_dict(data: Any, source: str = "<experiment>") -> Experiment:
-    """Validate a parsed experiment file; errors name ``source`` and the key."""
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+"""An experiment name is a plain folder name: it must not escape the output folder."""
+
+
+def experiment_from_dict(data: Any, source: str = "<experiment>", base: Path | None = None) -> Experiment:
+    """Validate a parsed experiment file; errors name ``source`` and the key. Relative profile and trace paths
+    resolve against ``base`` (the file's folder), not the working directory."""
     def fail(message: str) -> ExperimentError:
         return ExperimentError(f"{source}: {message}")
 
@@ -90,35 +98,53 @@ def experiment_from_dict(data: Any, source: str = "<experiment>") -> Experiment:
     for key in ("name", "policies", "workloads"):
         if key not in data:
             raise fail(f"missing key {key!r}")
-    seeds = data.get("seeds", 10)
-    if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
-        seeds = tuple(range(seeds))
-    elif isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds):
-        seeds = tuple(seeds)
-    else:
-        raise fail(f"seeds must be a positive int or a list of ints, got {seeds!r}")
+    if not isinstance(data["name"], str) or not NAME_PATTERN.fullmatch(data["name"]):
+        raise fail(f"name must be a plain folder name (letters, digits, '.', '_', '-'), got {data['name']!r}")
+    seeds = _seeds(data.get("seeds", 10), fail)
     policies = tuple(_policy(item, fail) for item in _list(data["policies"], "policies", fail))
+    titles = [p.title for p in policies]
+    if len(set(titles)) != len(titles):
+        dupes = sorted({t for t in titles if titles.count(t) > 1})
+        raise fail(f"policies: labels must be unique (each is one row of the results), repeated: {dupes}; give "
+                   "repeats a distinct label")
     modes = data.get("length_modes", [None])
     if not isinstance(modes, list) or not modes or any(m is not None and m not in LENGTH_MODES for m in modes):
         raise fail(f"length_modes must be a list of known/predicted/unknown, got {modes!r}")
     workloads = []
     for item in _list(data["workloads"], "workloads", fail):
         label, src, params = _workload(item, fail)
+        if isinstance(src, dict) and isinstance(src.get("trace"), dict):
+            path = src["trace"].get("path", "bundled")
+            if path != "bundled":
+                src = {**src, "trace": {**src["trace"], "path": _resolve(str(path), base)}}
         for mode in modes:
             workloads.append(WorkloadSpec(label if mode is None else f"{label}/{mode}", src, mode, params))
     labels = [w.label for w in workloads]
     if len(set(labels)) != len(labels):
         raise fail(f"workload labels must be unique, got {labels}")
-    for key in ("engine", "pool"):
-        if not isinstance(data.get(key, {}), dict):
+    for key, config in (("engine", EngineConfig), ("pool", PoolConfig)):
+        value = data.get(key, {})
+        if not isinstance(value, dict):
             raise fail(f"{key} must be a mapping")
+        _check_config(key, config, value, fail)
     max_steps = data.get("max_steps", 200_000)
-    if not isinstance(max_steps, int) or max_steps < 1:
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise fail(f"max_steps must be a positive int, got {max_steps!r}")
+    for key in ("ttft_slo_s", "itl_slo_s"):
+        value = data.get(key, 1.0)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise fail(f"{key} must be a number > 0, got {value!r}")
+    profile = data.get("profile")
+    if profile is not None:
+        profile = _resolve(str(profile), base) if str(profile).endswith(".json") else str(profile)
+        try:
+            load_profile(profile)
+        except (ValueError, OSError) as err:
+            raise fail(f"profile: {err}") from None
     experiment = Experiment(
         name=str(data["name"]), policies=policies, workloads=tuple(workloads), seeds=seeds,
         description=str(data.get("description", "")),
-        profile=None if data.get("profile") is None else str(data["profile"]),
+        profile=profile,
         engine=dict(data.get("engine", {})), pool=dict(data.get("pool", {})), max_steps=max_steps,
         ttft_slo_s=float(data.get("ttft_slo_s", 2.0)), itl_slo_s=float(data.get("itl_slo_s", 0.2)),
     )
@@ -140,7 +166,40 @@ def load_experiment(path: str | Path) -> Experiment:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ExperimentError(f"{path}: invalid YAML: {err}") from None
-    return experiment_from_dict(data, str(path))
+    return experiment_from_dict(data, str(path), path.resolve().parent)
+
+
+def _resolve(path: str, base: Path | None) -> str:
+    """A relative path against the experiment file's folder (absolute paths and names stay)."""
+    if base is None or Path(path).is_absolute():
+        return path
+    return str(base / path)
+
+
+def _seeds(value: Any, fail) -> tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return tuple(range(value))
+    if not (isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool)
+                                                       for s in value)):
+        raise fail(f"seeds must be a positive int or a non-empty list of ints, got {value!r}")
+    if min(value) < 0:
+        raise fail(f"seeds must be >= 0, got {min(value)}")
+    if len(set(value)) != len(value):
+        raise fail(f"seeds must be distinct (a repeat would be counted twice), repeated: "
+                   f"{sorted({s for s in value if value.count(s) > 1})}")
+    return tuple(value)
+
+
+def _check_config(key: str, config: type, value: dict[str, Any], fail) -> None:
+    """Build the engine or pool config now, so a typo fails at load time with the file's name."""
+    allowed = {f.name for f in fields(config)}
+    unknown = set(value) - allowed
+    if unknown:
+        raise fail(f"{key}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+    try:
+        config(**value)
+    except (TypeError, ValueError) as err:
+        raise fail(f"{key}: {err}") from None
 
 
 def _list(value: Any, key: str, fail) -> list:

@@ -1,6 +1,7 @@
 """Pure metric functions over episode logs."""
 
 from servegym.metrics.core import (
+    censored_latency,
     e2e_latency,
     goodput,
     inter_token_latencies,
@@ -8,6 +9,7 @@ from servegym.metrics.core import (
     kv_utilisation,
     kv_utilisation_stats,
     makespan,
+    met_slo,
     percentiles,
     queue_growth_slope,
     summarize,
@@ -15,6 +17,7 @@ from servegym.metrics.core import (
 )
 
 __all__ = [
+    "censored_latency",
     "e2e_latency",
     "goodput",
     "inter_token_latencies",
@@ -22,6 +25,7 @@ __all__ = [
     "kv_utilisation",
     "kv_utilisation_stats",
     "makespan",
+    "met_slo",
     "percentiles",
     "queue_growth_slope",
     "summarize",

@@ -58,10 +58,26 @@ def goodput(log: EpisodeLog, ttft_slo_s: float, itl_slo_s: float) -> float:
     if span <= 0:
         return 0.0
     done = np.flatnonzero(log.state == State.FINISHED)
-    first, finish, out = log.first_token_s[done], log.finish_s[done], log.num_output_tokens[done]
+    return float(np.count_nonzero(met_slo(log, done, ttft_slo_s, itl_slo_s)) / span)
+
+
+def met_slo(log: EpisodeLog, ids: np.ndarray, ttft_slo_s: float, itl_slo_s: float) -> np.ndarray:
+    """Per finished request in ``ids``: TTFT within ``ttft_slo_s`` and mean inter-token latency (TPOT) within
+    ``itl_slo_s``. The one definition of a good request, for the goodput metric and the ``slo_goodput``
+    reward."""
+    first, finish, out = log.first_token_s[ids], log.finish_s[ids], log.num_output_tokens[ids]
     tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), 0.0)
-    ok = (first - log.arrival_s[done] <= ttft_slo_s) & (tpot <= itl_slo_s)
-    return float(np.count_nonzero(ok) / span)
+    return (first - log.arrival_s[ids] <= ttft_slo_s) & (tpot <= itl_slo_s)
+
+
+def censored_latency(log: EpisodeLog) -> np.ndarray:
+    """Time in the system (s) of every request that arrived and was not rejected: arrival to finish, or to
+    the episode's end for requests still waiting or running (right-censored). A policy that leaves requests
+    waiting pays for them here, unlike :func:`e2e_latency`, which sees finished requests only."""
+    arrived = (log.state != State.PENDING) & (log.state != State.REJECTED)
+    end = log.arrival_s[0] + makespan(log) if log.num_requests else 0.0
+    finish = np.where(log.state == State.FINISHED, log.finish_s, end)
+    return (finish - log.arrival_s)[arrived]
 
 
 def kv_utilisation(log: EpisodeLog) -> tuple[float, float]:
@@ -106,6 +122,7 @@ def summarize(log: EpisodeLog, ttft_slo_s: float = 2.0, itl_slo_s: float = 0.2) 
     tokens = int(log.num_output_tokens[log.state == State.FINISHED].sum())
     kv_mean, kv_std, kv_max = kv_utilisation_stats(log)
     counts = log.counts()
+    censored = censored_latency(log)
     out = {
         "num_requests": float(log.num_requests),
         "num_finished": float(finished),
@@ -117,6 +134,8 @@ def summarize(log: EpisodeLog, ttft_slo_s: float = 2.0, itl_slo_s: float = 0.2) 
         "goodput_rps": goodput(log, ttft_slo_s, itl_slo_s),
         **percentiles(ttft(log), "ttft"),
         "e2e_mean": float(e2e_latency(log).mean()) if finished else float("nan"),
+        "e2e_mean_all_s": float(censored.mean()) if censored.size else float("nan"),
+        "num_arrived": float(counts["num_arrived"]),
         **percentiles(e2e_latency(log), "e2e"),
         "itl_mean": float(gaps.mean()) if gaps.size else float("nan"),
         **{k: v for k, v in percentiles(gaps, "itl").items() if not k.endswith("p95")},

@@ -96,8 +96,9 @@ def peak_future_tokens(current: np.ndarray, remaining: np.ndarray) -> float:
 
 
 def memory_feasible(obs: Observation, running_remaining: np.ndarray, candidates: np.ndarray,
-                    candidate_remaining: np.ndarray) -> bool:
-    """Would running plus ``candidates`` (queue rows) stay within the KV cache at every future completion?
+                    candidate_remaining: np.ndarray, capacity_scale: float = 1.0) -> bool:
+    """Would running plus ``candidates`` (queue rows) stay within the KV cache (times ``capacity_scale``) at
+    every future completion?
 
     Memory is counted in tokens with one block of rounding slack per request (blocks hold whole tokens).
     """
@@ -108,17 +109,17 @@ def memory_feasible(obs: Observation, running_remaining: np.ndarray, candidates:
     ])
     remaining = np.concatenate([running_remaining, candidate_remaining])
     slack = (engine_feature(obs, "kv_block_size") - 1) * current.size
-    return peak_future_tokens(current, remaining) + slack <= engine_feature(obs, "kv_capacity_tokens")
+    return peak_future_tokens(current, remaining) + slack <= capacity_scale * engine_feature(obs, "kv_capacity_tokens")
 
 
 def longest_feasible_prefix(obs: Observation, running_remaining: np.ndarray, rows: np.ndarray,
-                            remaining: np.ndarray) -> int:
+                            remaining: np.ndarray, capacity_scale: float = 1.0) -> int:
     """The longest prefix of ``rows`` (in order) that keeps future memory feasible (binary search:
     adding requests never lowers the peak)."""
     lo, hi = 0, min(rows.shape[0], free_slots(obs))
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if memory_feasible(obs, running_remaining, rows[:mid], remaining[:mid]):
+        if memory_feasible(obs, running_remaining, rows[:mid], remaining[:mid], capacity_scale):
             lo = mid
         else:
             hi = mid - 1

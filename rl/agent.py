@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,9 @@ from servegym.envs.actions import count_action_masks, slot_action_masks
 from servegym.envs.observation import QUEUE_FEATURES
 from servegym.policies.base import Observation, Policy
 from servegym.policies.common import visible_queue
-from servegym.rl.train import algorithm_class
-from servegym.rl.wrappers import count_action, window_action
+from servegym.rl.evaluation import BEST_MODEL, BEST_STATS, FINAL_MODEL, FINAL_STATS
+from servegym.rl.train import algorithm_class, latest_checkpoint
+from servegym.rl.wrappers import count_action, rank_action, window_action
 
 
 class RLPolicy(Policy):
@@ -26,18 +28,22 @@ class RLPolicy(Policy):
     rule = "learned admission controller"
 
     def __init__(self, run: str | Path, which: str = "best") -> None:
+        if which not in ("best", "final"):
+            raise ValueError(f"which must be 'best' or 'final', got {which!r}")
         self.run = Path(run)
         config_path = self.run / "config.json"
         if not config_path.is_file():
             raise ValueError(f"{self.run} is not a servegym train run (no config.json)")
         self.config = json.loads(config_path.read_text())
-        model_path = self.run / ("best_model.zip" if which == "best" else "model.zip")
-        if not model_path.is_file():
-            model_path = self.run / "model.zip"
+        model_path, stats_path = _model_files(self.run, which)
         self.model = algorithm_class(self.config["algo"]).load(model_path, device="cpu")
+        self.model_path = model_path
         self.mode = self.config["mode"]
         self.name = f"rl:{self.run.name}"
-        self._vec_normalize = _load_vec_normalize(self.run / "vecnormalize.pkl", self.model)
+        self._vec_normalize = _load_vec_normalize(stats_path, self.model)
+        if self.config.get("normalize", True) and self._vec_normalize is None:
+            raise ValueError(f"{model_path} was trained with normalised observations but {stats_path.name} is "
+                             "missing")
 
     def engine_overrides(self) -> dict[str, Any]:
         return dict(self.config.get("engine", {}))
@@ -59,7 +65,28 @@ class RLPolicy(Policy):
             return count_action(obs, int(np.asarray(action).reshape(-1)[0]))
         if self.mode == "window":
             return window_action(obs, float(np.asarray(action).reshape(-1)[0]))
+        if self.mode == "rank":
+            order, target = (int(v) for v in np.asarray(action).reshape(-1)[:2])
+            return rank_action(obs, order, target)
         return np.asarray(action, dtype=np.int64)
+
+
+def _model_files(run: Path, which: str) -> tuple[Path, Path]:
+    """The model and the statistics saved with it: the best (or, asked or without one, the final) model, else
+    the latest checkpoint of a run that was stopped early."""
+    candidates = [(BEST_MODEL, BEST_STATS), (FINAL_MODEL, FINAL_STATS)]
+    for model, stats in candidates if which == "best" else candidates[::-1]:
+        if (run / model).is_file():
+            if model == BEST_MODEL and not (run / stats).is_file() and (run / FINAL_STATS).is_file():
+                warnings.warn(f"{run} predates {BEST_STATS}: its best model is paired with the final statistics "
+                              "(retrain for a faithful pairing)", UserWarning, stacklevel=3)
+                return run / model, run / FINAL_STATS
+            return run / model, run / stats
+    checkpoint = latest_checkpoint(run)
+    if checkpoint is None:
+        raise ValueError(f"{run} holds no model yet (no {BEST_MODEL}, {FINAL_MODEL} or checkpoint)")
+    steps = checkpoint.name.removeprefix("model_").removesuffix("_steps.zip")
+    return checkpoint, checkpoint.with_name(f"model_vecnormalize_{steps}_steps.pkl")
 
 
 class _SpacesOnly(gym.Env):

@@ -1,13 +1,24 @@
-"""Train stable-baselines3 agents on the serving env (extra ``rl``).
+"""Train stable-baselines3 agents on the serving env (extra ``rl``), resumably.
 
-A run directory ``runs/<env>__<algo>__<mode>__<workload>__s<seed>`` holds ``model.zip`` (final),
-``best_model.zip`` (best periodic evaluation on held-out seeds), ``vecnormalize.pkl`` (observation and reward
-statistics), ``config.json`` and TensorBoard logs (SB3's namespaced ``rollout/``, ``train/``, ``eval/`` tags).
+A run directory ``runs/<env>__<algo>__<mode>__<task>__s<seed>`` holds:
+
+* ``config.json``: the :class:`TrainConfig` and the run's state (written at the start, updated atomically
+  after each new best and at the end; always strict JSON);
+* ``best_model.zip`` + ``best_vecnormalize.pkl``: the best model by periodic evaluation on the task's
+  validation seeds, with the normalisation statistics it was scored with; ``eval.csv`` the evaluation history;
+* ``checkpoints/model_<N>_steps.zip`` + ``model_vecnormalize_<N>_steps.pkl`` every ``checkpoint_freq`` steps
+  (``servegym train --resume RUN`` continues from the latest);
+* ``model.zip`` + ``vecnormalize.pkl`` at the end, and TensorBoard logs under ``tb/``.
+
+Training episodes draw their seeds from :data:`~servegym.envs.tasks.TRAIN_SEEDS`, evaluation uses
+:data:`~servegym.envs.tasks.VALIDATION_SEEDS`; the test seeds of ``servegym bench`` are never seen.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -17,17 +28,19 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 
 from servegym import ENV_ID
-from servegym.rl.wrappers import wrap
+from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS, get_task
+from servegym.rl.evaluation import FINAL_MODEL, FINAL_STATS, SeedListEval, write_json
+from servegym.rl.fast_dist import policy_for
+from servegym.rl.wrappers import TrainSeeds, wrap
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
 
 ALGOS = ("ppo", "a2c", "dqn", "sac", "maskable-ppo")
 DEFAULT_MODE = {"ppo": "count", "a2c": "count", "dqn": "count", "sac": "window", "maskable-ppo": "admit"}
-COMPATIBLE = {"ppo": {"admit", "window", "count"}, "a2c": {"admit", "window", "count"}, "dqn": {"count"},
-              "sac": {"window"}, "maskable-ppo": {"admit", "count"}}
-EVAL_SEED_BASE = 100_000
-"""Periodic evaluation uses seeds from here on, apart from training seeds and the compare seeds 0.."""
+COMPATIBLE = {"ppo": {"admit", "window", "count", "rank"}, "a2c": {"admit", "window", "count", "rank"},
+              "dqn": {"count"}, "sac": {"window"}, "maskable-ppo": {"admit", "count"}}
+CHECKPOINT_RE = re.compile(r"model_(\d+)_steps\.zip$")
 
 
 @dataclass(frozen=True)
@@ -38,16 +51,24 @@ class TrainConfig:
     mode: str | None = None
     """Action mode (see :mod:`servegym.rl.wrappers`); default per algorithm: PPO/A2C/DQN count, SAC window,
     MaskablePPO admit."""
-    workload: str = "burst"
+    task: str | None = None
+    """A benchmark task (``servegym tasks``); the fields below override its settings."""
+    workload: str | None = None
+    """Without a task: the workload (default ``burst``); with one: overrides the task's."""
+    profile: str | None = None
+    engine: dict[str, Any] = field(default_factory=lambda: {"length_mode": "predicted"})
+    pool: dict[str, Any] = field(default_factory=dict)
     timesteps: int = 100_000
     seed: int = 0
     n_envs: int = 2
-    max_episode_steps: int = 3000
+    max_episode_steps: int | None = None
+    """An extra TimeLimit on training episodes (None: the task's ``max_steps``)."""
     eval_freq: int = 20_000
     """Timesteps between evaluations (summed over the vectorised envs)."""
-    eval_episodes: int = 3
+    eval_episodes: int = len(VALIDATION_SEEDS)
+    """Validation seeds per evaluation (the first of :data:`VALIDATION_SEEDS`)."""
+    checkpoint_freq: int = 50_000
     normalize: bool = True
-    engine: dict[str, Any] = field(default_factory=lambda: {"length_mode": "predicted"})
     hyperparams: dict[str, Any] = field(default_factory=dict)
     out: str = "runs"
 
@@ -57,8 +78,15 @@ class TrainConfig:
         if self.resolved_mode not in COMPATIBLE[self.algo]:
             raise ValueError(f"{self.algo} cannot use mode {self.resolved_mode!r}; it supports "
                              f"{sorted(COMPATIBLE[self.algo])}")
-        if self.timesteps < 1 or self.n_envs < 1:
-            raise ValueError("timesteps and n_envs must be >= 1")
+        for name in ("timesteps", "n_envs", "eval_freq", "checkpoint_freq"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.eval_episodes <= len(VALIDATION_SEEDS):
+            raise ValueError(f"eval_episodes must be in [1, {len(VALIDATION_SEEDS)}], got {self.eval_episodes}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.task is not None:
+            get_task(self.task)
 
     @property
     def resolved_mode(self) -> str:
@@ -66,23 +94,44 @@ class TrainConfig:
 
     @property
     def run_name(self) -> str:
-        return f"Serving-v0__{self.algo}__{self.resolved_mode}__{self.workload}__s{self.seed}"
+        return f"Serving-v0__{self.algo}__{self.resolved_mode}__{self.task or self.workload or 'burst'}__s{self.seed}"
+
+    def env_kwargs(self) -> dict[str, Any]:
+        """``gym.make`` arguments: the task's settings with this run's overrides on top."""
+        kwargs: dict[str, Any] = {"engine": dict(self.engine), "pool": dict(self.pool)}
+        if self.task is not None:
+            kwargs["task"] = self.task
+        if self.workload is not None or self.task is None:
+            kwargs["workload"] = self.workload or "burst"
+        if self.profile is not None:
+            kwargs["profile"] = self.profile
+        return kwargs
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def make_training_env(workload: str, mode: str, engine: dict[str, Any], max_episode_steps: int) -> gym.Env:
+def make_training_env(env_kwargs: dict[str, Any], mode: str, max_episode_steps: int | None = None,
+                      seeds: tuple[int, int] | None = None, monitor: bool = True) -> gym.Env:
+    """The env an agent trains on: ``gym.make`` + episode statistics + the action mode, and with ``seeds =
+    (start, stride)`` training seeds from :data:`TRAIN_SEEDS` for every reset."""
     from stable_baselines3.common.monitor import Monitor
 
-    env = gym.make(ENV_ID, workload=workload, engine=engine, max_episode_steps=max_episode_steps)
-    return wrap(Monitor(env), mode)
+    env = gym.make(ENV_ID, max_episode_steps=max_episode_steps, **env_kwargs)
+    if seeds is not None:
+        env = TrainSeeds(env, *seeds)
+    return wrap(Monitor(env) if monitor else env, mode)
 
 
-def _vec_env(cfg: TrainConfig, n: int, seed: int, subprocess: bool):
+def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
-    factory = partial(make_training_env, cfg.workload, cfg.resolved_mode, cfg.engine, cfg.max_episode_steps)
-    vec = SubprocVecEnv([factory] * n) if subprocess and n > 1 else DummyVecEnv([factory] * n)
-    vec.seed(seed)
-    return vec
+    start = cfg.seed * 10_007 + offset
+    factories = [partial(make_training_env, cfg.env_kwargs(), cfg.resolved_mode, cfg.max_episode_steps,
+                         (start + rank, cfg.n_envs)) for rank in range(cfg.n_envs)]
+    return SubprocVecEnv(factories) if subprocess and cfg.n_envs > 1 else DummyVecEnv(factories)
 
 
 def algorithm_class(name: str) -> type[BaseAlgorithm]:
@@ -96,35 +145,102 @@ def algorithm_class(name: str) -> type[BaseAlgorithm]:
 
 
 def train(cfg: TrainConfig, progress: bool = True, subprocess: bool = True) -> Path:
-    """Train, evaluating periodically on held-out seeds; return the run directory."""
-    from stable_baselines3.common.callbacks import EvalCallback
+    """Train from scratch, evaluating periodically on the validation seeds; return the run directory."""
     from stable_baselines3.common.vec_env import VecNormalize
 
     run = Path(cfg.out) / cfg.run_name
     run.mkdir(parents=True, exist_ok=True)
-    venv = _vec_env(cfg, cfg.n_envs, cfg.seed, subprocess)
-    eval_env = _vec_env(cfg, 1, EVAL_SEED_BASE + cfg.seed, subprocess=False)
+    state = {"status": "running", "timesteps_done": 0, "wall_s": 0.0, "best_mean_reward": None,
+             "best_timesteps": None}
+    _write_config(run, cfg, state)
+    venv = _vec_env(cfg, subprocess)
     if cfg.normalize:
         venv = VecNormalize(venv, norm_obs=True, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99))
-        eval_env = VecNormalize(eval_env, norm_obs=True, norm_reward=False, training=False)
-    algo = algorithm_class(cfg.algo)
-    model = algo("MultiInputPolicy", venv, seed=cfg.seed, verbose=0, tensorboard_log=str(run / "tb"),
-                 **cfg.hyperparams)
-    if cfg.algo == "maskable-ppo":
-        from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback as Eval
-    else:
-        Eval = EvalCallback
-    callback = Eval(eval_env, best_model_save_path=str(run), log_path=str(run / "eval"),
-                    eval_freq=max(1, cfg.eval_freq // cfg.n_envs), n_eval_episodes=cfg.eval_episodes,
-                    deterministic=True, verbose=0)
-    started = time.perf_counter()
-    model.learn(total_timesteps=cfg.timesteps, callback=callback, progress_bar=progress, tb_log_name="train")
-    wall = time.perf_counter() - started
-    model.save(run / "model.zip")
+    model = algorithm_class(cfg.algo)(policy_for(cfg.algo, venv.action_space), venv, seed=cfg.seed, verbose=0,
+                                      tensorboard_log=str(run / "tb"), **cfg.hyperparams)
+    return _learn(model, cfg, run, state, cfg.timesteps, progress, reset=True)
+
+
+def resume(run: str | Path, progress: bool = True, subprocess: bool = True) -> Path:
+    """Continue a run from its latest checkpoint (model and normalisation statistics) to its timesteps."""
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    run = Path(run)
+    data = _read_config(run)
+    cfg = TrainConfig.from_json(data)
+    checkpoint = latest_checkpoint(run)
+    if checkpoint is None:
+        raise ValueError(f"{run} has no checkpoint to resume from (checkpoints/model_<N>_steps.zip)")
+    steps = int(CHECKPOINT_RE.search(checkpoint.name).group(1))
+    venv = _vec_env(cfg, subprocess, offset=steps)  # fresh training seeds, not the episodes already seen
+    stats = checkpoint.with_name(f"model_vecnormalize_{steps}_steps.pkl")
     if cfg.normalize:
-        venv.save(str(run / "vecnormalize.pkl"))
-    (run / "config.json").write_text(json.dumps({**asdict(cfg), "mode": cfg.resolved_mode, "wall_s": wall,
-                                                 "best_mean_reward": float(callback.best_mean_reward)}, indent=2))
+        if not stats.is_file():
+            raise ValueError(f"{checkpoint} has no matching statistics {stats.name}")
+        venv = VecNormalize.load(str(stats), venv)
+        venv.training = True
+    model = algorithm_class(cfg.algo).load(checkpoint, env=venv, device="cpu",
+                                          tensorboard_log=str(run / "tb"))
+    state = {key: data.get(key) for key in ("timesteps_done", "wall_s", "best_mean_reward", "best_timesteps")}
+    state.update(status="running", resumed_from=steps)
+    _write_config(run, cfg, state)
+    return _learn(model, cfg, run, state, max(0, cfg.timesteps - model.num_timesteps), progress, reset=False)
+
+
+def latest_checkpoint(run: Path) -> Path | None:
+    found = [(int(m.group(1)), p) for p in (run / "checkpoints").glob("model_*_steps.zip")
+             if (m := CHECKPOINT_RE.search(p.name))]
+    return max(found)[1] if found else None
+
+
+def _learn(model: BaseAlgorithm, cfg: TrainConfig, run: Path, state: dict[str, Any], timesteps: int,
+           progress: bool, reset: bool) -> Path:
+    import torch
+    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+
+    # Validating every distribution's arguments costs more than an env step in the admit mode (32 slots).
+    torch.distributions.Distribution.set_default_validate_args(False)
+    eval_env = make_training_env(cfg.env_kwargs(), cfg.resolved_mode, cfg.max_episode_steps, monitor=False)
+
+    def on_best(score: float, timesteps_done: int) -> None:
+        state.update(best_mean_reward=score, best_timesteps=timesteps_done)
+        _write_config(run, cfg, state)
+
+    best = state["best_mean_reward"]
+    evaluation = SeedListEval(eval_env, VALIDATION_SEEDS[: cfg.eval_episodes], max(1, cfg.eval_freq // cfg.n_envs),
+                              run, cfg.algo == "maskable-ppo", on_best, -float("inf") if best is None else best)
+    checkpoints = CheckpointCallback(max(1, cfg.checkpoint_freq // cfg.n_envs), str(run / "checkpoints"),
+                                     name_prefix="model", save_vecnormalize=True)
+    started = time.perf_counter()
+    if timesteps > 0:
+        model.learn(total_timesteps=timesteps, callback=CallbackList([checkpoints, evaluation]),
+                    progress_bar=progress, tb_log_name="train", reset_num_timesteps=reset)
+    if evaluation.best_score == -float("inf"):  # no evaluation fell due: score the final model once
+        evaluation.init_callback(model)
+        evaluation.evaluate_now()
+    model.save(run / FINAL_MODEL)
+    venv = model.get_env()
+    if cfg.normalize:
+        venv.save(str(run / FINAL_STATS))
+    state.update(status="finished", timesteps_done=int(model.num_timesteps),
+                 wall_s=float(state.get("wall_s") or 0.0) + time.perf_counter() - started)
+    _write_config(run, cfg, state)
     venv.close()
     eval_env.close()
     return run
+
+
+def _write_config(run: Path, cfg: TrainConfig, state: dict[str, Any]) -> None:
+    write_json(run / "config.json", {**asdict(cfg), "mode": cfg.resolved_mode, "env_kwargs": cfg.env_kwargs(),
+                                     "train_seeds": [TRAIN_SEEDS.start, TRAIN_SEEDS.stop],
+                                     "validation_seeds": list(VALIDATION_SEEDS[: cfg.eval_episodes]), **state})
+
+
+def _read_config(run: Path) -> dict[str, Any]:
+    path = run / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{run} is not a servegym train run (no config.json)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None

@@ -10,6 +10,11 @@ action through a pure function, so a trained agent can later drive the unwrapped
   theirs fits under it and their prompts fit in free KV (a learned TWP controller).
 * :class:`AdmitCount` - ``Discrete(max_admit + 1)``: how many head-of-queue requests to admit this step
   (a learned flow control).
+* :class:`RankAdmit` - ``MultiDiscrete([4, 6])``: an order for the queue (arrival, shortest prompt, shortest
+  predicted output, shortest predicted total) and a memory target (the longest prefix in that order whose
+  projected peak KV use, at the upper-bound output lengths, stays within 0.7-1.3x the cache, or no projection:
+  whatever fits now). It spans FCFS (arrival, no projection), shortest-prompt priority and MC-SF (shortest
+  output, 1.0x) and everything between, chosen per step (a learned scheduler over interpretable rules).
 """
 
 from __future__ import annotations
@@ -22,8 +27,18 @@ import numpy as np
 from gymnasium import spaces
 
 from servegym.envs.actions import count_action_masks, slot_action_masks
-from servegym.policies.base import Observation, admit_first
-from servegym.policies.common import fcfs_count, remaining_queued, remaining_running, visible_queue
+from servegym.envs.observation import QUEUE_INDEX, length_mode_of
+from servegym.envs.tasks import TRAIN_SEEDS
+from servegym.policies.base import Observation, admit_first, output_estimate, ranks_action
+from servegym.policies.common import (
+    fcfs_count,
+    longest_feasible_prefix,
+    remaining_queued,
+    remaining_running,
+    upper_remaining_queue,
+    upper_remaining_running,
+    visible_queue,
+)
 
 WINDOW_MIN, WINDOW_MAX = 16.0, 16384.0
 """Default token-window range (tokens) of the ``window`` action mode."""
@@ -43,6 +58,33 @@ def window_action(obs: Observation, value: float, window_min: float = WINDOW_MIN
 
 def count_action(obs: Observation, count: int) -> np.ndarray:
     return admit_first(obs, min(int(count), visible_queue(obs).shape[0]))
+
+
+RANK_ORDERS = ("arrival", "shortest_prompt", "shortest_output", "shortest_total")
+RANK_MEMORY_TARGETS = (0.7, 0.85, 1.0, 1.15, 1.3, math.inf)
+"""Fractions of the KV cache the projected peak may reach; ``inf``: no projection, admit what fits now."""
+
+
+def rank_action(obs: Observation, order: int, target: int) -> np.ndarray:
+    """Admit in ``RANK_ORDERS[order]`` the longest prefix within ``RANK_MEMORY_TARGETS[target]`` (see
+    :class:`RankAdmit`)."""
+    rows = visible_queue(obs)
+    if rows.shape[0] == 0:
+        return admit_first(obs, 0)
+    prompt = rows[:, QUEUE_INDEX["num_prompt_tokens"]]
+    output = output_estimate(rows[:, QUEUE_INDEX["output_lo"]], rows[:, QUEUE_INDEX["output_hi"]],
+                             length_mode_of(obs), None)
+    key = {"arrival": None, "shortest_prompt": prompt, "shortest_output": output,
+           "shortest_total": prompt + output}[RANK_ORDERS[order]]
+    ranked = np.arange(rows.shape[0]) if key is None else np.argsort(key, kind="stable")
+    scale = RANK_MEMORY_TARGETS[target]
+    if math.isinf(scale):
+        count = fcfs_count(obs, ranked)
+    else:
+        ordered = rows[ranked]
+        count = min(fcfs_count(obs, ranked), longest_feasible_prefix(
+            obs, upper_remaining_running(obs), ordered, upper_remaining_queue(ordered), scale))
+    return ranks_action(obs, ranked[:count])
 
 
 class _ObservingWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -117,8 +159,46 @@ class AdmitCount(_ObservingWrapper):
         return count_action_masks(self.action_space.n, self.env.unwrapped.num_visible)
 
 
-MODES = {"admit": AdmitMask, "window": TokenWindow, "count": AdmitCount}
-"""Action modes: ``admit`` (per-slot mask), ``window`` (continuous token window), ``count`` (discrete)."""
+class TrainSeeds(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Resets without a seed take the next seed of the stream ``start, start + stride, ...`` folded into
+    :data:`~servegym.envs.tasks.TRAIN_SEEDS`, so training never sees a validation or test episode and every
+    training episode is reproducible from its seed (``last_seed``)."""
+
+    def __init__(self, env: gym.Env, start: int, stride: int = 1) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self, start=start, stride=stride)
+        gym.Wrapper.__init__(self, env)
+        if stride < 1:
+            raise ValueError(f"stride must be >= 1, got {stride}")
+        self.start, self.stride, self.count = start, stride, 0
+        self.last_seed: int | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation,
+                                                                                              dict[str, Any]]:
+        if seed is None:
+            seed = TRAIN_SEEDS[(self.start + self.count * self.stride) % len(TRAIN_SEEDS)]
+            self.count += 1
+        elif seed not in TRAIN_SEEDS:
+            raise ValueError(f"training seed {seed} is outside TRAIN_SEEDS {TRAIN_SEEDS}")
+        self.last_seed = int(seed)
+        return self.env.reset(seed=self.last_seed, options=options)
+
+
+class RankAdmit(_ObservingWrapper):
+    """``MultiDiscrete([4, 6])``: a queue order and a memory target (see :func:`rank_action`)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+        self.action_space = spaces.MultiDiscrete([len(RANK_ORDERS), len(RANK_MEMORY_TARGETS)])
+
+    def to_env_action(self, obs: Observation, action: Any) -> np.ndarray:
+        order, target = (int(v) for v in np.asarray(action).reshape(-1)[:2])
+        return rank_action(obs, order, target)
+
+
+MODES = {"admit": AdmitMask, "window": TokenWindow, "count": AdmitCount, "rank": RankAdmit}
+"""Action modes: ``admit`` (per-slot mask), ``window`` (continuous token window), ``count`` (discrete),
+``rank`` (an order and a memory target)."""
 
 
 def wrap(env: gym.Env, mode: str) -> gym.Env:

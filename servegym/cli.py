@@ -7,11 +7,17 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from servegym.backends import load_profile, shipped_profiles
+from servegym.cli_args import json_object, non_negative_int, positive_int, writable_dir
+from servegym.cli_bench import add_bench_parser
 from servegym.cli_profile import add_profile_parser
+from servegym.cli_tasks import add_tasks_parser
 from servegym.engine import EngineConfig
 from servegym.engine.config import LENGTH_MODES
+from servegym.envs.tasks import TASKS
+from servegym.evaluation.executor import Interrupted, JobFailed
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import make_env, run_episode, write_csvs
 from servegym.stability import workload_stability
@@ -105,20 +111,20 @@ def _with_tuned(experiment, paths):
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from servegym.evaluation import compare, default_experiment, load_experiment
 
     experiment = load_experiment(args.experiment) if args.experiment else default_experiment()
-    if args.seeds:
+    if args.seeds is not None:
         experiment = experiment.with_seeds(args.seeds)
     if args.params:
         experiment = _with_tuned(experiment, args.params)
-    out = Path(args.out or f"results/{experiment.name}")
+    out = writable_dir(Path(args.out or f"results/{experiment.name}"))
     runs = len(experiment.policies) * len(experiment.workloads) * len(experiment.seeds)
+    kept = "" if args.fresh or not (out / "runs").is_dir() else " (finished runs in runs/ are not run again)"
     print(f"servegym compare: {experiment.name}: {len(experiment.policies)} policies x {len(experiment.workloads)} "
-          f"workloads x {len(experiment.seeds)} seeds = {runs} runs -> {out}")
-    _, paths = compare(experiment, out, workers=args.workers, progress=not args.quiet, plots=not args.no_plots)
+          f"workloads x {len(experiment.seeds)} seeds = {runs} runs -> {out}{kept}")
+    _, paths = compare(experiment, out, workers=args.workers, progress=not args.quiet, plots=not args.no_plots,
+                       resume=not args.fresh)
     print(paths["summary"].read_text())
     for name, path in paths.items():
         print(f"wrote {name}: {path}")
@@ -129,31 +135,46 @@ PAPER_EXPERIMENTS = ("twp_paper_warm", "twp_paper", "flow_control_synthetic", "f
                      "flow_control_trace")
 
 
-def cmd_reproduce(args: argparse.Namespace) -> int:
-    from pathlib import Path
+MIN_VERDICT_SEEDS = 3
+"""Fewest seeds a reproduction verdict may rest on (fewer give no confidence interval worth the name)."""
 
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
     from servegym.evaluation import compare, load_experiment
     from servegym.evaluation.reproduction import write_reproduction
 
+    results_dir = Path("docs/results") if args.update_docs else Path(args.out) / "results"
+    doc = Path("docs/REPRODUCTION.md") if args.update_docs else Path(args.out) / "REPRODUCTION.md"
+    if args.from_results:
+        results_dir = Path(args.results or results_dir)
+    experiments = {name: load_experiment(Path(args.experiments) / f"{name}.yaml") for name in PAPER_EXPERIMENTS}
+    if args.seeds is not None:
+        experiments = {name: e.with_seeds(args.seeds) for name, e in experiments.items()}
+    if not args.from_results:
+        too_few = {name: len(e.seeds) for name, e in experiments.items() if len(e.seeds) < MIN_VERDICT_SEEDS}
+        if too_few:
+            raise ValueError(f"a reproduction verdict needs at least {MIN_VERDICT_SEEDS} seeds per experiment; "
+                             f"got {too_few}")
+        writable_dir(results_dir)
+    writable_dir(doc.parent)
     results, seeds = {}, {}
-    for name in PAPER_EXPERIMENTS:
-        experiment = load_experiment(Path(args.experiments) / f"{name}.yaml")
-        if args.seeds:
-            experiment = experiment.with_seeds(args.seeds)
+    for name, experiment in experiments.items():
         if args.from_results:
             from servegym.evaluation.report import results_from_tidy_csv
 
-            results[name] = results_from_tidy_csv(Path(args.results) / name / "results.csv")
+            results[name] = results_from_tidy_csv(results_dir / name / "results.csv")
             seeds[name] = len({r.seed for r in results[name]})
+            if seeds[name] < MIN_VERDICT_SEEDS:
+                raise ValueError(f"{results_dir / name / 'results.csv'} holds {seeds[name]} seeds; a verdict "
+                                 f"needs at least {MIN_VERDICT_SEEDS}")
             continue
-        print(f"servegym reproduce: {name} ({len(experiment.seeds)} seeds)")
-        results[name], _ = compare(experiment, Path(args.results) / name, workers=args.workers,
-                                   progress=not args.quiet)
+        print(f"servegym reproduce: {name} ({len(experiment.seeds)} seeds) -> {results_dir / name}")
+        results[name], _ = compare(experiment, results_dir / name, workers=args.workers, progress=not args.quiet)
         seeds[name] = len(experiment.seeds)
-    claims = write_reproduction(results, seeds, Path(args.doc))
+    claims = write_reproduction(results, seeds, doc)
     for c in claims:
         print(f"[{c.verdict}] {c.paper}: {c.claim}")
-    print(f"wrote {args.doc}")
+    print(f"wrote {doc}" + ("" if args.update_docs else " (pass --update-docs to refresh docs/ instead)"))
     return 0
 
 
@@ -168,7 +189,6 @@ def _backend_options(args: argparse.Namespace) -> dict:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     import time
-    from pathlib import Path
 
     from servegym.backends.calibration import SweepPlan, calibrate, plot_fit
     from servegym.backends.torch_backend import TorchBackend
@@ -199,8 +219,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from servegym.evaluation.fidelity import fidelity, fidelity_table, write_fidelity_csv
 
     rows, timings = [], []
@@ -230,17 +248,25 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from servegym.tuning import TuneConfig, tune
+    from servegym.tuning import TuneConfig, TuningInterrupted, fresh_seed, tune
     from servegym.tuning.report import report
 
+    if args.trials == 0 and args.no_report:
+        raise ValueError("--trials 0 only reports on a study; with --no-report there is nothing to do")
     engine = {"length_mode": args.length_mode} if args.length_mode else {}
+    seed = args.sampler_seed if args.sampler_seed is not None else fresh_seed()
     cfg = TuneConfig(policy=args.policy, workload=args.workload, objective=args.objective, trials=args.trials,
                      seeds=args.seeds, eval_seeds=args.eval_seeds, storage=args.storage, study_name=args.study,
-                     pruner=args.pruner, sampler_seed=args.sampler_seed, env={"engine": engine} if engine else {})
-    print(f"servegym tune: study {cfg.name} at {cfg.storage_url()}: {cfg.trials} trials of {cfg.seeds} episodes")
-    study = tune(cfg, progress=not args.quiet)
+                     pruner=args.pruner, sampler_seed=seed, max_steps=args.max_steps,
+                     env={"engine": engine} if engine else {})
+    print(f"servegym tune: study {cfg.name} at {cfg.storage_url()}: {cfg.trials} trials of {cfg.seeds} episodes, "
+          f"sampler seed {seed}", flush=True)
+    try:
+        study = tune(cfg, progress=not args.quiet)
+    except TuningInterrupted as stop:
+        print(f"servegym tune: stopped by {stop}; the finished trials are kept in study {cfg.name} at "
+              f"{cfg.storage_url()} (run again to resume, --trials 0 to report)", file=sys.stderr)
+        return stop.exit_status
     if args.no_report:
         return 0
     out = Path(args.out or f"studies/{cfg.name}")
@@ -254,25 +280,32 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     import json
 
-    from servegym.rl.train import TrainConfig, train
+    from servegym.rl.train import TrainConfig, resume, train
 
-    engine = {"length_mode": args.length_mode}
-    hyper = json.loads(args.hyperparams) if args.hyperparams else {}
-    cfg = TrainConfig(algo=args.algo, mode=args.mode, workload=args.workload, timesteps=args.timesteps,
-                      seed=args.seed, n_envs=args.n_envs, max_episode_steps=args.max_episode_steps,
-                      eval_freq=args.eval_freq, eval_episodes=args.eval_episodes, engine=engine,
-                      hyperparams=hyper, out=args.out)
-    print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
-    run = train(cfg, progress=not args.quiet)
+    if args.resume:
+        print(f"servegym train: resuming {args.resume}")
+        run = resume(args.resume, progress=not args.quiet)
+    else:
+        engine = {"length_mode": args.length_mode or "predicted"}
+        engine.update(json_object("--engine", args.engine))
+        hyper = json_object("--hyperparams", args.hyperparams)
+        cfg = TrainConfig(algo=args.algo, mode=args.mode, task=args.task, workload=args.workload,
+                          profile=args.profile, engine=engine, pool=json_object("--pool", args.pool),
+                          timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs,
+                          max_episode_steps=args.max_episode_steps, eval_freq=args.eval_freq,
+                          eval_episodes=args.eval_episodes, checkpoint_freq=args.checkpoint_freq,
+                          hyperparams=hyper, out=args.out)
+        print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
+        run = train(cfg, progress=not args.quiet)
     info = json.loads((run / "config.json").read_text())
-    print(f"trained in {info['wall_s']:.0f} s; best eval reward {info['best_mean_reward']:.1f}; run: {run}")
-    print(f"use it as a policy: servegym run --policy rl:{run}   or in an experiment: rl:{run}")
+    best = info["best_mean_reward"]
+    print(f"trained in {info['wall_s']:.0f} s; best validation return "
+          f"{'n/a' if best is None else f'{best:.1f}'} at {info['best_timesteps']} steps; run: {run}")
+    print(f"use it as a policy: servegym run --policy rl:{run}   or in servegym bench --rl {run}")
     return 0
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from servegym.evaluation.headroom import SCENARIOS, markdown, measure
 
     rows = []
@@ -311,9 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile", default=None,
                      help=f"shipped profile ({', '.join(shipped_profiles())}) or a JSON path; default: the "
                           "workload's own (servegym workloads)")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seed", type=non_negative_int, default=0)
     run.add_argument("--length-mode", choices=LENGTH_MODES, default=None)
-    run.add_argument("--max-steps", type=int, default=200_000, help="truncate the episode after this many steps")
+    run.add_argument("--max-steps", type=positive_int, default=200_000,
+                     help="truncate the episode after this many steps")
     run.add_argument("--out", default=None, help="folder for requests.csv and steps.csv")
     run.add_argument("--params", default=None, help="policy parameters file (servegym tune's best_params.json)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -321,22 +355,28 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compare", help="run policies x workloads x seeds; write results, tables and plots")
     comp.add_argument("experiment", nargs="?", default=None,
                       help="experiment YAML (default: the built-in default experiment)")
-    comp.add_argument("--seeds", type=int, default=None, help="override the number of seeds")
-    comp.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
+    comp.add_argument("--seeds", type=positive_int, default=None, help="override the number of seeds")
+    comp.add_argument("--workers", type=positive_int, default=None, help="worker processes (default: all cores)")
     comp.add_argument("--out", default=None, help="output folder (default: results/<experiment name>)")
     comp.add_argument("--no-plots", action="store_true")
     comp.add_argument("--params", nargs="+", default=None,
                       help="params files (servegym tune's best_params.json): each adds '<policy>-tuned'")
+    comp.add_argument("--fresh", action="store_true",
+                      help="forget the runs kept in <out>/runs (default: resume, running only what is missing)")
     comp.add_argument("--quiet", action="store_true", help="no progress bar")
     comp.set_defaults(func=cmd_compare)
     rep = sub.add_parser("reproduce", help="run the papers' experiments and write docs/REPRODUCTION.md")
     rep.add_argument("--experiments", default="experiments", help="folder with the paper experiment files")
-    rep.add_argument("--results", default="docs/results", help="folder for each experiment's results")
-    rep.add_argument("--doc", default="docs/REPRODUCTION.md")
+    rep.add_argument("--out", default="reproduce",
+                     help="output folder: results/<experiment>/ and REPRODUCTION.md (default: reproduce)")
+    rep.add_argument("--update-docs", action="store_true",
+                     help="write docs/results/ and docs/REPRODUCTION.md (the tracked copies) instead of --out")
     rep.add_argument("--from-results", action="store_true",
-                     help="re-derive the verdicts from the saved results.csv files without running anything")
-    rep.add_argument("--seeds", type=int, default=None, help="override every experiment's seed count")
-    rep.add_argument("--workers", type=int, default=None)
+                     help="re-derive the verdicts from saved results.csv files without running anything")
+    rep.add_argument("--results", default=None,
+                     help="with --from-results: the folder holding <experiment>/results.csv (default: the output's)")
+    rep.add_argument("--seeds", type=positive_int, default=None, help="override every experiment's seed count")
+    rep.add_argument("--workers", type=positive_int, default=None)
     rep.add_argument("--quiet", action="store_true")
     rep.set_defaults(func=cmd_reproduce)
     cal = sub.add_parser("calibrate", help="sweep a real model and fit a calibrated profile")
@@ -369,7 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Optuna storage URL (default sqlite:///studies/<study>.db; journal:PATH for a journal file)")
     tun.add_argument("--study", default=None, help="study name (default <policy>-<workload>-<objective>)")
     tun.add_argument("--pruner", default="median", choices=["median", "halving", "none"])
-    tun.add_argument("--sampler-seed", type=int, default=0)
+    tun.add_argument("--sampler-seed", type=non_negative_int, default=None,
+                     help="default: a fresh seed per worker (printed), so workers sharing a study sample apart; "
+                     "give one to make a single worker reproducible")
+    tun.add_argument("--max-steps", type=positive_int, default=100_000, help="episode length cap in engine steps")
     tun.add_argument("--length-mode", choices=LENGTH_MODES, default=None)
     tun.add_argument("--out", default=None, help="report folder (default studies/<study>)")
     tun.add_argument("--no-report", action="store_true", help="only add trials (for extra workers)")
@@ -377,18 +420,27 @@ def build_parser() -> argparse.ArgumentParser:
     tun.set_defaults(func=cmd_tune)
     trn = sub.add_parser("train", help="train a stable-baselines3 agent (PPO by default)")
     trn.add_argument("--algo", default="ppo", choices=["ppo", "a2c", "dqn", "sac", "maskable-ppo"])
-    trn.add_argument("--mode", default=None, choices=["admit", "window", "count"],
+    trn.add_argument("--mode", default=None, choices=["admit", "window", "count", "rank"],
                      help="action mode (default per algorithm)")
-    trn.add_argument("--workload", default="burst", choices=sorted(WORKLOADS))
+    trn.add_argument("--task", default=None, choices=sorted(TASKS),
+                     help="benchmark task (servegym tasks); the options below override its settings")
+    trn.add_argument("--workload", default=None, choices=sorted(WORKLOADS),
+                     help="workload (default: the task's, else burst)")
+    trn.add_argument("--profile", default=None, help="GPU profile (default: the task's or the workload's)")
+    trn.add_argument("--engine", default=None, help='engine settings as JSON, e.g. \'{"num_kv_blocks": 500}\'')
+    trn.add_argument("--pool", default=None, help='pool settings as JSON, e.g. \'{"num_containers": 4}\'')
     trn.add_argument("--timesteps", type=int, default=100_000)
     trn.add_argument("--seed", type=int, default=0)
     trn.add_argument("--n-envs", type=int, default=2, help="parallel envs (SubprocVecEnv)")
-    trn.add_argument("--max-episode-steps", type=int, default=3000)
+    trn.add_argument("--max-episode-steps", type=int, default=None, help="extra episode limit (default: the task's)")
     trn.add_argument("--eval-freq", type=int, default=20_000)
-    trn.add_argument("--eval-episodes", type=int, default=3)
-    trn.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default="predicted")
+    trn.add_argument("--eval-episodes", type=int, default=5, help="validation seeds per evaluation (1-5)")
+    trn.add_argument("--checkpoint-freq", type=int, default=50_000)
+    trn.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None,
+                     help="default: predicted (every task uses predicted lengths)")
     trn.add_argument("--hyperparams", default=None, help='JSON, e.g. \'{"learning_rate": 3e-4, "n_steps": 512}\'')
     trn.add_argument("--out", default="runs")
+    trn.add_argument("--resume", default=None, metavar="RUN", help="continue RUN from its latest checkpoint")
     trn.add_argument("--quiet", action="store_true")
     trn.set_defaults(func=cmd_train)
     stab = sub.add_parser("stability", help="flow-control stability conditions of a workload on a profile")
@@ -407,6 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
     scen.add_argument("--quiet", action="store_true")
     scen.set_defaults(func=cmd_scenarios)
     add_profile_parser(sub)
+    add_bench_parser(sub)
+    add_tasks_parser(sub)
     return parser
 
 
@@ -417,6 +471,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly, like other Unix tools
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Interrupted as stop:
+        print(f"\nservegym: interrupted; {len(stop.results)} finished runs kept (re-run the same command to "
+              "finish)", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("\nservegym: interrupted", file=sys.stderr)
+        return 130
+    except JobFailed as err:
+        print(f"servegym: error: {err}\n{len(err.results)} finished runs kept", file=sys.stderr)
+        return 1
     except (ValueError, OSError) as err:
         print(f"servegym: error: {err}", file=sys.stderr)
         return 2

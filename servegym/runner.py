@@ -12,7 +12,8 @@ import numpy as np
 
 from servegym import ENV_ID
 from servegym.engine import STEP_FIELDS, EpisodeLog, State
-from servegym.envs import ServingEnv
+from servegym.engine.validation import positive_int
+from servegym.envs import MixtureEnv, ServingEnv
 from servegym.metrics import summarize
 from servegym.policies import Policy
 
@@ -32,6 +33,8 @@ def make_env(policy: Policy | None = None, max_episode_steps: int | None = None,
     A policy's overrides are part of its definition (TWP's chunk size, flow control's LIFO eviction, the
     hindsight reference's true lengths), so they win; change them through the policy's parameters.
     """
+    if max_episode_steps is not None:
+        positive_int("max_episode_steps", max_episode_steps)
     engine = dict(env_kwargs.pop("engine", None) or {})
     pool = dict(env_kwargs.pop("pool", None) or {})
     if policy is not None:
@@ -61,6 +64,8 @@ def run_episode(env: gym.Env, policy: Policy, seed: int, progress: bool = False)
 
 def serving_env(env: gym.Env) -> ServingEnv:
     inner = env.unwrapped
+    if isinstance(inner, MixtureEnv):
+        inner = inner.current
     if not isinstance(inner, ServingEnv):
         raise TypeError(f"expected a ServingEnv, got {type(inner).__name__}")
     return inner

@@ -55,6 +55,7 @@ def test_smoke_training_per_algorithm_and_mode(algo, mode, tmp_path):
                       eval_freq=128, eval_episodes=1, hyperparams=TINY[algo], out=str(tmp_path))
     run = train(cfg, progress=False, subprocess=False)
     assert (run / "model.zip").is_file() and (run / "vecnormalize.pkl").is_file()
+    assert (run / "best_model.zip").is_file() and (run / "best_vecnormalize.pkl").is_file()
     assert any((run / "tb").rglob("events.out.tfevents*"))
     assert run.name == f"Serving-v0__{algo}__{mode}__low__s0"
 
@@ -65,7 +66,7 @@ def test_incompatible_algorithm_and_mode_is_refused():
 
 
 def test_save_and_load_give_identical_actions(tmp_path):
-    env = make_training_env("low", "count", {"length_mode": "predicted"}, 300)
+    env = make_training_env({"workload": "low", "engine": {"length_mode": "predicted"}}, "count", 300)
     algo = algorithm_class("ppo")
     model = algo("MultiInputPolicy", env, seed=0, **TINY["ppo"])
     model.learn(128)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,11 +15,22 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
+from servegym.cli import main  # noqa: E402
 from servegym.policies import POLICIES, make_policy  # noqa: E402
 from servegym.runner import make_env  # noqa: E402
-from servegym.tuning import TuneConfig, best_params, load_study, read_params, tune, write_params  # noqa: E402
+from servegym.tuning import (  # noqa: E402
+    TuneConfig,
+    TuningError,
+    best_params,
+    load_study,
+    make_storage,
+    read_params,
+    tune,
+    write_params,
+)
 from servegym.tuning import study as study_module  # noqa: E402
 from servegym.tuning.report import report  # noqa: E402
+from servegym.tuning.stopping import StopOnSignals, TuningInterrupted  # noqa: E402
 
 TUNABLE = sorted(name for name, cls in POLICIES.items() if cls.search_space is not None)
 SERVEGYM = [sys.executable, "-m", "servegym.cli"]
@@ -46,7 +59,7 @@ def test_search_space_produces_valid_parameters(name):
 def test_tiny_study_beats_a_clearly_bad_default(tmp_path):
     # Flow control's default b = 1 activation per step starves a 7.5 req/s load; tuning b must fix it.
     cfg = TuneConfig(policy="flow-control", workload="high", objective="cost", trials=12, seeds=1, eval_seeds=2,
-                     storage=f"sqlite:///{tmp_path}/s.db", pruner="none")
+                     storage=f"sqlite:///{tmp_path}/s.db", pruner="none", sampler_seed=0)
     study = tune(cfg, progress=False)
     summary = report(cfg, study, tmp_path / "out")
     assert best_params(study)["activation_budget"] > 1.0
@@ -84,7 +97,8 @@ def completed(storage: str, name: str) -> list:
 
 def tune_process(storage: str, trials: int, extra=()) -> subprocess.Popen:
     cmd = [*SERVEGYM, "tune", "--policy", "flow-control", "--workload", "low", "--trials", str(trials), "--seeds",
-           "1", "--storage", storage, "--study", "shared", "--pruner", "none", "--no-report", "--quiet", *extra]
+           "1", "--max-steps", "100", "--storage", storage, "--study", "shared", "--pruner", "none", "--no-report",
+           "--quiet", *extra]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=Path(__file__).parents[1])
 
 
@@ -97,8 +111,9 @@ def wait_for(predicate, timeout=120.0):
     raise AssertionError("timed out")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_resume_after_kill_keeps_every_completed_trial(tmp_path, sig):
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 143),
+                                             (signal.SIGINT, 130)])
+def test_resume_after_kill_keeps_every_completed_trial(tmp_path, sig, status):
     storage = f"sqlite:///{tmp_path}/resume.db"
     proc = tune_process(storage, trials=1000)
     try:
@@ -106,8 +121,10 @@ def test_resume_after_kill_keeps_every_completed_trial(tmp_path, sig):
     finally:
         proc.send_signal(sig)
         proc.wait(timeout=60)
+    # An interrupted run is not a success: the shell sees 128 + the signal, as for a process it killed.
+    assert proc.returncode == status, proc.stderr.read().decode()
     before = {t.number for t in completed(storage, "shared")}
-    if sig == signal.SIGTERM:  # a clean stop leaves no trial marked running
+    if sig != signal.SIGKILL:  # a clean stop leaves no trial marked running
         study = optuna.load_study(study_name="shared", storage=study_module.make_storage(storage))
         assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     again = tune_process(storage, trials=3)
@@ -116,14 +133,149 @@ def test_resume_after_kill_keeps_every_completed_trial(tmp_path, sig):
     assert before <= after and len(after) >= len(before) + 3
 
 
-def test_two_processes_share_one_journal_study(tmp_path):
-    storage = f"journal:{tmp_path}/journal.log"
-    workers = [tune_process(storage, trials=4) for _ in range(2)]
-    for w in workers:
-        assert w.wait(timeout=180) == 0, w.stderr.read().decode()
-    trials = completed(storage, "shared")
-    assert len(trials) == 8
-    assert len({t.user_attrs["worker"] for t in trials}) == 2
+def run_workers(storage: str, workers: int, trials: int, extra=()) -> list:
+    procs = [tune_process(storage, trials=trials, extra=extra) for _ in range(workers)]
+    for proc in procs:
+        assert proc.wait(timeout=180) == 0, proc.stderr.read().decode()
+    return completed(storage, "shared")
+
+
+def distinct_params(trials: list) -> int:
+    return len({tuple(sorted(t.params.items())) for t in trials})
+
+
+@pytest.mark.parametrize(("workers", "kind"), [(2, "journal"), (4, "journal"), (4, "sqlite")])
+def test_parallel_workers_sample_distinct_parameters(tmp_path, workers, kind):
+    # The README's recipe: N workers on one study, no seed given. Each draws its own sampler seed.
+    storage = f"journal:{tmp_path}/s.journal" if kind == "journal" else f"sqlite:///{tmp_path}/s.db"
+    trials = run_workers(storage, workers, trials=5)
+    assert len(trials) == 5 * workers
+    assert len({t.user_attrs["worker"] for t in trials}) == workers
+    assert len({t.user_attrs["sampler_seed"] for t in trials}) == workers
+    assert distinct_params(trials) == 5 * workers
+
+
+def test_workers_given_one_seed_sample_in_lockstep(tmp_path):
+    # The old default (every worker seed 0) wasted workers; the distinctness test above can see it.
+    trials = run_workers(f"journal:{tmp_path}/s.journal", 2, trials=3, extra=("--sampler-seed", "0"))
+    assert len(trials) == 6 and distinct_params(trials) == 3
+
+
+def test_an_explicit_seed_makes_one_worker_reproducible(tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        cfg = TuneConfig(policy="flow-control", workload="low", trials=4, seeds=1, max_steps=50, pruner="none",
+                         storage=f"sqlite:///{tmp_path}/{name}.db", sampler_seed=123)
+        runs.append([t.params for t in tune(cfg, progress=False).trials])
+    assert runs[0] == runs[1] and len({p["activation_budget"] for p in runs[0]}) == 4
+
+
+def tune_args(storage: str, *extra: str) -> list[str]:
+    return ["tune", "--workload", "low", "--seeds", "1", "--eval-seeds", "1", "--max-steps", "50", "--pruner", "none",
+            "--storage", storage, "--study", "shared", "--quiet", *extra]
+
+
+def test_a_study_refuses_another_policy_and_objective(tmp_path, capsys):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(tune_args(storage, "--policy", "flow-control", "--trials", "2", "--no-report")) == 0
+    assert main(tune_args(storage, "--policy", "twp", "--trials", "2", "--no-report")) == 2
+    err = capsys.readouterr().err
+    assert "error: study 'shared'" in err and "policy 'flow-control'" in err and "policy 'twp'" in err
+    assert main(tune_args(storage, "--policy", "flow-control", "--objective", "cost", "--trials", "0")) == 2
+    assert "objective 'goodput'" in capsys.readouterr().err
+    study = optuna.load_study(study_name="shared", storage=make_storage(storage))
+    assert len(study.trials) == 2 and all(set(t.params) == {"activation_budget"} for t in study.trials)
+    assert study.user_attrs == {"policy": "flow-control", "workload": "low", "objective": "goodput"}
+    assert main(tune_args(storage, "--policy", "flow-control", "--trials", "0", "--out", str(tmp_path / "r"))) == 0
+
+
+def test_a_study_from_before_identities_is_checked_by_its_parameters(tmp_path):
+    storage = f"sqlite:///{tmp_path}/old.db"
+    old = optuna.create_study(study_name="shared", storage=make_storage(storage), direction="maximize")
+    old.optimize(lambda trial: POLICIES["twp"].search_space(trial)["gain"], n_trials=2)  # no user attributes
+    with pytest.raises(TuningError, match="not over policy 'flow-control'"):
+        load_study(TuneConfig(policy="flow-control", workload="low", storage=storage, study_name="shared"))
+    study = load_study(TuneConfig(policy="twp", workload="low", storage=storage, study_name="shared"))
+    assert study.user_attrs["policy"] == "twp"
+
+
+@pytest.mark.parametrize(("setup", "args", "message"), [
+    (None, ("--storage", "nonsense", "--trials", "1"), "cannot open Optuna storage 'nonsense'"),
+    (None, ("--storage", "foo://host/db", "--trials", "1"), "cannot open Optuna storage 'foo://host/db'"),
+    ("corrupt.db", ("--trials", "1"), "file is not a database"),
+    ("corrupt.journal", ("--trials", "1"), "cannot open Optuna storage 'journal:"),
+    (None, ("--trials", "0"), "no study storage at"),
+    (None, ("--trials", "0", "--no-report"), "nothing to do"),
+    (None, ("--trials", "-3"), "trials must be >= 0"),
+])
+def test_bad_storage_and_trial_counts_give_one_clear_line(tmp_path, capsys, setup, args, message):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    if setup:
+        (tmp_path / setup).write_bytes(b"this is not a study\x00\x01\n{nor json\n" * 50)
+        storage = f"journal:{tmp_path / setup}" if setup.endswith("journal") else f"sqlite:///{tmp_path / setup}"
+    assert main(tune_args(storage, "--policy", "flow-control", *args)) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_no_completed_trial_to_report_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(study_module, "evaluate", broken)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(tune_args(storage, "--policy", "flow-control", "--trials", "1", "--no-report")) == 0
+    assert main(tune_args(storage, "--policy", "flow-control", "--trials", "0", "--out", str(tmp_path / "r"))) == 2
+    assert "no completed trial to report on" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+KILL_MID_TRIAL = """
+import os, signal, sys
+from servegym.tuning import TuneConfig, tune, study
+study.evaluate = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+tune(TuneConfig(policy="flow-control", workload="low", trials=1, seeds=1, storage=sys.argv[1], study_name="shared",
+                heartbeat_s=1), progress=False)
+"""
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_trial_of_a_killed_worker_is_failed_on_resume(tmp_path, kind):
+    storage = f"journal:{tmp_path}/s.journal" if kind == "journal" else f"sqlite:///{tmp_path}/s.db"
+    dead = subprocess.run([sys.executable, "-c", KILL_MID_TRIAL, storage], cwd=Path(__file__).parents[1])
+    assert dead.returncode == -signal.SIGKILL
+    running = optuna.trial.TrialState.RUNNING
+    assert [t.state for t in optuna.load_study(study_name="shared", storage=make_storage(storage)).trials] == [running]
+    cfg = TuneConfig(policy="flow-control", workload="low", storage=storage, study_name="shared")
+    assert [t.state for t in load_study(cfg).trials] == [optuna.trial.TrialState.FAIL]  # its pid is gone
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_a_trial_silent_past_the_heartbeat_grace_is_failed(tmp_path):
+    # A worker on another host: no pid to check, so Optuna's heartbeat (every 1 s, 2 s grace) decides.
+    cfg = TuneConfig(policy="flow-control", workload="low", storage=f"sqlite:///{tmp_path}/s.db", study_name="shared",
+                     heartbeat_s=1)
+    storage = make_storage(cfg.storage_url())
+    trial = load_study(cfg).ask()
+    trial.set_user_attr("worker", "another-host:1")
+    storage.record_heartbeat(storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name("shared"), trial.number))
+    assert load_study(cfg).trials[0].state == optuna.trial.TrialState.RUNNING  # heartbeat fresh
+    time.sleep(2.5)
+    assert load_study(cfg).trials[0].state == optuna.trial.TrialState.FAIL
+
+
+def test_a_journal_trial_of_a_live_worker_stays_running(tmp_path):
+    cfg = TuneConfig(policy="flow-control", workload="low", storage=f"journal:{tmp_path}/s.journal")
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        trial = load_study(cfg).ask()
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{worker.pid}")
+        assert load_study(cfg).trials[0].state == optuna.trial.TrialState.RUNNING
+    finally:
+        worker.kill()
+        worker.wait()
+    assert load_study(cfg).trials[0].state == optuna.trial.TrialState.FAIL
 
 
 def test_params_file_round_trip_and_errors(tmp_path):
@@ -136,11 +288,53 @@ def test_params_file_round_trip_and_errors(tmp_path):
         TuneConfig(policy="fcfs", workload="low")
 
 
+def test_reporting_on_a_missing_study_creates_nothing(tmp_path):
+    storage = f"sqlite:///{tmp_path}/p.db"
+    make_storage(storage)  # an Optuna database without that study
+    with pytest.raises(TuningError, match="no study 'nope'"):
+        load_study(TuneConfig(policy="twp", workload="low", storage=storage, study_name="nope"), create=False)
+    assert optuna.get_all_study_names(make_storage(storage)) == []
+
+
 def test_pareto_objective_reports_a_front(tmp_path):
     cfg = TuneConfig(policy="twp", workload="low", objective="pareto", trials=6, seeds=1, eval_seeds=1,
-                     storage=f"sqlite:///{tmp_path}/p.db")
+                     storage=f"sqlite:///{tmp_path}/p.db", sampler_seed=0)
     study = tune(cfg, progress=False)
     assert len(study.directions) == 3 and study.best_trials
     report(cfg, study, tmp_path / "out")
     assert "Pareto front" in (tmp_path / "out" / "report.md").read_text()
     assert np.isfinite(load_study(cfg).best_trials[0].values[0])
+
+
+def test_a_signal_asks_for_a_stop_and_a_second_stops_at_once():
+    before = signal.getsignal(signal.SIGTERM)
+    with StopOnSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here and raises nothing
+        assert stop.signum == signal.SIGTERM
+        with pytest.raises(TuningInterrupted) as first:
+            stop.checkpoint()
+        assert first.value.exit_status == 143
+        with pytest.raises(TuningInterrupted):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_signal_mid_trial_fails_that_trial_and_keeps_the_finished_ones(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = study_module.evaluate
+
+    def interrupted_in_the_third_episode(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # trial 1, first of its two episodes: the run stops before the second
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(study_module, "evaluate", interrupted_in_the_third_episode)
+    cfg = TuneConfig(policy="flow-control", workload="low", trials=5, seeds=2, max_steps=50, pruner="none",
+                     storage=f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(TuningInterrupted) as stop:
+        tune(cfg, progress=False)
+    assert stop.value.exit_status == 130 and calls["n"] == 3
+    states = [t.state for t in load_study(cfg).trials]
+    assert states == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL]

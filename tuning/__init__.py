@@ -1,12 +1,14 @@
 """Optuna tuning of the policies' declared search spaces (extra ``tune``)."""
 
 from servegym.tuning.objectives import OBJECTIVES, Objective, get_objective
+from servegym.tuning.stopping import TuningInterrupted
+from servegym.tuning.storage import TuningError, fail_stale_trials, make_storage
 from servegym.tuning.study import (
     TUNING_SEED_BASE,
     TuneConfig,
     best_params,
+    fresh_seed,
     load_study,
-    make_storage,
     read_params,
     tune,
     write_params,
@@ -17,7 +19,11 @@ __all__ = [
     "TUNING_SEED_BASE",
     "Objective",
     "TuneConfig",
+    "TuningError",
+    "TuningInterrupted",
     "best_params",
+    "fail_stale_trials",
+    "fresh_seed",
     "get_objective",
     "load_study",
     "make_storage",

@@ -52,9 +52,9 @@ def report(cfg: TuneConfig, study: optuna.Study, out: Path) -> dict[str, Any]:
     """Write ``best_params.json``, the plots and ``report.md``; return the summary numbers."""
     import optuna
 
+    params = best_params(study)  # first: a study with no completed trial writes nothing
     out.mkdir(parents=True, exist_ok=True)
     objective = get_objective(cfg.objective)
-    params = best_params(study)
     write_params(cfg.policy, params, out / "best_params.json",
                  note=f"study {cfg.name}: {cfg.objective} on {cfg.workload}, tuning seeds from {TUNING_SEED_BASE}")
     plots = _plots(study, out)

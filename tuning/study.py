@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
+import logging
+import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,13 +16,19 @@ import numpy as np
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import make_env, run_episode
 from servegym.tuning.objectives import Objective, get_objective
+from servegym.tuning.stopping import StopOnSignals, TuningInterrupted
+from servegym.tuning.storage import TuningError, fail_stale_trials, make_storage, storage_path, worker_id
 from servegym.workloads import Workload, make_workload
 
 if TYPE_CHECKING:
     import optuna
 
+log = logging.getLogger(__name__)
+
 TUNING_SEED_BASE = 10_000
 """Tuning episodes use seeds from here on; evaluation uses seeds 0.. (disjoint by construction)."""
+IDENTITY = ("policy", "workload", "objective")
+"""Study user attributes fixed by its first run; a run asking for other values is refused."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,11 @@ class TuneConfig:
     storage: str | None = None
     study_name: str | None = None
     pruner: str = "median"
-    sampler_seed: int = 0
+    sampler_seed: int | None = None
+    """None: a fresh seed per worker (recorded on its trials), so parallel workers sample different points.
+    An int makes a single worker reproducible; workers sharing a study need different seeds."""
+    heartbeat_s: int = 30
+    """RDB storages: a running trial's heartbeat period; a trial silent for twice that is failed (worker died)."""
     max_steps: int = 100_000
     env: dict[str, Any] = field(default_factory=dict)
 
@@ -54,9 +63,11 @@ class TuneConfig:
             raise ValueError(f"pruner must be median, halving or none, got {self.pruner!r}")
         if self.trials < 0:
             raise ValueError("trials must be >= 0 (0 only reports on an existing study)")
-        for name in ("seeds", "eval_seeds"):
+        for name in ("seeds", "eval_seeds", "heartbeat_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.sampler_seed is not None and not 0 <= self.sampler_seed < 2**32:
+            raise ValueError(f"sampler_seed must be in [0, 2**32), got {self.sampler_seed}")
 
     @property
     def name(self) -> str:
@@ -64,24 +75,6 @@ class TuneConfig:
 
     def storage_url(self) -> str:
         return self.storage or f"sqlite:///studies/{self.name}.db"
-
-
-def make_storage(url: str) -> optuna.storages.BaseStorage:
-    """An Optuna storage from a URL: any RDB URL (sqlite:///, postgresql://, mysql://) or ``journal:PATH``
-    for a JournalStorage on a shared file (the safest choice for many processes on one machine or an NFS)."""
-    import optuna
-
-    if url.startswith("journal:"):
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
-
-        path = Path(url.removeprefix("journal:"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path)))
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}
-                                      if url.startswith("sqlite") else {})
 
 
 def evaluate(policy: str, params: dict[str, Any], workload: Workload, seeds: list[int], max_steps: int,
@@ -95,18 +88,22 @@ def evaluate(policy: str, params: dict[str, Any], workload: Workload, seeds: lis
     return out
 
 
-def objective_function(cfg: TuneConfig, objective: Objective,
-                       workload: Workload) -> Callable[[optuna.Trial], float | tuple[float, ...]]:
+def objective_function(cfg: TuneConfig, objective: Objective, workload: Workload,
+                       checkpoint: Callable[[], None] = lambda: None,
+                       ) -> Callable[[optuna.Trial], float | tuple[float, ...]]:
+    """The trial function; ``checkpoint`` runs before each episode (it raises to stop the run there)."""
     import optuna
 
     space = POLICIES[cfg.policy].search_space
 
     def run(trial: optuna.Trial) -> float | tuple[float, ...]:
+        trial.set_user_attr("worker", worker_id())
+        trial.set_user_attr("sampler_seed", cfg.sampler_seed)
         params = space(trial)
-        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         started = time.perf_counter()
         scores = []
         for k in range(cfg.seeds):
+            checkpoint()
             seed = TUNING_SEED_BASE + k
             metrics = evaluate(cfg.policy, params, workload, [seed], cfg.max_steps, cfg.env)[0]
             scores.append(objective.score(metrics))
@@ -131,40 +128,121 @@ def _pruner(name: str):
     return optuna.pruners.NopPruner()
 
 
-def load_study(cfg: TuneConfig) -> optuna.Study:
+def _check_identity(study: optuna.Study, cfg: TuneConfig) -> None:
+    """Record the study's policy, workload and objective on first use; refuse a run that asks for others."""
+    wanted = {"policy": cfg.policy, "workload": cfg.workload, "objective": cfg.objective}
+    if not any(key in study.user_attrs for key in IDENTITY):
+        _check_legacy_params(study, cfg)
+    for key in IDENTITY:
+        if key not in study.user_attrs:
+            study.set_user_attr(key, wanted[key])
+    recorded = {key: study.user_attrs[key] for key in IDENTITY}  # read back: a racing first worker may have won
+    if recorded != wanted:
+        raise TuningError(f"study {cfg.name!r} in {cfg.storage_url()} holds trials of {_describe(recorded)}, "
+                          f"not of {_describe(wanted)}; choose another --study name")
+
+
+def _check_legacy_params(study: optuna.Study, cfg: TuneConfig) -> None:
+    """A study from before identities were recorded: refuse it if its trials share no parameter with the policy."""
     import optuna
 
+    held = {name for trial in study.get_trials(deepcopy=False) for name in trial.params}
+    if not held:
+        return
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created in memory" line
+    try:
+        own = set(POLICIES[cfg.policy].search_space(optuna.create_study().ask()))
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    if not held & own:
+        raise TuningError(f"study {cfg.name!r} in {cfg.storage_url()} holds trials over {sorted(held)}, not over "
+                          f"policy {cfg.policy!r}'s {sorted(own)}; choose another --study name")
+
+
+def _describe(identity: dict[str, str]) -> str:
+    return (f"policy {identity['policy']!r} on workload {identity['workload']!r} "
+            f"with objective {identity['objective']!r}")
+
+
+def load_study(cfg: TuneConfig, create: bool = True) -> optuna.Study:
+    """Open (or create) the study, check it is this policy's, and fail the trials of dead workers.
+
+    With ``create=False`` a missing study (or storage file) is a :class:`TuningError`, and nothing is created.
+    """
+    import optuna
+
+    url = cfg.storage_url()
+    path = storage_path(url)
+    if not create and path is not None and not path.is_file():
+        raise TuningError(f"no study storage at {path}; run some trials first (--trials N)")
     objective = get_objective(cfg.objective)
-    sampler = (optuna.samplers.NSGAIISampler(seed=cfg.sampler_seed) if objective.multi
-               else optuna.samplers.TPESampler(seed=cfg.sampler_seed))
-    return optuna.create_study(study_name=cfg.name, storage=make_storage(cfg.storage_url()),
-                               directions=list(objective.directions), sampler=sampler,
-                               pruner=_pruner(cfg.pruner), load_if_exists=True)
+    seed = cfg.sampler_seed if cfg.sampler_seed is not None else fresh_seed()
+    sampler = (optuna.samplers.NSGAIISampler(seed=seed) if objective.multi
+               else optuna.samplers.TPESampler(seed=seed))
+    storage = make_storage(url, heartbeat_s=cfg.heartbeat_s)
+    try:
+        if create:
+            study = optuna.create_study(study_name=cfg.name, storage=storage, directions=list(objective.directions),
+                                        sampler=sampler, pruner=_pruner(cfg.pruner), load_if_exists=True)
+        else:
+            study = optuna.load_study(study_name=cfg.name, storage=storage, sampler=sampler,
+                                      pruner=_pruner(cfg.pruner))
+    except KeyError as err:
+        if create:
+            raise TuningError(f"cannot read study {cfg.name!r} from {url} (KeyError: {err})") from None
+        raise TuningError(f"no study {cfg.name!r} in {url}; run some trials first (--trials N)") from None
+    except Exception as err:  # a storage that opened but cannot be read: corrupt tables, say
+        raise TuningError(f"cannot read study {cfg.name!r} from {url} ({type(err).__name__}: {err})") from None
+    _check_identity(study, cfg)
+    fail_stale_trials(study, storage)
+    return study
+
+
+def fresh_seed() -> int:
+    """A sampler seed of its own for each worker, so that workers sharing a study never sample in lockstep."""
+    return secrets.randbits(32)
+
+
+def _fail_own_running(study: optuna.Study) -> None:
+    """Mark failed the trials this process left RUNNING (interrupted outside the objective, say)."""
+    import optuna
+
+    me = worker_id()
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if trial.user_attrs.get("worker") == me:
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
 
 def tune(cfg: TuneConfig, progress: bool = True) -> optuna.Study:
     """Run ``cfg.trials`` more trials on the (possibly shared, possibly resumed) study; return the study.
 
-    A trial that raises is recorded as failed and the study goes on. SIGTERM and Ctrl-C stop after marking
-    the running trial failed; every completed trial is already in the storage.
+    ``cfg.trials == 0`` opens an existing study without creating one. A trial that raises is recorded as failed
+    and the study goes on. SIGINT or SIGTERM stops the run before the running trial's next episode (a second
+    signal at once), marks that trial failed and raises :class:`TuningInterrupted` (``exit_status`` 130 or
+    143); every completed trial is in the storage.
+    Without ``cfg.sampler_seed`` this worker draws a fresh seed, recorded on its trials.
     """
-
-    study = load_study(cfg)
-    objective = get_objective(cfg.objective)
-    workload = make_workload(cfg.workload)
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt("SIGTERM")
-
-    signal.signal(signal.SIGTERM, on_term)
-    try:
-        study.optimize(objective_function(cfg, objective, workload), n_trials=cfg.trials, catch=(Exception,),
-                       show_progress_bar=progress, gc_after_trial=False)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    if cfg.sampler_seed is None:
+        cfg = replace(cfg, sampler_seed=fresh_seed())
+    with StopOnSignals() as stop:
+        study = load_study(cfg, create=cfg.trials > 0)
+        if cfg.trials == 0:
+            return study
+        run = objective_function(cfg, get_objective(cfg.objective), make_workload(cfg.workload), stop.checkpoint)
+        stop.study = study
+        try:
+            stop.checkpoint()
+            study.optimize(run, n_trials=cfg.trials, catch=(Exception,), show_progress_bar=progress,
+                           gc_after_trial=False)
+            stop.checkpoint()  # a signal between trials stopped the loop
+        except TuningInterrupted as err:
+            try:
+                _fail_own_running(study)
+            except Exception as problem:  # mid-transaction after a forced stop: a resume fails the trial later
+                log.warning("could not mark this worker's running trial failed: %s", problem)
+            err.study = study
+            raise
     return study
 
 
@@ -174,7 +252,7 @@ def best_params(study: optuna.Study) -> dict[str, Any]:
 
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if not complete:
-        raise RuntimeError(f"study {study.study_name!r} has no completed trial")
+        raise TuningError(f"study {study.study_name!r} has no completed trial to report on")
     if len(study.directions) == 1:
         return dict(study.best_trial.params)
     sign = 1 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1

@@ -99,6 +99,11 @@ WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
         lambda: TraceWorkload(str(bundled_trace()), time_scale=0.5, duration_s=60.0),
         "the Azure code trace at twice its rate (time compressed 2x), the first 120 s of the trace in 60 s",
     ),
+    "azure-code-window": (
+        lambda: TraceWorkload(str(bundled_trace()), duration_s=120.0, random_window=True, min_requests=100),
+        "a random 120 s window of the Azure code trace (drawn per episode; windows with under 100 requests are "
+        "redrawn), replayed in real time",
+    ),
     "long-output": (
         lambda: SyntheticWorkload(Poisson(3.0), DURATION_S, prompt=LONG_PROMPTS, output=LONG_OUTPUTS),
         "long outputs (100-1500 tokens, mean ~550) and prompts (100-1200), Poisson 3 req/s on the A40 (KV-bound)",

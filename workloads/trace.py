@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -16,6 +19,9 @@ from servegym.engine.validation import positive_number
 from servegym.workloads.base import RequestSpec
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_STAMP = re.compile(r"(?:19|20|21)\d\d-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})?")
+"""The timestamps the vectorised path parses: datetime64[ns] holds 9 fraction digits and years 1678-2262 (it
+overflows silently past them). Others (more digits, other years, unpadded fields) go through ``_parse_time``."""
 
 
 class TraceError(ValueError):
@@ -23,9 +29,12 @@ class TraceError(ValueError):
 
 
 def _parse_time(text: str) -> float:
-    """Seconds since the epoch from ``YYYY-MM-DD HH:MM:SS[.fraction]`` (any number of fraction digits)."""
+    """Seconds since the epoch from ``YYYY-MM-DD HH:MM:SS[.fraction]`` (any number of fraction digits), in UTC.
+
+    Traces carry no time zone; reading them as UTC keeps a gap across a daylight-saving change what it was.
+    """
     whole, _, frac = text.strip().partition(".")
-    stamp = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").timestamp()
+    stamp = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
     if frac and not frac.isdigit():
         raise ValueError(f"bad fractional seconds {frac!r}")
     return stamp + (float("0." + frac) if frac else 0.0)
@@ -41,40 +50,88 @@ def _parse_count(text: str, column: str) -> int:
     return int(value)
 
 
+def _text(path: str) -> str:
+    """The file as text: UTF-8 with or without a byte-order mark; binary files are refused."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if b"\0" in data:
+        line = data[: data.index(b"\0")].count(b"\n") + 1
+        raise TraceError(f"{path}: line {line}: binary data (a NUL byte), expected a CSV text trace")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise TraceError(f"{path}: line {line}: not UTF-8 text (byte {data[err.start]:#04x}), "
+                         "expected a CSV text trace") from None
+
+
+def _rows(path: str, text: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number, cells) of each non-blank row after the checked header."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = next(reader, None)
+    if header is None:
+        raise TraceError(f"{path}: line 1: empty file, expected header {','.join(COLUMNS)}")
+    header = [h.strip() for h in header]
+    if header[:3] != list(COLUMNS):
+        raise TraceError(f"{path}: line 1: header {header} does not start with {list(COLUMNS)}")
+    for row in reader:
+        if row and (row[0].strip() or any(cell.strip() for cell in row[1:])):  # the first cell decides most rows
+            yield reader.line_num, row
+
+
+def _parse_fast(rows: list[list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Times (s since the epoch, UTC), prompt and output tokens of well-formed rows, column by column.
+
+    Returns None at the first thing it does not accept; ``_parse_rows`` then parses (or rejects) row by row.
+    The arithmetic matches ``_parse_time`` (whole seconds + fraction), so both give the same floats.
+    """
+    if not rows or any(len(row) < 3 for row in rows):
+        return None
+    stamps = [row[0].strip() for row in rows]
+    if not all(map(_STAMP.fullmatch, stamps)):
+        return None
+    try:
+        ns = np.array(stamps, dtype="datetime64[ns]").astype(np.int64)  # datetime64 has no time zone: UTC
+        counts = np.array([[row[1] for row in rows], [row[2] for row in rows]], dtype=np.float64)
+    except ValueError:
+        return None
+    times = (ns // 10**9).astype(np.float64) + (ns % 10**9) / 1e9
+    if (not np.all(np.isfinite(counts)) or np.any(counts != np.round(counts)) or np.any(counts < 1)
+            or np.any(np.diff(times) < 0)):
+        return None
+    prompts, outputs = counts.astype(np.int64)
+    return times, prompts, outputs
+
+
+def _parse_rows(path: str, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row by row: slow, but it names the first bad line."""
+    times, prompts, outputs = [], [], []
+    for line, row in _rows(path, text):
+        if len(row) < 3:
+            raise TraceError(f"{path}: line {line}: expected 3 columns, got {len(row)}")
+        try:
+            t = _parse_time(row[0])
+            prompt = _parse_count(row[1], "ContextTokens")
+            output = _parse_count(row[2], "GeneratedTokens")
+        except ValueError as err:
+            raise TraceError(f"{path}: line {line}: {err}") from None
+        if prompt < 1 or output < 1:
+            raise TraceError(f"{path}: line {line}: token counts must be >= 1, got {prompt}, {output}")
+        if times and t < times[-1]:
+            raise TraceError(f"{path}: line {line}: TIMESTAMP goes back in time ({row[0].strip()})")
+        times.append(t)
+        prompts.append(prompt)
+        outputs.append(output)
+    return np.asarray(times, dtype=np.float64), np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
+
+
 @lru_cache(maxsize=8)
 def _read(path: str) -> RequestSpec:
-    with open(path, newline="") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise TraceError(f"{path}: line 1: empty file, expected header {','.join(COLUMNS)}")
-        header = [h.strip() for h in header]
-        if header[:3] != list(COLUMNS):
-            raise TraceError(f"{path}: line 1: header {header} does not start with {list(COLUMNS)}")
-        times, prompts, outputs = [], [], []
-        for row in reader:
-            line = reader.line_num
-            if not row or all(not cell.strip() for cell in row):
-                continue
-            if len(row) < 3:
-                raise TraceError(f"{path}: line {line}: expected 3 columns, got {len(row)}")
-            try:
-                t = _parse_time(row[0])
-                prompt = _parse_count(row[1], "ContextTokens")
-                output = _parse_count(row[2], "GeneratedTokens")
-            except ValueError as err:
-                raise TraceError(f"{path}: line {line}: {err}") from None
-            if prompt < 1 or output < 1:
-                raise TraceError(f"{path}: line {line}: token counts must be >= 1, got {prompt}, {output}")
-            if times and t < times[-1]:
-                raise TraceError(f"{path}: line {line}: TIMESTAMP goes back in time ({row[0].strip()})")
-            times.append(t)
-            prompts.append(prompt)
-            outputs.append(output)
-    if not times:
+    text = _text(path)
+    times, prompts, outputs = _parse_fast([row for _, row in _rows(path, text)]) or _parse_rows(path, text)
+    if not times.size:
         raise TraceError(f"{path}: no requests after the header")
-    arrival = np.asarray(times) - times[0]
-    return RequestSpec(arrival, np.asarray(prompts), np.asarray(outputs))
+    return RequestSpec(times - times[0], prompts, outputs)
 
 
 def bundled_trace(name: str = "azure_llm_2023_code.csv") -> Path:
@@ -87,7 +144,9 @@ class TraceWorkload:
     """Replay a trace: arrivals relative to its first request, times multiplied by ``time_scale``.
 
     ``time_scale < 1`` compresses time (a higher rate), ``> 1`` stretches it. ``start`` skips that many
-    requests; ``max_requests`` and ``duration_s`` (in scaled seconds) cut the replay.
+    requests; ``max_requests`` and ``duration_s`` (in scaled seconds) cut the replay. With
+    ``random_window=True`` each episode replays a window of ``duration_s`` (scaled) seconds that starts at a
+    time drawn uniformly from the trace by the episode's generator, so seeds give different episodes.
     """
 
     path: str
@@ -95,14 +154,23 @@ class TraceWorkload:
     start: int = 0
     max_requests: int | None = None
     duration_s: float | None = None
+    random_window: bool = False
+    min_requests: int = 1
+    """With ``random_window``: windows holding fewer requests are redrawn (the trace has quiet minutes)."""
 
     def __post_init__(self) -> None:
         positive_number("time_scale", self.time_scale)
         if self.start < 0:
             raise ValueError(f"start must be >= 0, got {self.start}")
+        if self.random_window and (self.duration_s is None or self.start or self.max_requests is not None):
+            raise ValueError("random_window needs duration_s and neither start nor max_requests")
+        if self.min_requests < 1:
+            raise ValueError(f"min_requests must be >= 1, got {self.min_requests}")
 
     def sample(self, rng: np.random.Generator) -> RequestSpec:
         full = _read(str(Path(self.path).resolve()))
+        if self.random_window:
+            return self._window(full, rng)
         stop = None if self.max_requests is None else self.start + self.max_requests
         arrival = full.arrival_s[self.start : stop]
         if arrival.size == 0:
@@ -111,6 +179,21 @@ class TraceWorkload:
         keep = slice(None) if self.duration_s is None else arrival < self.duration_s
         sl = slice(self.start, stop)
         return RequestSpec(arrival[keep], full.num_prompt_tokens[sl][keep], full.num_output_tokens[sl][keep])
+
+    def _window(self, full: RequestSpec, rng: np.random.Generator) -> RequestSpec:
+        """A window of ``duration_s`` scaled seconds starting at a uniformly drawn time of the trace, redrawn
+        (up to 100 times) while it holds fewer than ``min_requests``."""
+        width = self.duration_s / self.time_scale
+        latest = max(0.0, float(full.arrival_s[-1]) - width)
+        for _ in range(100):
+            begin = float(rng.uniform(0.0, latest)) if latest > 0 else 0.0
+            lo, hi = np.searchsorted(full.arrival_s, [begin, begin + width])
+            if hi - lo >= self.min_requests:
+                break
+        else:
+            raise TraceError(f"{self.path}: no window of {width:g} s holds {self.min_requests} requests")
+        arrival = (full.arrival_s[lo:hi] - full.arrival_s[lo]) * self.time_scale
+        return RequestSpec(arrival, full.num_prompt_tokens[lo:hi], full.num_output_tokens[lo:hi])
 
     def mean_rate(self) -> float:
         spec = self.sample(np.random.default_rng(0))

@@ -1,0 +1,83 @@
+"""Whole episodes: arrivals, admissions, prefills, preemptions and finishes, next to CartPole-v1 in one run.
+
+Usage: python benchmarks/episode_speed.py [--policies fcfs twp flow-control vllm] [--repeats 3]
+
+Each policy plays one seeded episode of each workload through ``gym.make`` (Gymnasium's wrappers included) and
+its own ``act``; the figure is the best of ``--repeats`` runs. Printed per (workload, policy): steps, wall
+time, microseconds per step, the ratio to a CartPole-v1 step measured in the same process, and requests
+simulated per second. ``azure-5000`` replays the first 5,000 requests of the bundled Azure code trace (the
+size the issue's Vidur comparison used); trace parsing is timed apart, once, cold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import gymnasium as gym
+import numpy as np
+
+from servegym.policies import make_policy
+from servegym.runner import make_env
+from servegym.workloads import TraceWorkload, bundled_trace, make_workload
+
+WORKLOADS = ("azure-5000", "medium", "burst")
+
+
+def workload(name: str):
+    if name == "azure-5000":
+        return TraceWorkload(str(bundled_trace()), max_requests=5000)
+    return make_workload(name)
+
+
+def cartpole_us(steps: int = 50_000) -> float:
+    env = gym.make("CartPole-v1", max_episode_steps=None)
+    env.reset(seed=0)
+    start = time.perf_counter()
+    for i in range(steps):
+        _, _, terminated, truncated, _ = env.step(i & 1)
+        if terminated or truncated:
+            env.reset()
+    return (time.perf_counter() - start) / steps * 1e6
+
+
+def episode(policy_name: str, workload_name: str) -> tuple[int, float, int]:
+    policy = make_policy(policy_name)
+    env = make_env(policy, max_episode_steps=10**7, workload=workload(workload_name),
+                   engine={"length_mode": "predicted"})
+    obs, _ = env.reset(seed=0)
+    policy.reset()
+    steps, done = 0, False
+    start = time.perf_counter()
+    while not done:
+        obs, _, terminated, truncated, _ = env.step(policy.act(obs))
+        steps += 1
+        done = terminated or truncated
+    wall = time.perf_counter() - start
+    return steps, wall, env.unwrapped.cluster.log.num_requests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--policies", nargs="+", default=["fcfs", "twp", "flow-control", "vllm"])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    start = time.perf_counter()  # the first read in this process: the parse is cold
+    workload("azure-5000").sample(np.random.default_rng(0))
+    print(f"parse the bundled Azure trace (cold): {time.perf_counter() - start:.3f} s")
+    cart = min(cartpole_us() for _ in range(args.repeats))
+    print(f"CartPole-v1: {cart:.2f} us/step")
+    print(f"{'workload':<12} {'policy':<13} {'steps':>7} {'wall s':>8} {'us/step':>8} {'x CartPole':>10} "
+          f"{'requests/s':>11}")
+    for name in args.workloads:
+        for policy in args.policies:
+            runs = [episode(policy, name) for _ in range(args.repeats)]
+            steps, wall, requests = min(runs, key=lambda r: r[1])
+            us = wall / steps * 1e6
+            print(f"{name:<12} {policy:<13} {steps:>7} {wall:>8.3f} {us:>8.1f} {us / cart:>10.2f} "
+                  f"{requests / wall:>11.0f}")
+
+
+if __name__ == "__main__":
+    main()

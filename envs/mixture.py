@@ -1,0 +1,102 @@
+"""A task that samples among other tasks per episode, and the env factory behind ``servegym/Serving-v0``."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+from servegym.engine import Cluster, Engine, EngineConfig, PoolConfig
+from servegym.envs.serving import ServingEnv
+from servegym.envs.tasks import Task, get_task
+
+
+class MixtureEnv(gym.Env):
+    """
+    ## Description
+
+    Several serving envs with the same spaces behind one interface: each `reset` draws one of them uniformly
+    with `np_random` and resets it with a seed drawn from the same generator, so one seed fixes both the
+    component and its episode. `info["task"]` names the component; `current` is its `ServingEnv`.
+
+    Spaces, rewards and episode ends are the components' (they must agree on the queue window, the running
+    slots, the pool size and the reward).
+    """
+
+    metadata: ClassVar[dict[str, Any]] = ServingEnv.metadata
+
+    def __init__(self, components: dict[str, ServingEnv]) -> None:
+        if len(components) < 2:
+            raise ValueError("a mixture needs at least two components")
+        envs = list(components.values())
+        first = envs[0]
+        for name, env in components.items():
+            if env.observation_space != first.observation_space or env.action_space != first.action_space:
+                raise ValueError(f"mixture component {name!r} has other spaces than {next(iter(components))!r}")
+            if env.reward_name != first.reward_name:
+                raise ValueError(f"mixture components disagree on the reward: {env.reward_name!r} vs "
+                                 f"{first.reward_name!r}")
+        self.components = dict(components)
+        self.names = tuple(components)
+        self.current = first
+        self.current_name = self.names[0]
+        self.observation_space = first.observation_space
+        self.action_space = first.action_space
+
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        self.current_name = self.names[int(self.np_random.integers(len(self.names)))]
+        self.current = self.components[self.current_name]
+        obs, info = self.current.reset(seed=int(self.np_random.integers(2**31 - 1)), options=options)
+        return obs, {**info, "task": self.current_name}
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.current.step(action)
+        return obs, reward, terminated, truncated, {**info, "task": self.current_name}
+
+    def render(self) -> str | None:
+        return self.current.render()
+
+    def action_masks(self) -> np.ndarray:
+        return self.current.action_masks()
+
+    @property
+    def num_visible(self) -> int:
+        return self.current.num_visible
+
+    @property
+    def queue_window(self) -> int:
+        return self.current.queue_window
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.current.cluster
+
+    @property
+    def engine(self) -> Engine:
+        return self.current.engine
+
+
+def _merged(base: dict[str, Any], override: EngineConfig | PoolConfig | dict[str, Any] | None) -> Any:
+    """A task's engine or pool settings with the caller's on top (a config object replaces them)."""
+    if override is None:
+        return base
+    if isinstance(override, dict):
+        return {**base, **override}
+    return override
+
+
+def make_serving_env(task: str | Task | None = None, **kwargs: Any) -> ServingEnv | MixtureEnv:
+    """The entry point of ``servegym/Serving-v0``: a :class:`ServingEnv` from ``kwargs``, or, with ``task``,
+    from the task's settings with ``kwargs`` on top (``engine`` and ``pool`` dicts merge key by key)."""
+    if task is None:
+        return ServingEnv(**kwargs)
+    spec = get_task(task)
+    if spec.is_mixture:
+        return MixtureEnv({name: make_serving_env(name, **kwargs) for name in spec.components})
+    settings = spec.env_kwargs()
+    engine = _merged(settings.pop("engine"), kwargs.pop("engine", None))
+    pool = _merged(settings.pop("pool"), kwargs.pop("pool", None))
+    return ServingEnv(**{**settings, **kwargs, "engine": engine, "pool": pool})

@@ -1,0 +1,209 @@
+"""The benchmark leaderboard: every policy on every task over the frozen test seeds (``servegym bench``).
+
+Each episode builds its env from the task alone (``make_env(policy, task=NAME)``), so the leaderboard measures
+exactly the problem an agent trains on: the task's workload, profile, engine and pool, reward, length mode and
+episode limits, with only the policy's own engine/pool overrides on top (TWP's chunk size, the hindsight
+reference's true lengths). Results come back one :class:`BenchRow` per (task, policy, seed), in a fixed order
+whatever the number of worker processes; :func:`write_leaderboard` writes them as ``leaderboard.csv`` and
+``leaderboard.md`` (:mod:`servegym.evaluation.leaderboard`).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import astuple, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from servegym.envs.tasks import TEST_SEEDS, get_task
+from servegym.evaluation.executor import RunStore, run_stored
+from servegym.evaluation.leaderboard import markdown
+from servegym.policies import POLICIES, make_policy
+from servegym.runner import EpisodeResult, make_env, run_episode
+
+DEFAULT_POLICIES = ("random", "fcfs", "twp", "flow-control", "sarathi", "mc-sf", "vllm", "priority", "hindsight")
+"""The default field: the two references a scheduler must beat (random admission, FCFS), the seed papers'
+policies with their default parameters, the strongest baselines, and the hindsight reference (true lengths)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One leaderboard contestant: a label (unique on the board) for a policy with its parameters."""
+
+    label: str
+    policy: str
+    """A registered policy name, or ``rl:RUN_DIR`` for an agent trained by ``servegym train``."""
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BenchJob:
+    """One episode of the leaderboard."""
+
+    task: str
+    entry: Entry
+    seed: int
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One episode's scores; the fields, in order, are the columns of ``leaderboard.csv``."""
+
+    task: str
+    policy: str
+    """The entry's label."""
+    seed: int
+    episode_return: float
+    """The undiscounted sum of the task's rewards (reward units: minus request-seconds, or SLO-good requests)."""
+    goodput_rps: float
+    e2e_mean_all_s: float
+    """Mean end-to-end latency over every arrived, unrejected request, the unfinished counted to the end."""
+    ttft_p99_s: float
+    unfinished: int
+    truncated: bool
+    steps: int
+
+
+COLUMNS = tuple(f.name for f in fields(BenchRow))
+
+
+def make_entries(policies: Sequence[str] = DEFAULT_POLICIES, params_files: Sequence[str | Path] = (),
+                 rl_runs: Sequence[str | Path] = ()) -> list[Entry]:
+    """The contestants: ``policies`` with default parameters (labelled by name), a ``<policy> (tuned)`` entry per
+    params file (``servegym tune``'s ``best_params.json``), and an ``rl:<run name>`` entry per trained run.
+
+    Every entry is checked here, before anything runs: unknown policies, unreadable params files, parameters a
+    policy rejects, run folders without a ``config.json`` and duplicate labels are errors.
+    """
+    from servegym.tuning.study import read_params
+
+    entries = [Entry(name, name) for name in policies]
+    for path in params_files:
+        name, params = read_params(path)
+        entries.append(Entry(f"{name} (tuned)", name, params))
+    entries += [Entry(f"rl:{Path(run).name}", f"rl:{run}") for run in rl_runs]
+    for entry in entries:
+        check_entry(entry)
+    seen: dict[str, Entry] = {}
+    for entry in entries:
+        if entry.label in seen:
+            raise ValueError(f"duplicate leaderboard label {entry.label!r} ({seen[entry.label].policy} and "
+                             f"{entry.policy}); every policy, params file and run may appear once")
+        seen[entry.label] = entry
+    return entries
+
+
+def check_entry(entry: Entry) -> None:
+    """Raise ``ValueError`` when ``entry`` cannot be built (without loading a trained agent's weights)."""
+    if entry.policy.startswith("rl:"):
+        run = Path(entry.policy.removeprefix("rl:"))
+        if not (run / "config.json").is_file():
+            raise ValueError(f"{run} is not a servegym train run (no config.json)")
+        return
+    if entry.policy not in POLICIES:
+        raise ValueError(f"unknown policy {entry.policy!r}; registered: {sorted(POLICIES)}, or rl:RUN_DIR")
+    try:
+        make_policy(entry.policy, **entry.params)
+    except TypeError as err:  # a parameter the policy does not have
+        raise ValueError(f"policy {entry.label!r}: {err}") from None
+
+
+def make_jobs(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[int] = TEST_SEEDS) -> list[BenchJob]:
+    """Every (task, entry, seed), task-major; unknown tasks and an empty seed list are errors."""
+    for name in tasks:
+        get_task(name)
+    seeds = tuple(seeds)
+    if not seeds:
+        raise ValueError("no seeds to run")
+    return [BenchJob(task, entry, seed) for task in tasks for entry in entries for seed in seeds]
+
+
+def play(job: BenchJob) -> EpisodeResult:
+    """Run one leaderboard episode: the task's env, the entry's policy, the job's seed."""
+    policy = make_policy(job.entry.policy, **job.entry.params)
+    env = make_env(policy, task=job.task)
+    try:
+        return run_episode(env, policy, seed=job.seed)
+    finally:
+        env.close()
+
+
+def bench_row(job: BenchJob, result: EpisodeResult) -> BenchRow:
+    summary = result.summary
+    return BenchRow(job.task, job.entry.label, job.seed, float(result.total_reward), summary["goodput_rps"],
+                    summary["e2e_mean_all_s"], summary["ttft_p99"], int(summary["num_unfinished"]),
+                    bool(result.truncated), int(result.steps))
+
+
+def run_job(job: BenchJob) -> BenchRow:
+    return bench_row(job, play(job))
+
+
+def run_bench(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[int] = TEST_SEEDS,
+              workers: int | None = None, progress: bool = False, store: RunStore | None = None) -> list[BenchRow]:
+    """Run every (task, entry, seed) episode, in ``workers`` processes (default: all cores).
+
+    Rows come back in (task, entry, seed) order whatever the worker count, and each episode depends only on its
+    job, so the rows are identical for any ``workers``. With a ``store``, episodes already in it are not run
+    again and each new one is saved as it finishes; Ctrl-C raises
+    :class:`~servegym.evaluation.executor.Interrupted` with the finished rows.
+    """
+    todo = make_jobs(tasks, entries, seeds)
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return run_stored(run_job, todo, workers, store, _describe, _bar(len(todo)) if progress else None)
+
+
+def _describe(job: BenchJob) -> str:
+    return f"episode of {job.entry.label} on {job.task} seed {job.seed}"
+
+
+def write_leaderboard(rows: Sequence[BenchRow], out_dir: str | Path, command: str = "servegym bench",
+                      partial: tuple[int, int] | None = None) -> tuple[Path, Path]:
+    """Write ``leaderboard.csv`` (one row per episode, :data:`COLUMNS`) and ``leaderboard.md`` (per task, the
+    policies best-first with 95% confidence intervals, and the task's headroom); return both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = out / "leaderboard.csv", out / "leaderboard.md"
+    tmp = csv_path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(COLUMNS)
+        writer.writerows(astuple(row) for row in rows)
+    os.replace(tmp, csv_path)
+    text = markdown(rows, command)
+    if partial is not None:
+        text = (f"> **PARTIAL RESULTS**: stopped after {partial[0]} of {partial[1]} episodes; re-run the same "
+                "command to finish (finished episodes are kept in `runs/`).\n\n" + text)
+    tmp = md_path.with_suffix(".md.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, md_path)
+    return csv_path, md_path
+
+
+def read_leaderboard(path: str | Path) -> list[BenchRow]:
+    """The rows of a ``leaderboard.csv``."""
+    types = {f.name: f.type for f in fields(BenchRow)}
+    convert = {"int": int, "float": float, "str": str, "bool": lambda text: text == "True"}
+    with Path(path).open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        if tuple(reader.fieldnames or ()) != COLUMNS:
+            raise ValueError(f"{path}: columns {reader.fieldnames} are not a leaderboard's {list(COLUMNS)}")
+        return [BenchRow(**{k: convert[types[k]](v) for k, v in row.items()}) for row in reader]
+
+
+def headroom_lines(path: str | Path) -> dict[str, str]:
+    """Task -> its headroom sentence, from a ``leaderboard.csv``."""
+    from servegym.evaluation.leaderboard import boards, headroom_line
+
+    return {board.task: headroom_line(board) for board in boards(read_leaderboard(path))}
+
+
+def _bar(total: int) -> Any:
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is optional: install servegym[eval]
+        return None
+    return tqdm(total=total, desc="bench", unit="episode")

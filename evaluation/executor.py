@@ -1,0 +1,266 @@
+"""Run independent jobs in worker processes that stop on Ctrl-C, survive dead workers and keep what finished.
+
+* **Ctrl-C**: workers ignore SIGINT; the parent, on the first one, kills every worker at once and raises
+  :class:`Interrupted` with the results so far; a second Ctrl-C meets Python's default handler and kills the
+  parent outright.
+* **A dead worker** (killed by the OOM killer, say) costs its own job, not the grid: each worker has its own
+  pipe, so the parent knows which job died with it, reports that one as failed and starts a fresh worker.
+* **A run store** (:class:`RunStore`) keeps each finished result on disk as it arrives, so a re-run of the same
+  command runs only what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import multiprocessing
+import os
+import pickle
+import signal
+import traceback
+from collections.abc import Callable, Hashable, Sequence
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+POLL_S = 0.1
+"""How often the parent checks its workers while it waits for results."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C (or SIGTERM) stopped the jobs; ``results`` holds those that finished (index -> result)."""
+
+    def __init__(self, results: dict[int, Any]) -> None:
+        super().__init__(f"interrupted after {len(results)} finished jobs")
+        self.results = results
+
+
+class JobFailed(RuntimeError):
+    """A job raised, or its worker died; ``results`` holds the jobs that finished."""
+
+    def __init__(self, message: str, results: dict[int, Any]) -> None:
+        super().__init__(message)
+        self.results = results
+
+
+class RunStore:
+    """Finished results on disk, one pickle per job key, each written atomically."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def _file(self, key: Hashable) -> Path:
+        return self.path / (hashlib.sha256(repr(key).encode()).hexdigest()[:24] + ".pkl")
+
+    def get(self, key: Hashable) -> Any | None:
+        path = self._file(key)
+        if not path.is_file():
+            return None
+        try:
+            stored_key, result = pickle.loads(path.read_bytes())
+        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError):
+            return None  # a torn or foreign file: run the job again
+        return result if stored_key == repr(key) else None
+
+    def put(self, key: Hashable, result: Any) -> None:
+        path = self._file(key)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(pickle.dumps((repr(key), result)))
+        os.replace(tmp, path)
+
+    def clear(self) -> None:
+        for path in self.path.glob("*.pkl"):
+            path.unlink()
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.path.glob("*.pkl"))
+
+
+def _worker(fn: Callable[[Any], Any], conn: Connection) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
+    while (item := conn.recv()) is not None:
+        index, job = item
+        try:
+            conn.send((index, "done", fn(job)))
+        except BaseException:  # any failure goes back to the parent, with its traceback
+            conn.send((index, "error", traceback.format_exc()))
+
+
+def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int,
+             on_result: Callable[[int, Any], None] | None = None, describe: Callable[[Any], str] = repr) -> list[Any]:
+    """``[fn(job) for job in jobs]`` in ``workers`` processes (spawned, so a parent holding torch is safe).
+
+    ``on_result(index, result)`` runs in the parent as each job finishes (store it, advance a bar). Raises
+    :class:`Interrupted` on Ctrl-C/SIGTERM and :class:`JobFailed` when a job raises or its worker dies, after the
+    other jobs have finished; both carry the finished results.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    results: dict[int, Any] = {}
+    with _InterruptOnTerm():
+        if workers == 1:
+            _run_inline(fn, jobs, results, on_result)
+        else:
+            _run_pool(fn, jobs, min(workers, len(jobs)), results, on_result, describe)
+    return [results[i] for i in range(len(jobs))]
+
+
+def run_stored(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int | None, store: RunStore | None,
+               describe: Callable[[Any], str] = repr, bar: Any = None) -> list[Any]:
+    """:func:`run_jobs` over the jobs ``store`` does not hold yet, saving each result as it finishes; results
+    come back in job order. ``bar`` (a tqdm-like progress bar) advances per job and starts at the stored ones.
+    An :class:`Interrupted` or :class:`JobFailed` carries every finished result, stored ones included, by job
+    index."""
+    have = {i: r for i, job in enumerate(jobs) if store is not None and (r := store.get(job)) is not None}
+    missing_index = [i for i in range(len(jobs)) if i not in have]
+    missing = [jobs[i] for i in missing_index]
+    workers = max(1, min(workers or os.cpu_count() or 1, len(missing) or 1))
+    if bar is not None:
+        bar.update(len(have))
+
+    def finished(index: int, result: Any) -> None:
+        if store is not None:
+            store.put(missing[index], result)
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        fresh = run_jobs(fn, missing, workers, finished, describe) if missing else []
+    except (Interrupted, JobFailed) as stop:
+        stop.results = {**have, **{missing_index[i]: r for i, r in stop.results.items()}}
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    done = {**have, **dict(zip(missing_index, fresh, strict=True))}
+    return [done[i] for i in range(len(jobs))]
+
+
+def _run_inline(fn: Callable[[Any], Any], jobs: Sequence[Any], results: dict[int, Any],
+                on_result: Callable[[int, Any], None] | None) -> None:
+    try:
+        for i, job in enumerate(jobs):
+            results[i] = fn(job)
+            if on_result is not None:
+                on_result(i, results[i])
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        raise Interrupted(results) from None
+
+
+def _run_pool(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int, results: dict[int, Any],
+              on_result: Callable[[int, Any], None] | None, describe: Callable[[Any], str]) -> None:
+    pool = _Pool(fn, workers)
+    failed: dict[int, str] = {}
+    pending = list(range(len(jobs)))[::-1]
+    try:
+        while len(results) + len(failed) < len(jobs):
+            for worker in pool.idle():
+                if pending:
+                    index = pending.pop()
+                    worker.give(index, jobs[index])
+            for worker, message in pool.wait():
+                if message is None:  # the worker died: its job is lost, a fresh worker takes its place
+                    failed[worker.job] = f"{describe(jobs[worker.job])}: its worker died (exit code {worker.exitcode})"
+                    pool.replace(worker)
+                    continue
+                index, kind, payload = message
+                worker.job = None
+                if kind == "error":
+                    failed[index] = f"{describe(jobs[index])} raised:\n{payload}"
+                    continue
+                results[index] = payload
+                if on_result is not None:
+                    on_result(index, payload)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C kills outright
+        pool.kill()
+        raise Interrupted(results) from None
+    pool.close()
+    if failed:
+        first = failed[min(failed)]
+        raise JobFailed(f"{len(failed)} of {len(jobs)} jobs failed; the first: {first}", results)
+
+
+class _Worker:
+    """One spawned process with its own pipe, so a death breaks nothing but its own job."""
+
+    def __init__(self, ctx: Any, fn: Callable[[Any], Any]) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(fn, child), daemon=True)
+        self.proc.start()
+        child.close()
+        self.job: int | None = None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.proc.exitcode
+
+    def give(self, index: int, job: Any) -> None:
+        self.job = index
+        self.conn.send((index, job))
+
+
+class _Pool:
+    def __init__(self, fn: Callable[[Any], Any], workers: int) -> None:
+        self.fn = fn
+        self.ctx = multiprocessing.get_context("spawn")
+        self.workers = [_Worker(self.ctx, fn) for _ in range(workers)]
+
+    def idle(self) -> list[_Worker]:
+        return [w for w in self.workers if w.job is None]
+
+    def wait(self) -> list[tuple[_Worker, tuple[int, str, Any] | None]]:
+        """Messages from busy workers that have one (None for a worker that died), waiting up to POLL_S."""
+        busy = {w.conn: w for w in self.workers if w.job is not None}
+        ready = wait(list(busy), timeout=POLL_S)
+        out = []
+        for conn in ready:
+            worker = busy[conn]
+            try:
+                out.append((worker, conn.recv()))
+            except (EOFError, OSError):
+                worker.proc.join(timeout=1)
+                out.append((worker, None))
+        return out
+
+    def replace(self, worker: _Worker) -> None:
+        worker.conn.close()
+        self.workers[self.workers.index(worker)] = _Worker(self.ctx, self.fn)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            with contextlib.suppress(OSError):
+                worker.conn.send(None)
+        for worker in self.workers:
+            worker.proc.join(timeout=5)
+        self.kill()
+
+    def kill(self) -> None:
+        for worker in self.workers:
+            if worker.proc.is_alive():
+                worker.proc.kill()
+        for worker in self.workers:
+            worker.proc.join(timeout=2)
+            worker.conn.close()
+
+
+class _InterruptOnTerm:
+    """Within the block, SIGTERM raises KeyboardInterrupt (in the main thread), so it stops jobs as Ctrl-C does."""
+
+    def __enter__(self) -> None:
+        self.previous = None
+        if multiprocessing.current_process().name == "MainProcess":
+            try:
+                self.previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+            except ValueError:  # not the main thread
+                self.previous = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,54 @@
+"""Argument types and checks shared by the ``servegym`` subcommands: bad input fails before any work starts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number >= 0 (seeds)."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+    return value
+
+
+def writable_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and check a file can be written there, before any work starts."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".servegym-write-check-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"output folder {path} is not writable: {err.strerror or err}") from None
+    return path
+
+
+def json_object(flag: str, text: str | None) -> dict[str, Any]:
+    """A JSON object given on the command line (``{}`` when absent), or a clear error naming the flag."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{flag} must be a JSON object: {err}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} must be a JSON object, got {text!r}")
+    return value

@@ -1,0 +1,88 @@
+"""``servegym bench``: the leaderboard of policies over the benchmark tasks, on the frozen test seeds."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from servegym.cli_args import positive_int
+from servegym.envs.tasks import TASKS, TEST_SEEDS
+from servegym.evaluation.bench import DEFAULT_POLICIES, make_entries, make_jobs, run_bench, write_leaderboard
+from servegym.evaluation.executor import Interrupted, JobFailed, RunStore
+
+
+def check_out_dir(out: Path) -> None:
+    """Raise ``ValueError`` unless ``out`` is, or can be created as, a writable folder (creates nothing)."""
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--out {out}: {existing} exists and is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {existing} is not writable")
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The options that shaped the leaderboard, as a command a reader can rerun."""
+    parts = ["servegym", "bench"]
+    for option, values in (("--tasks", args.tasks), ("--policies", args.policies), ("--params", args.params),
+                           ("--rl", args.rl)):
+        if values:
+            parts += [option, *values]
+    if args.seeds is not None:
+        parts += ["--seeds", str(args.seeds)]
+    return shlex.join([*parts, "--out", args.out])
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    # Everything is checked before the first episode: a typo should not cost a run.
+    tasks = args.tasks or list(TASKS)
+    if args.seeds is not None and args.seeds > len(TEST_SEEDS):
+        raise ValueError(f"--seeds {args.seeds}: there are only {len(TEST_SEEDS)} test seeds")
+    seeds = TEST_SEEDS[: args.seeds] if args.seeds is not None else TEST_SEEDS
+    entries = make_entries(args.policies or DEFAULT_POLICIES, args.params or (), args.rl or ())
+    jobs = make_jobs(tasks, entries, seeds)
+    out = Path(args.out)
+    check_out_dir(out)
+    workers = min(args.workers or os.cpu_count() or 1, len(jobs))
+    print(f"servegym bench: {len(tasks)} tasks x {len(entries)} policies x {len(seeds)} seeds = {len(jobs)} "
+          f"episodes on {workers} workers", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("leaderboard.csv", "leaderboard.md"):  # never mistaken for this run's results
+        (out / stale).unlink(missing_ok=True)
+    store = RunStore(out / "runs")
+    if args.fresh:
+        store.clear()
+    try:
+        rows = run_bench(tasks, entries, seeds, workers=workers, progress=not args.quiet, store=store)
+    except (Interrupted, JobFailed) as stop:
+        done = [stop.results[i] for i in sorted(stop.results)]
+        if done:
+            write_leaderboard(done, out, command_line(args), partial=(len(done), len(jobs)))
+        raise
+    csv_path, md_path = write_leaderboard(rows, out, command_line(args))
+    print(md_path.read_text())
+    print(f"wrote {csv_path} (one row per episode) and {md_path}")
+    return 0
+
+
+def add_bench_parser(sub: Any) -> None:
+    """Add ``servegym bench`` to ``sub`` (the parser's ``add_subparsers()`` result)."""
+    bench = sub.add_parser("bench", help="leaderboard: policies x benchmark tasks x frozen test seeds")
+    bench.add_argument("--tasks", nargs="+", default=None, choices=list(TASKS),
+                       help="tasks to run (default: all)")
+    bench.add_argument("--policies", nargs="+", default=None,
+                       help=f"policies with default parameters, or rl:RUN_DIR (default: {' '.join(DEFAULT_POLICIES)})")
+    bench.add_argument("--params", nargs="+", default=None, metavar="FILE",
+                       help="params files (servegym tune's best_params.json): each adds '<policy> (tuned)'")
+    bench.add_argument("--rl", nargs="+", default=None, metavar="RUN",
+                       help="servegym train run folders: each adds 'rl:<run name>'")
+    bench.add_argument("--seeds", type=positive_int, default=None,
+                       help=f"use the first N test seeds (default: all {len(TEST_SEEDS)})")
+    bench.add_argument("--workers", type=positive_int, default=None, help="worker processes (default: all cores)")
+    bench.add_argument("--out", default="bench", help="folder for leaderboard.csv and leaderboard.md")
+    bench.add_argument("--fresh", action="store_true",
+                       help="forget the episodes kept in <out>/runs (default: resume, running only what is missing)")
+    bench.add_argument("--quiet", action="store_true", help="no progress bar")
+    bench.set_defaults(func=cmd_bench)

@@ -1,0 +1,188 @@
+"""Long jobs that stop, resume and never mislead: Ctrl-C, dead workers, the run store, early argument checks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from servegym.cli import main
+from servegym.evaluation.executor import Interrupted, JobFailed, RunStore, run_jobs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def square_or_die(x: int) -> int:
+    """A job for spawned workers: 3 kills its own worker (as the OOM killer would), 4 raises."""
+    if x == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if x == 4:
+        raise ArithmeticError("four is bad")
+    return x * x
+
+
+def test_a_dead_worker_costs_its_own_job_not_the_grid():
+    with pytest.raises(JobFailed) as caught:
+        run_jobs(square_or_die, list(range(12)), workers=2, describe=lambda x: f"job {x}")
+    message = str(caught.value)
+    assert "2 of 12 jobs failed" in message and "job 3: its worker died" in message
+    assert caught.value.results == {x: x * x for x in range(12) if x not in (3, 4)}
+
+
+def test_a_raising_job_reports_its_traceback_and_keeps_the_others():
+    with pytest.raises(JobFailed, match=r"job 4 raised:(.|\n)*ArithmeticError: four is bad"):
+        run_jobs(square_or_die, [0, 1, 4, 5], workers=2, describe=lambda x: f"job {x}")
+    with pytest.raises(JobFailed) as caught:
+        run_jobs(square_or_die, [0, 4, 5], workers=1 + 1)
+    assert caught.value.results == {0: 0, 2: 25}
+
+
+def test_inline_runs_match_the_pool():
+    assert run_jobs(square_or_die, [0, 1, 2, 5], workers=1) == run_jobs(square_or_die, [0, 1, 2, 5], workers=2)
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        run_jobs(square_or_die, [1], workers=0)
+
+
+def test_inline_interrupt_keeps_finished_results():
+    def job(x: int) -> int:
+        if x == 2:
+            raise KeyboardInterrupt
+        return x
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(Interrupted) as caught:
+            run_jobs(job, [0, 1, 2, 3], workers=1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert caught.value.results == {0: 0, 1: 1}
+
+
+def test_run_store_round_trip_and_torn_files(tmp_path):
+    store = RunStore(tmp_path)
+    store.put(("a", 1), {"x": 1.5})
+    assert store.get(("a", 1)) == {"x": 1.5} and store.get(("a", 2)) is None and len(store) == 1
+    next(tmp_path.glob("*.pkl")).write_bytes(b"\x80\x04torn")
+    assert store.get(("a", 1)) is None  # a torn file is run again, not trusted
+    store.clear()
+    assert len(store) == 0
+
+
+EXPERIMENT = """
+name: sigint
+seeds: 8
+max_steps: 4000
+engine: {length_mode: predicted}
+policies: [fcfs, sarathi]
+workloads: [medium]
+"""
+
+
+def _group(pgid: int) -> list[str]:
+    """Live processes of a process group (zombies, already dead and waiting for init to reap them, excluded)."""
+    out = subprocess.run(["ps", "-e", "-o", "pgid=,pid=,stat=,args="], capture_output=True, text=True,
+                         check=True).stdout
+    rows = [line.split(maxsplit=3) for line in out.splitlines()]
+    return [" ".join(row) for row in rows if int(row[0]) == pgid and not row[2].startswith("Z")]
+
+
+@pytest.mark.slow
+def test_sigint_stops_compare_within_two_seconds_and_the_rerun_finishes_only_the_rest(tmp_path):
+    spec = tmp_path / "sigint.yaml"
+    spec.write_text(EXPERIMENT)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "servegym.cli", "compare", str(spec), "--out", str(out), "--workers", "2",
+           "--no-plots", "--quiet"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    runs = out / "runs"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not runs.is_dir() or len(list(runs.glob("*.pkl"))) < 2):
+        time.sleep(0.05)
+    assert proc.poll() is None, "the grid finished before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 2.0
+    assert proc.returncode == 130 and "interrupted" in err
+    assert _group(proc.pid) == []  # no worker outlives the parent
+    kept = {p.name: p.stat().st_mtime_ns for p in runs.glob("*.pkl")}
+    assert 2 <= len(kept) < 16
+    assert (out / "summary.md").read_text().startswith("> **PARTIAL RESULTS**")
+    rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "not run again" in rerun.stdout
+    after = {p.name: p.stat().st_mtime_ns for p in runs.glob("*.pkl")}
+    assert len(after) == 16 and all(after[name] == mtime for name, mtime in kept.items())
+    assert "PARTIAL" not in (out / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("argv", [["compare", "--seeds", "0"], ["compare", "--seeds", "-2"],
+                                  ["compare", "--workers", "0"], ["run", "--seed", "-1"],
+                                  ["reproduce", "--workers", "0"]])
+def test_bad_numbers_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 2 and "must be >=" in capsys.readouterr().err
+
+
+def test_unwritable_output_is_refused_before_any_run(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["compare", "--seeds", "1", "--out", str(blocker / "sub"), "--quiet"]) == 2
+    assert "not writable" in capsys.readouterr().err
+
+
+def test_reproduce_refuses_a_verdict_from_fewer_than_three_seeds(tmp_path, capsys):
+    assert main(["reproduce", "--seeds", "2", "--out", str(tmp_path)]) == 2
+    assert "at least 3 seeds" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before writing anything
+
+
+BASE = {"name": "x", "seeds": 2, "policies": ["fcfs"], "workloads": ["low"]}
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"policies": ["fcfs", {"name": "twp", "label": "fcfs"}]}, r"labels must be unique.*\['fcfs'\]"),
+    ({"policies": ["fcfs", "fcfs"]}, "labels must be unique"),
+    ({"seeds": [0, 1, 1]}, r"seeds must be distinct.*\[1\]"),
+    ({"seeds": [-1, 2]}, "seeds must be >= 0"),
+    ({"seeds": 0}, "seeds must be a positive int"),
+    ({"engine": {"foo": 1}}, r"engine: unknown key\(s\) \['foo'\]"),
+    ({"engine": {"max_num_seqs": 0}}, "engine: max_num_seqs"),
+    ({"pool": {"num_containers": 2, "warmth": 1}}, r"pool: unknown key\(s\) \['warmth'\]"),
+    ({"pool": {"router": "nearest"}}, "pool: "),
+    ({"profile": "no-such-profile"}, "profile: "),
+    ({"name": "../../x"}, "plain folder name"),
+    ({"max_steps": True}, "max_steps must be a positive int"),
+    ({"ttft_slo_s": 0}, "ttft_slo_s must be a number > 0"),
+])
+def test_bad_experiments_fail_at_load_naming_the_file_and_key(change, match, tmp_path):
+    import yaml
+
+    from servegym.evaluation import ExperimentError, load_experiment
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**BASE, **change}))
+    with pytest.raises(ExperimentError, match=match) as caught:
+        load_experiment(path)
+    assert str(path) in str(caught.value)
+
+
+def test_relative_trace_paths_resolve_against_the_experiment_file(tmp_path, monkeypatch):
+    from servegym.evaluation import load_experiment
+    from servegym.workloads import bundled_trace
+
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    (folder / "t.csv").write_text(bundled_trace().read_text())
+    (folder / "e.yaml").write_text("name: t\nseeds: 1\npolicies: [fcfs]\n"
+                                   "workloads: [{label: t, trace: {path: t.csv, max_requests: 5}}]\n")
+    monkeypatch.chdir(tmp_path)  # the working directory holds no t.csv
+    experiment = load_experiment("exp/e.yaml")
+    assert experiment.workloads[0].source["trace"]["path"] == str(folder / "t.csv")
