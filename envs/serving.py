@@ -100,6 +100,13 @@ class ServingEnv(gym.Env):
     cheaply by making iterations short or by stalling. `info["num_stalled_steps"]` counts the current run of
     stalled steps, with or without the guard; `info["idle_guard"]` marks a guard truncation.
 
+    With `decision_steps=True` one `step` applies the action to one iteration, then keeps iterating while no
+    admission decision is possible (no request waits at the deciding container, its model is loading, or it
+    has no free sequence slot or no free KV block) and returns at the next decision or the episode's end. The
+    reward is the sum over those iterations (so episode sums are unchanged), the count keys of `info` and
+    `step_s` sum over them, and `info["num_iterations"]` says how many there were. `max_steps` and the guard
+    count iterations.
+
     ## Arguments
 
     ```python
@@ -123,6 +130,7 @@ class ServingEnv(gym.Env):
     | `reward_half_life_s` | `None` | discount rewards by simulated time (see Rewards) |
     | `max_steps` | `None` | truncate after this many steps |
     | `idle_guard_steps` | `None` | truncate after this many consecutive stalled steps (see Episode End) |
+    | `decision_steps` | `False` | one `step` runs through iterations with no admission decision to make (see Episode End) |
     | `truncation_penalty_s` | `60.0` | latency charged per unserved request when `max_steps` or the guard truncates |
     | `latency_noise_cv` | `None` | override the profile's multiplicative latency noise |
     | `strict_actions` | `False` | raise on admits of empty slots instead of counting them |
@@ -153,6 +161,7 @@ class ServingEnv(gym.Env):
         max_steps: int | None = None,
         idle_guard_steps: int | None = None,
         truncation_penalty_s: float = TRUNCATION_PENALTY_S,
+        decision_steps: bool = False,
     ) -> None:
         engine = _config("engine", engine, EngineConfig)
         pool = _config("pool", pool, PoolConfig)
@@ -162,7 +171,7 @@ class ServingEnv(gym.Env):
             raise TypeError(f"profile must be a shipped name, a JSON path or a Profile, got {profile!r}")
         if latency_noise_cv is not None:
             non_negative_number("latency_noise_cv", latency_noise_cv)
-        for name, value in (("strict_actions", strict_actions),):
+        for name, value in (("strict_actions", strict_actions), ("decision_steps", decision_steps)):
             boolean(name, value)
         if not isinstance(reward, str):
             raise TypeError(f"reward must be a string, one of {sorted(REWARDS)}, got {reward!r}")
@@ -211,6 +220,7 @@ class ServingEnv(gym.Env):
         self.max_steps = max_steps
         self.idle_guard_steps = idle_guard_steps
         self.truncation_penalty_s = float(truncation_penalty_s)
+        self.decision_steps = decision_steps
         slots = self.engine_config.max_num_seqs
         self.action_space = spaces.MultiDiscrete(np.full(queue_window, queue_window + 1, dtype=np.int64))
         self.observation_space = observation_space(queue_window, slots, n)
@@ -250,6 +260,27 @@ class ServingEnv(gym.Env):
             info = self._info(self.engine.last, self.cluster.deciding, 0, 0)
             return self._encoder.encode(self.cluster), 0.0, True, False, info
         self._stepped = True
+        reward, totals, iterations = 0.0, None, 0
+        while True:
+            step, r, terminated, truncated = self._iterate(order)
+            reward += r
+            iterations += 1
+            if terminated or truncated or not self.decision_steps or self._decision_possible():
+                break
+            totals = _add_counts(totals, step)
+            order = order[:0]
+        obs = self._encoder.encode(self.cluster)
+        info = self._info(step.outcome, step.container, step.arrived, step.rejected)
+        if totals is not None:  # counts over every iteration this step advanced, not only the last
+            for key, value in _add_counts(totals, step).items():
+                info[key] = value
+        info["num_iterations"] = iterations
+        if truncated and self._num_stalled >= (self.idle_guard_steps or math.inf):
+            info["idle_guard"] = True
+        return obs, reward, terminated, truncated, info
+
+    def _iterate(self, order: np.ndarray) -> tuple[ClusterStep, float, bool, bool]:
+        """One engine iteration: its reward (penalty and discount applied), terminated, truncated."""
         started_s = self.cluster.time
         step = self.cluster.step(order)
         self._num_steps += 1
@@ -259,7 +290,7 @@ class ServingEnv(gym.Env):
             self._warned_stall = True
             warnings.warn(f"requests have waited while nothing ran for {STALL_WARNING_STEPS} steps at t="
                           f"{self.cluster.time:.2f} s: the policy is not admitting (info['num_stalled_steps'] counts "
-                          "such steps; idle_guard_steps truncates them)", RuntimeWarning, stacklevel=2)
+                          "such steps; idle_guard_steps truncates them)", RuntimeWarning, stacklevel=3)
         terminated = self.cluster.done
         truncated = not terminated and self.max_steps is not None and self._num_steps >= self.max_steps
         guarded = not terminated and self.idle_guard_steps is not None and self._num_stalled >= self.idle_guard_steps
@@ -267,11 +298,14 @@ class ServingEnv(gym.Env):
             reward -= self.truncation_penalty_s * self.num_unserved
         if self.reward_half_life_s is not None:
             reward *= 2.0 ** (-(started_s - self.cluster.log.arrival_s[0]) / self.reward_half_life_s)
-        obs = self._encoder.encode(self.cluster)
-        info = self._info(step.outcome, step.container, step.arrived, step.rejected)
-        if guarded:
-            info["idle_guard"] = True
-        return obs, reward, terminated, truncated or guarded, info
+        return step, reward, terminated, truncated or guarded
+
+    def _decision_possible(self) -> bool:
+        """Could an action admit anything now? Requests wait at the deciding container, its model is loaded,
+        and it has a free sequence slot and a free KV block."""
+        e = self.cluster.engine
+        return bool(e.waiting.size) and e.clock >= e.ready_at and e.num_running < self.engine_config.max_num_seqs \
+            and e.num_used_blocks < e.num_kv_blocks
 
     def _reward(self, step: ClusterStep) -> float:
         if self.reward_name == "latency":
@@ -368,6 +402,20 @@ class ServingEnv(gym.Env):
         """The engine and pool configuration as plain values (for logs and result files)."""
         both = {**asdict(self.engine_config), **{f"pool_{k}": v for k, v in asdict(self.pool_config).items()}}
         return {k: getattr(v, "value", v) for k, v in both.items()}
+
+
+COUNTED = ("step_s", "num_decode_tokens", "num_prefill_tokens", "num_admitted", "num_refused", "num_preemptions",
+           "num_finished", "num_arrived", "num_rejected")
+"""Info keys that sum over the iterations of one decision step."""
+
+
+def _add_counts(totals: dict[str, float] | None, step: ClusterStep) -> dict[str, float]:
+    out = step.outcome
+    values = (out.dt_s, out.num_decode_tokens, out.num_prefill_tokens, out.num_admitted, out.num_refused,
+              out.num_preemptions, out.num_finished, step.arrived, step.rejected)
+    if totals is None:
+        return dict(zip(COUNTED, values, strict=True))
+    return {key: totals[key] + value for key, value in zip(COUNTED, values, strict=True)}
 
 
 def _config(name: str, value: Any, cls: type) -> Any:

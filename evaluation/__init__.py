@@ -25,7 +25,7 @@ DEFAULT_EXPERIMENT = {
         "default profile (Llama-3-8B on an A100, from measured tables), with predicted output lengths (a seeded "
         "interval around the truth)."
     ),
-    "seeds": 10,
+    "seeds": 5,
     "engine": {"length_mode": "predicted"},
     "policies": ["twp", "flow-control", "fcfs", "round-robin", "priority", "dynamic-batch", "serverless-llm",
                  "alpha-protection", "mc", "mc-sf", "amin", "vllm", "sarathi", "hindsight"],

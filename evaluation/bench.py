@@ -11,6 +11,7 @@ whatever the number of worker processes; :func:`write_leaderboard` writes them a
 from __future__ import annotations
 
 import csv
+import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass, field, fields
@@ -36,6 +37,11 @@ class Entry:
     policy: str
     """A registered policy name, or ``rl:RUN_DIR`` for an agent trained by ``servegym train``."""
     params: dict[str, Any] = field(default_factory=dict)
+    tasks: tuple[str, ...] = ()
+    """The tasks it runs on (empty: every task): a policy tuned on one task, an agent trained on one."""
+
+    def runs_on(self, task: str) -> bool:
+        return not self.tasks or task in self.tasks
 
 
 @dataclass(frozen=True)
@@ -70,12 +76,15 @@ COLUMNS = tuple(f.name for f in fields(BenchRow))
 
 
 def make_entries(policies: Sequence[str] = DEFAULT_POLICIES, params_files: Sequence[str | Path] = (),
-                 rl_runs: Sequence[str | Path] = ()) -> list[Entry]:
+                 rl_runs: Sequence[str | Path] = (), tuned_dir: str | Path | None = None,
+                 tasks: Sequence[str] = ()) -> list[Entry]:
     """The contestants: ``policies`` with default parameters (labelled by name), a ``<policy> (tuned)`` entry per
-    params file (``servegym tune``'s ``best_params.json``), and an ``rl:<run name>`` entry per trained run.
+    params file (``servegym tune``'s ``best_params.json``, on every task), per ``tuned_dir/<policy>-<task>/
+    best_params.json`` found for one of ``tasks`` (on that task only), and an ``rl:<run name>`` entry per trained
+    run (on the task it trained on, or on every task when it trained on none).
 
     Every entry is checked here, before anything runs: unknown policies, unreadable params files, parameters a
-    policy rejects, run folders without a ``config.json`` and duplicate labels are errors.
+    policy rejects, run folders without a ``config.json`` and labels that repeat on a task are errors.
     """
     from servegym.tuning.study import read_params
 
@@ -83,15 +92,28 @@ def make_entries(policies: Sequence[str] = DEFAULT_POLICIES, params_files: Seque
     for path in params_files:
         name, params = read_params(path)
         entries.append(Entry(f"{name} (tuned)", name, params))
-    entries += [Entry(f"rl:{Path(run).name}", f"rl:{run}") for run in rl_runs]
+    if tuned_dir is not None:
+        for task in tasks:
+            for path in sorted(Path(tuned_dir).glob(f"*-{task}/best_params.json")):
+                name, params = read_params(path)
+                if path.parent.name == f"{name}-{task}":
+                    entries.append(Entry(f"{name} (tuned)", name, params, (task,)))
+    for run in rl_runs:
+        config = Path(run) / "config.json"
+        trained_on = json.loads(config.read_text()).get("task") if config.is_file() else None
+        entries.append(Entry(f"rl:{Path(run).name}", f"rl:{run}", {}, (trained_on,) if trained_on else ()))
     for entry in entries:
         check_entry(entry)
-    seen: dict[str, Entry] = {}
-    for entry in entries:
-        if entry.label in seen:
-            raise ValueError(f"duplicate leaderboard label {entry.label!r} ({seen[entry.label].policy} and "
-                             f"{entry.policy}); every policy, params file and run may appear once")
-        seen[entry.label] = entry
+    for task in tasks or [None]:
+        seen: dict[str, Entry] = {}
+        for entry in entries:
+            if task is not None and not entry.runs_on(task):
+                continue
+            if entry.label in seen:
+                raise ValueError(f"duplicate leaderboard label {entry.label!r} ({seen[entry.label].policy} and "
+                                 f"{entry.policy}){f' on {task}' if task else ''}; every policy, params file and "
+                                 "run may appear once per task")
+            seen[entry.label] = entry
     return entries
 
 
@@ -117,7 +139,8 @@ def make_jobs(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[in
     seeds = tuple(seeds)
     if not seeds:
         raise ValueError("no seeds to run")
-    return [BenchJob(task, entry, seed) for task in tasks for entry in entries for seed in seeds]
+    return [BenchJob(task, entry, seed) for task in tasks for entry in entries if entry.runs_on(task)
+            for seed in seeds]
 
 
 def play(job: BenchJob) -> EpisodeResult:

@@ -58,6 +58,8 @@ class TrainConfig:
     profile: str | None = None
     engine: dict[str, Any] = field(default_factory=lambda: {"length_mode": "predicted"})
     pool: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    """Other ``gym.make`` arguments, e.g. ``{"decision_steps": true, "reward_half_life_s": 30}``."""
     timesteps: int = 100_000
     seed: int = 0
     n_envs: int = 2
@@ -87,6 +89,9 @@ class TrainConfig:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.task is not None:
             get_task(self.task)
+        clash = {"task", "workload", "profile", "engine", "pool", "max_episode_steps"} & set(self.env)
+        if clash:
+            raise ValueError(f"env must not hold {sorted(clash)}: they have their own fields")
 
     @property
     def resolved_mode(self) -> str:
@@ -98,7 +103,7 @@ class TrainConfig:
 
     def env_kwargs(self) -> dict[str, Any]:
         """``gym.make`` arguments: the task's settings with this run's overrides on top."""
-        kwargs: dict[str, Any] = {"engine": dict(self.engine), "pool": dict(self.pool)}
+        kwargs: dict[str, Any] = {**self.env, "engine": dict(self.engine), "pool": dict(self.pool)}
         if self.task is not None:
             kwargs["task"] = self.task
         if self.workload is not None or self.task is None:

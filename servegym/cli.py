@@ -254,11 +254,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.trials == 0 and args.no_report:
         raise ValueError("--trials 0 only reports on a study; with --no-report there is nothing to do")
     engine = {"length_mode": args.length_mode} if args.length_mode else {}
+    env: dict = {"engine": engine} if engine else {}
+    workload, study = args.workload, args.study
+    if args.task:
+        from servegym.envs.tasks import get_task
+
+        task = get_task(args.task)
+        if task.is_mixture:
+            raise ValueError(f"--task {task.name} is a mixture; tune on its components {list(task.components)}")
+        env["task"], workload = task.name, task.workload
+        study = study or f"{args.policy}-{task.name}-{args.objective}"
     seed = args.sampler_seed if args.sampler_seed is not None else fresh_seed()
-    cfg = TuneConfig(policy=args.policy, workload=args.workload, objective=args.objective, trials=args.trials,
-                     seeds=args.seeds, eval_seeds=args.eval_seeds, storage=args.storage, study_name=args.study,
-                     pruner=args.pruner, sampler_seed=seed, max_steps=args.max_steps,
-                     env={"engine": engine} if engine else {})
+    cfg = TuneConfig(policy=args.policy, workload=workload, objective=args.objective, trials=args.trials,
+                     seeds=args.seeds, eval_seeds=args.eval_seeds, storage=args.storage, study_name=study,
+                     pruner=args.pruner, sampler_seed=seed, max_steps=args.max_steps, env=env)
     print(f"servegym tune: study {cfg.name} at {cfg.storage_url()}: {cfg.trials} trials of {cfg.seeds} episodes, "
           f"sampler seed {seed}", flush=True)
     try:
@@ -291,6 +300,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         hyper = json_object("--hyperparams", args.hyperparams)
         cfg = TrainConfig(algo=args.algo, mode=args.mode, task=args.task, workload=args.workload,
                           profile=args.profile, engine=engine, pool=json_object("--pool", args.pool),
+                          env=json_object("--env", args.env),
                           timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs,
                           max_episode_steps=args.max_episode_steps, eval_freq=args.eval_freq,
                           eval_episodes=args.eval_episodes, checkpoint_freq=args.checkpoint_freq,
@@ -401,13 +411,17 @@ def build_parser() -> argparse.ArgumentParser:
     tun = sub.add_parser("tune", help="Optuna study over a policy's search space")
     tun.add_argument("--policy", required=True, choices=sorted(n for n, c in POLICIES.items() if c.search_space))
     tun.add_argument("--workload", default="burst", choices=sorted(WORKLOADS))
-    tun.add_argument("--objective", default="goodput", choices=["goodput", "cost", "pareto"])
+    tun.add_argument("--task", default=None, choices=sorted(TASKS),
+                     help="tune on a benchmark task's env (its workload, profile, engine, pool and reward); with "
+                          "--objective return this is the leaderboard's ranking")
+    tun.add_argument("--objective", default="goodput", choices=["goodput", "cost", "return", "pareto"])
     tun.add_argument("--trials", type=int, default=50, help="trials this process adds to the study (0: report only)")
     tun.add_argument("--seeds", type=int, default=3, help="episodes averaged per trial (tuning seeds)")
     tun.add_argument("--eval-seeds", type=int, default=5, help="held-out seeds for default vs tuned")
     tun.add_argument("--storage", default=None,
                      help="Optuna storage URL (default sqlite:///studies/<study>.db; journal:PATH for a journal file)")
-    tun.add_argument("--study", default=None, help="study name (default <policy>-<workload>-<objective>)")
+    tun.add_argument("--study", default=None,
+                     help="study name (default <policy>-<workload or task>-<objective>)")
     tun.add_argument("--pruner", default="median", choices=["median", "halving", "none"])
     tun.add_argument("--sampler-seed", type=non_negative_int, default=None,
                      help="default: a fresh seed per worker (printed), so workers sharing a study sample apart; "
@@ -429,6 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--profile", default=None, help="GPU profile (default: the task's or the workload's)")
     trn.add_argument("--engine", default=None, help='engine settings as JSON, e.g. \'{"num_kv_blocks": 500}\'')
     trn.add_argument("--pool", default=None, help='pool settings as JSON, e.g. \'{"num_containers": 4}\'')
+    trn.add_argument("--env", default=None,
+                     help='other gym.make arguments as JSON, e.g. \'{"decision_steps": true}\'')
     trn.add_argument("--timesteps", type=int, default=100_000)
     trn.add_argument("--seed", type=int, default=0)
     trn.add_argument("--n-envs", type=int, default=2, help="parallel envs (SubprocVecEnv)")

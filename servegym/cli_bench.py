@@ -30,6 +30,8 @@ def command_line(args: argparse.Namespace) -> str:
                            ("--rl", args.rl)):
         if values:
             parts += [option, *values]
+    if args.tuned:
+        parts += ["--tuned", args.tuned]
     if args.seeds is not None:
         parts += ["--seeds", str(args.seeds)]
     return shlex.join([*parts, "--out", args.out])
@@ -41,12 +43,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.seeds is not None and args.seeds > len(TEST_SEEDS):
         raise ValueError(f"--seeds {args.seeds}: there are only {len(TEST_SEEDS)} test seeds")
     seeds = TEST_SEEDS[: args.seeds] if args.seeds is not None else TEST_SEEDS
-    entries = make_entries(args.policies or DEFAULT_POLICIES, args.params or (), args.rl or ())
+    entries = make_entries(args.policies or DEFAULT_POLICIES, args.params or (), args.rl or (), args.tuned, tasks)
     jobs = make_jobs(tasks, entries, seeds)
     out = Path(args.out)
     check_out_dir(out)
     workers = min(args.workers or os.cpu_count() or 1, len(jobs))
-    print(f"servegym bench: {len(tasks)} tasks x {len(entries)} policies x {len(seeds)} seeds = {len(jobs)} "
+    print(f"servegym bench: {len(tasks)} tasks, {len(entries)} policies, {len(seeds)} seeds: {len(jobs)} "
           f"episodes on {workers} workers", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("leaderboard.csv", "leaderboard.md"):  # never mistaken for this run's results
@@ -76,6 +78,9 @@ def add_bench_parser(sub: Any) -> None:
                        help=f"policies with default parameters, or rl:RUN_DIR (default: {' '.join(DEFAULT_POLICIES)})")
     bench.add_argument("--params", nargs="+", default=None, metavar="FILE",
                        help="params files (servegym tune's best_params.json): each adds '<policy> (tuned)'")
+    bench.add_argument("--tuned", default=None, metavar="DIR",
+                       help="per-task tuned parameters: DIR/<policy>-<task>/best_params.json adds '<policy> (tuned)' "
+                            "on that task (servegym tune --task T --out DIR/<policy>-<task>)")
     bench.add_argument("--rl", nargs="+", default=None, metavar="RUN",
                        help="servegym train run folders: each adds 'rl:<run name>'")
     bench.add_argument("--seeds", type=positive_int, default=None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,14 @@ def make_env(policy: Policy | None = None, max_episode_steps: int | None = None,
     return gym.make(ENV_ID, engine=engine, pool=pool, max_episode_steps=max_episode_steps, **env_kwargs)
 
 
-def run_episode(env: gym.Env, policy: Policy, seed: int, progress: bool = False) -> EpisodeResult:
-    """Reset with ``seed``, let ``policy`` act until the episode ends, and summarise it."""
+CHECKPOINT_STEPS = 256
+"""Steps between calls of :func:`run_episode`'s ``checkpoint``."""
+
+
+def run_episode(env: gym.Env, policy: Policy, seed: int, progress: bool = False,
+                checkpoint: Callable[[], None] | None = None) -> EpisodeResult:
+    """Reset with ``seed``, let ``policy`` act until the episode ends, and summarise it. ``checkpoint`` runs
+    every :data:`CHECKPOINT_STEPS` steps (it may raise to abandon the episode, e.g. on a stop request)."""
     obs, _ = env.reset(seed=seed)
     policy.reset()
     bar = _progress_bar(env) if progress else None
@@ -53,6 +60,8 @@ def run_episode(env: gym.Env, policy: Policy, seed: int, progress: bool = False)
         obs, reward, terminated, truncated, info = env.step(policy.act(obs))
         steps += 1
         total += reward
+        if checkpoint is not None and steps % CHECKPOINT_STEPS == 0:
+            checkpoint()
         if bar is not None and steps % 200 == 0:
             bar.set_postfix(t=f"{info['clock_s']:.1f}s", run=info["num_running"], wait=info["num_waiting"])
             bar.update(200)

@@ -90,7 +90,7 @@ def test_impossible_engine_configs(fields, match):
 
 
 def test_unknown_engine_field_in_env_kwargs():
-    with pytest.raises(TypeError, match="blok_size"):
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \[.blok_size.\]"):
         make(engine={"blok_size": 16})
 
 

@@ -66,6 +66,7 @@ def test_csv_has_exactly_the_leaderboard_columns(rows, tmp_path):
     assert all(f"## {task}" in text for task in TASK_NAMES)
 
 
+@pytest.mark.slow
 def test_two_workers_give_the_same_rows_as_one(rows):
     assert run_bench(TASK_NAMES, make_entries(POLICY_NAMES), SEEDS, workers=2) == rows
 
@@ -249,7 +250,7 @@ def test_cli_writes_the_leaderboard_and_prints_it(tmp_path, capsys):
                                  "--workers", "1", "--quiet", "--out", str(out)])
     assert args.func(args) == 0
     printed = capsys.readouterr().out
-    assert "1 tasks x 2 policies x 2 seeds = 4 episodes" in printed
+    assert "1 tasks, 2 policies, 2 seeds: 4 episodes" in printed
     assert "## memory-tight" in printed and f"wrote {out / 'leaderboard.csv'}" in printed
     with (out / "leaderboard.csv").open() as handle:
         assert len(list(csv.DictReader(handle))) == 4
@@ -260,3 +261,24 @@ def test_default_field_has_the_references_and_strongest_baselines():
     assert set(bench_module.DEFAULT_POLICIES) >= {"random", "fcfs", "twp", "flow-control", "sarathi", "mc-sf",
                                                   "vllm", "priority", "hindsight"}
     assert [e.label for e in make_entries()] == list(bench_module.DEFAULT_POLICIES)
+
+
+def test_tuned_dir_and_trained_runs_enter_only_their_own_task(tmp_path):
+    import json
+
+    from servegym.evaluation.bench import make_entries, make_jobs
+    from servegym.tuning.study import write_params
+
+    tight = tmp_path / "flow-control-memory-tight" / "best_params.json"
+    write_params("flow-control", {"activation_budget": 0.5}, tight)
+    write_params("flow-control", {"activation_budget": 3.0}, tmp_path / "flow-control-relaxed" / "best_params.json")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"algo": "ppo", "mode": "rank", "task": "relaxed"}))
+    tasks = ["relaxed", "memory-tight"]
+    entries = make_entries(["fcfs"], (), [run], tmp_path, tasks)
+    jobs = make_jobs(tasks, entries, [900_000])
+    by_task = {t: {(j.entry.label, j.entry.params.get("activation_budget")) for j in jobs if j.task == t}
+               for t in tasks}
+    assert by_task["relaxed"] == {("fcfs", None), ("flow-control (tuned)", 3.0), ("rl:run", None)}
+    assert by_task["memory-tight"] == {("fcfs", None), ("flow-control (tuned)", 0.5)}

@@ -134,6 +134,7 @@ def test_fewest_generated_spares_a_newer_request_with_more_tokens():
     assert env.unwrapped.engine.log.num_preemptions.tolist() == [0, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["lifo", "clear_all", "fewest_generated"])
 def test_conservation_under_random_actions(rule):
     workload = SyntheticWorkload(

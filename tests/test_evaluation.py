@@ -31,6 +31,7 @@ def tiny(experiment, seeds=1, max_steps=250):
     return dataclasses.replace(experiment.with_seeds(seeds), max_steps=max_steps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [*PAPER_FILES, "default"])
 def test_each_experiment_file_smoke_runs(name, tmp_path):
     experiment = tiny(load_experiment(EXPERIMENTS / f"{name}.yaml"))
@@ -41,7 +42,7 @@ def test_each_experiment_file_smoke_runs(name, tmp_path):
 
 def test_default_experiment_file_matches_the_builtin():
     assert yaml.safe_load((EXPERIMENTS / "default.yaml").read_text()) == DEFAULT_EXPERIMENT
-    assert default_experiment().seeds == tuple(range(10))
+    assert default_experiment().seeds == tuple(range(5))
 
 
 def small(seeds):
@@ -49,6 +50,7 @@ def small(seeds):
                                  "workloads": ["low"], "engine": {"length_mode": "predicted"}})
 
 
+@pytest.mark.slow
 def test_confidence_half_width_shrinks_with_more_seeds():
     few = run_grid(small(3), workers=1, progress=False)
     many = run_grid(small(12), workers=2, progress=False)
@@ -60,12 +62,14 @@ def test_confidence_half_width_shrinks_with_more_seeds():
     assert mean_ci(np.array([1.0, 2.0, 3.0]))[1] == pytest.approx(4.303 * 1.0 / np.sqrt(3), rel=1e-3)
 
 
+@pytest.mark.slow
 def test_parallel_and_serial_runs_agree():
     serial = run_grid(small(2), workers=1, progress=False)
     parallel = run_grid(small(2), workers=2, progress=False)
     assert [r.metrics for r in serial] == [r.metrics for r in parallel]
 
 
+@pytest.mark.slow
 def test_markdown_table_agrees_with_the_results_file(tmp_path):
     experiment = small(4)
     _, paths = compare(experiment, tmp_path, workers=2, progress=False, plots=False)
@@ -83,6 +87,7 @@ def test_markdown_table_agrees_with_the_results_file(tmp_path):
             assert shown_half == pytest.approx(round(half * scale, decimals), abs=10**-decimals)
 
 
+@pytest.mark.slow
 def test_plots_are_written_and_non_empty(tmp_path):
     experiment = experiment_from_dict({"name": "plots", "seeds": 2, "policies": ["twp", "fcfs", "flow-control"],
                                        "workloads": ["low", "burst"], "max_steps": 400})
@@ -133,6 +138,7 @@ def test_missing_and_malformed_experiment_files(tmp_path):
         load_experiment(bad)
 
 
+@pytest.mark.slow
 def test_reproduction_report_has_every_claim_and_a_verdict(tmp_path):
     results = {}
     for name in PAPER_FILES:

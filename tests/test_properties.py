@@ -303,6 +303,7 @@ def seeded_scenario(seed):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", range(4))
 def test_engine_properties_on_seeded_scenarios(block):
     preempted = 0

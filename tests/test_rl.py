@@ -49,6 +49,7 @@ def test_wrappers_pass_both_env_checkers(wrapper):
         sb3_check_env(wrapper(gym.make(ENV_ID, workload="low").unwrapped), warn=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("algo", "mode"), CASES)
 def test_smoke_training_per_algorithm_and_mode(algo, mode, tmp_path):
     cfg = TrainConfig(algo=algo, mode=mode, workload="low", timesteps=256, n_envs=2, max_episode_steps=150,
@@ -65,6 +66,7 @@ def test_incompatible_algorithm_and_mode_is_refused():
         TrainConfig(algo="dqn", mode="window")
 
 
+@pytest.mark.slow
 def test_save_and_load_give_identical_actions(tmp_path):
     env = make_training_env({"workload": "low", "engine": {"length_mode": "predicted"}}, "count", 300)
     algo = algorithm_class("ppo")
@@ -82,6 +84,7 @@ def test_save_and_load_give_identical_actions(tmp_path):
         assert model.predict(o, deterministic=True)[0] == loaded.predict(o, deterministic=True)[0]
 
 
+@pytest.mark.slow
 def test_masked_agent_never_picks_a_masked_action():
     from sb3_contrib import MaskablePPO
 
@@ -89,7 +92,7 @@ def test_masked_agent_never_picks_a_masked_action():
     model = MaskablePPO("MultiInputPolicy", env, seed=0, **TINY["maskable-ppo"])
     obs, _ = env.reset(seed=0)
     admitted = 0
-    for _ in range(10_000):
+    for _ in range(3_000):
         mask = env.action_masks().reshape(-1, 2)
         action, _ = model.predict(obs, action_masks=mask.ravel(), deterministic=False)
         assert np.all(mask[np.arange(action.size), action])
@@ -100,6 +103,7 @@ def test_masked_agent_never_picks_a_masked_action():
     assert admitted > 0
 
 
+@pytest.mark.slow
 def test_trained_agent_passes_the_policy_conformance_suite(tiny_run):
     assert_conforms(lambda: make_policy(f"rl:{tiny_run}"))
 

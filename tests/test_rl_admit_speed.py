@@ -125,6 +125,7 @@ def _drive(model, env: AdmitMask, masked: bool, steps: int = 200) -> int:
     return admitted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ppo", "a2c", "maskable-ppo"])
 def test_tiny_training_in_admit_mode_drives_the_env(algo, tmp_path):
     env = _admit_env(max_episode_steps=150)

@@ -193,3 +193,40 @@ def test_module_prefix_makes_the_env_without_importing_servegym():
             "env.reset(seed=0); print(type(env.unwrapped).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ServingEnv"
+
+
+@pytest.mark.parametrize("task", ["memory-tight", "serverless-burst"])
+def test_decision_steps_skip_idle_iterations_and_keep_the_reward_sum(task):
+    """FCFS admits nothing where no decision is possible, so both modes run the same episode: the same finish
+    times and the same return, in fewer agent steps."""
+    def episode(decision_steps):
+        env = gym.make(ENV_ID, task=task, max_steps=4000, decision_steps=decision_steps)
+        total, rewards, infos = _run(env)
+        log = serving_env(env).cluster.log
+        return total, len(rewards), infos, log
+
+    total, steps, _, log = episode(False)
+    d_total, d_steps, d_infos, d_log = episode(True)
+    np.testing.assert_array_equal(np.nan_to_num(d_log.finish_s), np.nan_to_num(log.finish_s))
+    assert np.isclose(d_total, total, rtol=1e-12)
+    assert d_steps < steps and sum(i["num_iterations"] for i in d_infos) == steps
+    assert sum(i["num_arrived"] for i in d_infos) == log.counts()["num_arrived"] - _initial_arrivals(task)
+
+
+def _initial_arrivals(task):
+    env = gym.make(ENV_ID, task=task)
+    _, info = env.reset(seed=0)
+    return info["num_arrived"]
+
+
+def test_decision_steps_return_only_where_an_admission_is_possible():
+    env = gym.make(ENV_ID, task="memory-tight", decision_steps=True)
+    obs, _ = env.reset(seed=0)
+    inner = serving_env(env)
+    for _ in range(300):
+        obs, _, terminated, truncated, _ = env.step(make_policy("fcfs").act(obs))
+        if terminated or truncated:
+            break
+        e = inner.engine
+        assert e.waiting.size and e.num_running < inner.engine_config.max_num_seqs
+        assert e.num_used_blocks < e.num_kv_blocks

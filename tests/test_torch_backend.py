@@ -57,6 +57,7 @@ def test_mixed_prefill_and_decode_batch_matches_each_request_alone(backend):
         assert int(np.argmax(backend.last_logits[rid])) == tokens[-1]
 
 
+@pytest.mark.slow
 def test_engine_kv_occupancy_matches_the_cache_blocks():
     policy = make_policy("fcfs")
     env = make_env(policy, workload=fixed(np.zeros(12), np.full(12, 40), np.full(12, 30)),
@@ -92,6 +93,7 @@ def test_real_backend_passes_the_env_checker():
         check_env(env.unwrapped, skip_render_check=True)
 
 
+@pytest.mark.slow
 def test_same_trace_runs_through_both_backends():
     workload = fixed(np.linspace(0, 1, 8), np.full(8, 24), np.full(8, 12))
     results = {}
@@ -154,6 +156,7 @@ def test_shipped_cpu_profile_round_trips_and_carries_provenance(tmp_path):
         load_profile(tmp_path / "bad.json")
 
 
+@pytest.mark.slow
 def test_calibrate_and_fidelity_commands_run_end_to_end(tmp_path, capsys):
     from servegym.backends.calibration import SweepPlan, calibrate
     from servegym.evaluation.fidelity import fidelity, fidelity_table

@@ -28,6 +28,7 @@ def _strict(path):
     return json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{path} holds {c}"))
 
 
+@pytest.mark.slow
 def test_config_is_strict_json_even_when_no_evaluation_falls_due(tmp_path):
     run = train(_cfg(tmp_path, eval_freq=10_000), progress=False, subprocess=False)
     config = _strict(run / "config.json")
@@ -49,6 +50,7 @@ def test_config_is_written_before_training_starts(tmp_path, monkeypatch):
     assert config["status"] == "running" and config["best_mean_reward"] is None
 
 
+@pytest.mark.slow
 def test_best_model_is_saved_with_the_statistics_it_was_scored_with(tmp_path):
     run = train(_cfg(tmp_path, timesteps=512), progress=False, subprocess=False)
     config = _strict(run / "config.json")
@@ -65,6 +67,7 @@ def test_best_model_is_saved_with_the_statistics_it_was_scored_with(tmp_path):
     assert policy._vec_normalize.obs_rms["engine"].count == best.obs_rms["engine"].count
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_from_its_checkpoint_and_loads_as_a_policy(tmp_path):
     cfg = _cfg(tmp_path, timesteps=512)
     run = train(_cfg(tmp_path, timesteps=256), progress=False, subprocess=False)
@@ -85,6 +88,16 @@ def test_killed_run_resumes_from_its_checkpoint_and_loads_as_a_policy(tmp_path):
     assert make_policy(f"rl:{run}").act is not None
 
 
+def test_extra_env_arguments_reach_the_training_env():
+    cfg = TrainConfig(task="memory-tight", env={"decision_steps": True, "reward_half_life_s": 30.0})
+    kwargs = cfg.env_kwargs()
+    assert kwargs["decision_steps"] is True and kwargs["task"] == "memory-tight"
+    from servegym.rl.train import make_training_env
+
+    env = make_training_env(kwargs, "rank")
+    assert env.unwrapped.decision_steps and env.unwrapped.reward_half_life_s == 30.0
+
+
 def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
     run = tmp_path / "r"
     run.mkdir()
@@ -95,7 +108,8 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize(("field", "value", "match"), [("eval_episodes", 6, "eval_episodes"),
                                                        ("seed", -1, "seed"), ("task", "nope", "unknown task"),
-                                                       ("checkpoint_freq", 0, "checkpoint_freq")])
+                                                       ("checkpoint_freq", 0, "checkpoint_freq"),
+                                                       ("env", {"engine": {}}, "must not hold")])
 def test_bad_training_configs_are_refused(field, value, match):
     with pytest.raises(ValueError, match=match):
         TrainConfig(**{field: value})

@@ -56,6 +56,7 @@ def test_search_space_produces_valid_parameters(name):
         study.tell(trial, 0.0)
 
 
+@pytest.mark.slow
 def test_tiny_study_beats_a_clearly_bad_default(tmp_path):
     # Flow control's default b = 1 activation per step starves a 7.5 req/s load; tuning b must fix it.
     cfg = TuneConfig(policy="flow-control", workload="high", objective="cost", trials=12, seeds=1, eval_seeds=2,
@@ -113,6 +114,7 @@ def wait_for(predicate, timeout=120.0):
 
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 143),
                                              (signal.SIGINT, 130)])
+@pytest.mark.slow
 def test_resume_after_kill_keeps_every_completed_trial(tmp_path, sig, status):
     storage = f"sqlite:///{tmp_path}/resume.db"
     proc = tune_process(storage, trials=1000)
@@ -144,6 +146,7 @@ def distinct_params(trials: list) -> int:
     return len({tuple(sorted(t.params.items())) for t in trials})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("workers", "kind"), [(2, "journal"), (4, "journal"), (4, "sqlite")])
 def test_parallel_workers_sample_distinct_parameters(tmp_path, workers, kind):
     # The README's recipe: N workers on one study, no seed given. Each draws its own sampler seed.
@@ -250,6 +253,7 @@ def test_a_trial_of_a_killed_worker_is_failed_on_resume(tmp_path, kind):
     assert [t.state for t in load_study(cfg).trials] == [optuna.trial.TrialState.FAIL]  # its pid is gone
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
 def test_a_trial_silent_past_the_heartbeat_grace_is_failed(tmp_path):
     # A worker on another host: no pid to check, so Optuna's heartbeat (every 1 s, 2 s grace) decides.
@@ -296,6 +300,7 @@ def test_reporting_on_a_missing_study_creates_nothing(tmp_path):
     assert optuna.get_all_study_names(make_storage(storage)) == []
 
 
+@pytest.mark.slow
 def test_pareto_objective_reports_a_front(tmp_path):
     cfg = TuneConfig(policy="twp", workload="low", objective="pareto", trials=6, seeds=1, eval_seeds=1,
                      storage=f"sqlite:///{tmp_path}/p.db", sampler_seed=0)
@@ -338,3 +343,30 @@ def test_a_signal_mid_trial_fails_that_trial_and_keeps_the_finished_ones(tmp_pat
     assert stop.value.exit_status == 130 and calls["n"] == 3
     states = [t.state for t in load_study(cfg).trials]
     assert states == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL]
+
+
+@pytest.mark.slow
+def test_sigint_stops_a_long_episode_within_two_seconds(tmp_path):
+    # A serverless-burst episode of TWP runs for tens of seconds: the stop must not wait for its end.
+    storage = f"sqlite:///{tmp_path}/long.db"
+    cmd = [sys.executable, "-m", "servegym.cli", "tune", "--policy", "twp", "--task", "serverless-burst",
+           "--objective", "return", "--trials", "5", "--seeds", "1", "--storage", storage, "--no-report", "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=Path(__file__).parents[1])
+    try:
+        wait_for(lambda: Path(f"{tmp_path}/long.db").is_file() and running(storage, "twp-serverless-burst-return"))
+        time.sleep(1.0)  # well inside the first episode
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        proc.wait(timeout=30)
+        assert time.monotonic() - sent < 2.0
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, proc.stderr.read().decode()
+
+
+def running(storage: str, name: str) -> bool:
+    try:
+        study = optuna.load_study(study_name=name, storage=study_module.make_storage(storage))
+    except Exception:  # not created yet
+        return False
+    return any(t.state == optuna.trial.TrialState.RUNNING for t in study.trials)

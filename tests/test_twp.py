@@ -99,6 +99,7 @@ def test_request_waiting_past_t_max_is_forced_in_with_the_window_full():
     assert policy.diagnostics()["token_load"][-1] + 100 > 250
 
 
+@pytest.mark.slow
 def test_total_chunking_bounds_prefill_tokens_per_step_at_c():
     policy = TokenWindowPacing(prefill_chunk_tokens=48, chunking="total")
     env = make_env(policy, workload="medium", engine={"length_mode": "predicted"})

@@ -30,6 +30,7 @@ def _finite(value: float, worst: float) -> float:
 OBJECTIVE_SCORES = {
     "goodput": lambda m: (_finite(m["goodput_rps"], 0.0),),
     "cost": lambda m: (_finite(m["ttft_p99"], 1e6) + 10.0 * _finite(m["itl_p99"], 1e5) + 20.0 * m["num_unfinished"],),
+    "return": lambda m: (_finite(m["episode_return"], -1e12),),
     "pareto": lambda m: (_finite(m["throughput_rps"], 0.0), _finite(m["ttft_p99"], 1e6), _finite(m["itl_cv"], 1e3)),
 }
 
@@ -38,6 +39,8 @@ OBJECTIVES = {
                          "requests/s finishing within the TTFT and ITL SLOs (defaults: 2 s, 0.2 s)"),
     "cost": Objective("cost", ("minimize",),
                       "P99 TTFT (s) + 10 x P99 ITL (s) + 20 per request left unfinished when the episode ends"),
+    "return": Objective("return", ("maximize",),
+                        "the episode return in the env's reward units (with --task: the leaderboard's ranking)"),
     "pareto": Objective("pareto", ("maximize", "minimize", "minimize"),
                         "throughput (req/s) vs P99 TTFT (s) vs ITL CV, reported as a Pareto front"),
 }

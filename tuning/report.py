@@ -65,8 +65,9 @@ def report(cfg: TuneConfig, study: optuna.Study, out: Path) -> dict[str, Any]:
     states = [t.state for t in study.trials]
     walls = [t.user_attrs["wall_s"] for t in study.trials if "wall_s" in t.user_attrs]
     counts = {s.name.lower(): states.count(s) for s in optuna.trial.TrialState if states.count(s)}
+    target = f"task {cfg.env['task']}" if cfg.env.get("task") else cfg.workload
     lines = [
-        f"# Tuning {cfg.policy} on {cfg.workload}", "",
+        f"# Tuning {cfg.policy} on {target}", "",
         f"Study `{cfg.name}` in `{cfg.storage_url()}`; objective **{cfg.objective}**: {objective.description}.",
         f"Trials: {counts}; wall time per completed trial: {np.mean(walls):.2f} s (mean over {len(walls)})"
         if walls else f"Trials: {counts}.",
@@ -74,12 +75,13 @@ def report(cfg: TuneConfig, study: optuna.Study, out: Path) -> dict[str, Any]:
         f"{TUNING_SEED_BASE + cfg.seeds - 1}; the comparison below uses held-out seeds 0..{cfg.eval_seeds - 1}, "
         "disjoint from them.", "",
         f"Best parameters: `{params}`", "",
-        "| | " + " | ".join(REPORT_METRICS) + " |", "|---|" + "---|" * len(REPORT_METRICS),
     ]
+    metrics = (*REPORT_METRICS, "episode_return") if cfg.objective == "return" else REPORT_METRICS
+    lines += ["| | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
     summary = {"params": params, "default": {}, "tuned": {}}
     for label, runs in (("default", default), ("tuned", tuned)):
         cells = []
-        for metric in REPORT_METRICS:
+        for metric in metrics:
             mean, half = mean_ci(np.array([r[metric] for r in runs]))
             summary[label][metric] = mean
             cells.append(f"{mean:.3f} ± {half:.3f}" if np.isfinite(half) else f"{mean:.3f}")

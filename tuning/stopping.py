@@ -31,9 +31,10 @@ class StopOnSignals:
 
     The first signal only records itself and tells the study to start no new trial: raising at an arbitrary
     point could leave a storage lock held (the heartbeat thread then waits forever). The objective calls
-    :meth:`checkpoint` between episodes, which raises :class:`TuningInterrupted` there; Optuna marks that
-    trial failed. Handlers are installed from the main thread only, and a signal the process started with
-    ignored (SIGINT of a background job in a script) stays ignored.
+    :meth:`checkpoint` between episodes and every few hundred steps within one (so a long episode stops within
+    a fraction of a second), which raises :class:`TuningInterrupted` there; Optuna marks that trial failed.
+    Handlers are installed from the main thread only, and a signal the process started with ignored (SIGINT of
+    a background job in a script) stays ignored.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)

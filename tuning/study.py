@@ -78,12 +78,14 @@ class TuneConfig:
 
 
 def evaluate(policy: str, params: dict[str, Any], workload: Workload, seeds: list[int], max_steps: int,
-             env: dict[str, Any] | None = None) -> list[dict[str, float]]:
+             env: dict[str, Any] | None = None,
+             checkpoint: Callable[[], None] | None = None) -> list[dict[str, float]]:
     out = []
     for seed in seeds:
         p = make_policy(policy, **params)
         e = make_env(p, max_episode_steps=max_steps, workload=workload, **(env or {}))
-        out.append(run_episode(e, p, seed=seed).summary)
+        result = run_episode(e, p, seed=seed, checkpoint=checkpoint)
+        out.append({**result.summary, "episode_return": result.total_reward})
         e.close()
     return out
 
@@ -105,7 +107,7 @@ def objective_function(cfg: TuneConfig, objective: Objective, workload: Workload
         for k in range(cfg.seeds):
             checkpoint()
             seed = TUNING_SEED_BASE + k
-            metrics = evaluate(cfg.policy, params, workload, [seed], cfg.max_steps, cfg.env)[0]
+            metrics = evaluate(cfg.policy, params, workload, [seed], cfg.max_steps, cfg.env, checkpoint)[0]
             scores.append(objective.score(metrics))
             if not objective.multi:
                 trial.report(float(np.mean([s[0] for s in scores])), k)

@@ -1,0 +1,48 @@
+"""The names the docs give users are the names the code accepts."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import fields
+from pathlib import Path
+
+from servegym.engine import EngineConfig, PoolConfig
+from servegym.envs import ServingEnv
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def test_every_argument_in_the_env_docstring_table_is_a_constructor_parameter():
+    arguments = ServingEnv.__doc__.split("## Arguments")[1].split("## Version")[0]
+    table = [line for line in arguments.splitlines() if line.strip().startswith("| `")]
+    documented = {name for line in table for name in re.findall(r"`([a-z_]+)`", line.split("|")[1])}
+    accepted = set(inspect.signature(ServingEnv.__init__).parameters) | {"task"}
+    assert documented and documented <= accepted, documented - accepted
+    assert accepted - {"self", "render_mode"} <= documented  # and every parameter is documented
+
+
+def test_engine_and_pool_keys_in_the_readme_exist():
+    engine = {f.name for f in fields(EngineConfig)}
+    pool = {f.name for f in fields(PoolConfig)}
+    for kind, allowed in (("engine", engine), ("pool", pool)):
+        for body in re.findall(kind + r"=\{([^}]*)\}", README):
+            keys = set(re.findall(r'"([a-z_]+)":', body))
+            assert keys and keys <= allowed, (kind, keys - allowed)
+
+
+def test_readme_cli_flags_exist():
+    from servegym.cli import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.dest == "command").choices  # argparse has no public getter
+    nested = {"profile"}  # `servegym profile predict --batch`: flags of a sub-subcommand
+    checked = 0
+    for command, rest in re.findall(r"servegym (\w+)([^`\n]*)", README):
+        if command not in subparsers or command in nested:
+            continue
+        options = {o for a in subparsers[command]._actions for o in a.option_strings}
+        for flag in re.findall(r"(--[a-z][a-z-]+)", rest):
+            assert flag in options, f"README: servegym {command} {flag} is not an option"
+            checked += 1
+    assert checked > 20
