@@ -159,7 +159,9 @@ def _run_pool(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int, resul
             for worker in pool.idle():
                 if pending:
                     index = pending.pop()
-                    worker.give(index, jobs[index])
+                    if not worker.give(index, jobs[index]):  # it died while idle: a fresh one takes the job
+                        pool.replace(worker)
+                        pending.append(index)
             for worker, message in pool.wait():
                 if message is None:  # the worker died: its job is lost, a fresh worker takes its place
                     failed[worker.job] = f"{describe(jobs[worker.job])}: its worker died (exit code {worker.exitcode})"
@@ -197,9 +199,16 @@ class _Worker:
     def exitcode(self) -> int | None:
         return self.proc.exitcode
 
-    def give(self, index: int, job: Any) -> None:
+    def give(self, index: int, job: Any) -> bool:
+        """Send a job; False when the worker is gone (nothing was started)."""
+        if not self.proc.is_alive():
+            return False
+        try:
+            self.conn.send((index, job))
+        except OSError:
+            return False
         self.job = index
-        self.conn.send((index, job))
+        return True
 
 
 class _Pool:

@@ -50,7 +50,7 @@ class MCShortestFirst(Policy):
     @staticmethod
     def search_space(trial: optuna.Trial) -> dict[str, Any]:
         return {"order": trial.suggest_categorical("order", ORDERS),
-                "memory_target": trial.suggest_float("memory_target", 0.5, 1.5)}
+                "memory_target": trial.suggest_float("memory_target", 0.3, 1.5)}
 
     def act(self, obs: Observation) -> np.ndarray:
         rows = visible_queue(obs)

@@ -12,7 +12,7 @@ action through a pure function, so a trained agent can later drive the unwrapped
   (a learned flow control).
 * :class:`RankAdmit` - ``MultiDiscrete([4, 6])``: an order for the queue (arrival, shortest prompt, shortest
   predicted output, shortest predicted total) and a memory target (the longest prefix in that order whose
-  projected peak KV use, at the upper-bound output lengths, stays within 0.7-1.3x the cache, or no projection:
+  projected peak KV use, at the upper-bound output lengths, stays within 0.4-1.0x the cache, or no projection:
   whatever fits now). It spans FCFS (arrival, no projection), shortest-prompt priority and MC-SF (shortest
   output, 1.0x) and everything between, chosen per step (a learned scheduler over interpretable rules).
 """
@@ -61,7 +61,7 @@ def count_action(obs: Observation, count: int) -> np.ndarray:
 
 
 RANK_ORDERS = ("arrival", "shortest_prompt", "shortest_output", "shortest_total")
-RANK_MEMORY_TARGETS = (0.7, 0.85, 1.0, 1.15, 1.3, math.inf)
+RANK_MEMORY_TARGETS = (0.4, 0.55, 0.7, 0.85, 1.0, math.inf)
 """Fractions of the KV cache the projected peak may reach; ``inf``: no projection, admit what fits now."""
 
 

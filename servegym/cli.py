@@ -63,6 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.params} holds parameters of {name!r}, not of --policy {args.policy!r}")
     policy = make_policy(args.policy, **params)
     mode = args.length_mode or ("predicted" if policy.uses_output_lengths else EngineConfig().length_mode.value)
+    mode = policy.engine_overrides().get("length_mode", mode)  # a policy's own setting wins (an rl: agent's)
     engine = {"length_mode": mode}
     args.profile = args.profile or profile_for(args.workload)
     env = make_env(policy, max_episode_steps=args.max_steps, workload=args.workload, profile=args.profile,

@@ -230,3 +230,31 @@ def test_decision_steps_return_only_where_an_admission_is_possible():
         e = inner.engine
         assert e.waiting.size and e.num_running < inner.engine_config.max_num_seqs
         assert e.num_used_blocks < e.num_kv_blocks
+
+
+def test_tasks_command_lists_every_task_with_its_headroom(tmp_path, capsys):
+    from servegym.cli import main
+    from servegym.evaluation.bench import BenchRow, write_leaderboard
+
+    rows = [BenchRow("memory-tight", policy, seed, value, 1.0, 1.0, 1.0, 0, False, 10)
+            for seed in (1, 2) for policy, value in (("random", -100.0 - seed), ("fcfs", -90.0 - seed),
+                                                     ("mc-sf", -50.0 - seed), ("hindsight", -60.0 - seed))]
+    csv_path, _ = write_leaderboard(rows, tmp_path)
+    assert main(["tasks", "--leaderboard", str(csv_path)]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in TASKS)
+    assert "best policy `mc-sf`" in out and "decision-sensitive" in out
+    assert "test 900000-900009" in out
+
+
+def test_slo_goodput_counts_only_requests_within_both_slos():
+    from servegym.engine import EpisodeLog
+    from servegym.metrics import met_slo
+
+    n = np.array([0.0, 0.0, 0.0, 0.0])
+    out = np.array([11, 11, 1, 11])
+    log = EpisodeLog(n, np.full(4, 10), out, out, out, np.zeros(4, bool), 100, 16)
+    log.first_token_s[:] = [1.0, 3.0, 1.5, 1.0]    # TTFT: 1, 3 (late), 1.5, 1
+    log.finish_s[:] = [2.0, 4.0, 1.5, 4.0]         # TPOT: 0.1, 0.1, none (one token), 0.3 (slow)
+    ok = met_slo(log, np.arange(4), ttft_slo_s=2.0, itl_slo_s=0.2)
+    assert ok.tolist() == [True, False, True, False]
