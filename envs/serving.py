@@ -94,7 +94,7 @@ class ServingEnv(gym.Env):
     Terminated when the workload is exhausted and the system is empty. Truncated by `max_steps` (the task's
     episode limit), by the idle-admission guard (`idle_guard_steps=N`: requests waited while nothing ran and no
     model was loading for `N` consecutive steps), and by `max_episode_steps` (gym.make's `TimeLimit`, 20,000
-    for `servegym/Serving-v0`). When the env truncates an episode itself (`max_steps` or the guard), the
+    for `servegym/Serving-v0`; Gymnasium's convention `max_episode_steps=-1` removes it). When the env truncates an episode itself (`max_steps` or the guard), the
     latency reward of the last step is charged `truncation_penalty_s` per unserved request (waiting, running
     or not yet arrived): steps are iterations of varying length, so without it an agent could end an episode
     cheaply by making iterations short or by stalling. `info["num_stalled_steps"]` counts the current run of
@@ -347,6 +347,8 @@ class ServingEnv(gym.Env):
         w = self.queue_window
         if a.shape != (w,):
             raise ValueError(f"action must have shape ({w},), got {a.shape}")
+        if a.dtype.kind == "b":  # a boolean admit mask, as the README describes a 0/1 vector
+            a = a.astype(np.int64)
         if a.dtype.kind not in "iu":
             if a.dtype.kind == "f" and np.isnan(a).any():
                 raise ValueError("action contains NaN")

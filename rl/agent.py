@@ -17,7 +17,7 @@ from servegym.policies.base import Observation, Policy
 from servegym.policies.common import visible_queue
 from servegym.rl.evaluation import BEST_MODEL, BEST_STATS, FINAL_MODEL, FINAL_STATS
 from servegym.rl.train import algorithm_class, latest_checkpoint
-from servegym.rl.wrappers import count_action, rank_action, window_action
+from servegym.rl.wrappers import count_action, rank_action, rank_grid, window_action
 
 
 class RLPolicy(Policy):
@@ -39,6 +39,9 @@ class RLPolicy(Policy):
         self.model = algorithm_class(self.config["algo"]).load(model_path, device="cpu")
         self.model_path = model_path
         self.mode = self.config["mode"]
+        if self.mode == "rank" and self.config.get("rank_grid", rank_grid()) != rank_grid():
+            raise ValueError(f"{self.run} was trained with rank actions {self.config['rank_grid']}, but this servegym "
+                             f"maps them to {rank_grid()}; retrain it")
         self.name = f"rl:{self.run.name}"
         self._vec_normalize = _load_vec_normalize(stats_path, self.model)
         if self.config.get("normalize", True) and self._vec_normalize is None:

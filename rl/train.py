@@ -31,7 +31,7 @@ from servegym import ENV_ID
 from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS, get_task
 from servegym.rl.evaluation import FINAL_MODEL, FINAL_STATS, SeedListEval, write_json
 from servegym.rl.fast_dist import policy_for
-from servegym.rl.wrappers import TrainSeeds, wrap
+from servegym.rl.wrappers import TrainSeeds, rank_grid, wrap
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -236,7 +236,8 @@ def _learn(model: BaseAlgorithm, cfg: TrainConfig, run: Path, state: dict[str, A
 
 
 def _write_config(run: Path, cfg: TrainConfig, state: dict[str, Any]) -> None:
-    write_json(run / "config.json", {**asdict(cfg), "mode": cfg.resolved_mode, "env_kwargs": cfg.env_kwargs(),
+    grid = {"rank_grid": rank_grid()} if cfg.resolved_mode == "rank" else {}
+    write_json(run / "config.json", {**asdict(cfg), **grid, "mode": cfg.resolved_mode, "env_kwargs": cfg.env_kwargs(),
                                      "train_seeds": [TRAIN_SEEDS.start, TRAIN_SEEDS.stop],
                                      "validation_seeds": list(VALIDATION_SEEDS[: cfg.eval_episodes]), **state})
 

@@ -65,6 +65,12 @@ RANK_MEMORY_TARGETS = (0.4, 0.55, 0.7, 0.85, 1.0, math.inf)
 """Fractions of the KV cache the projected peak may reach; ``inf``: no projection, admit what fits now."""
 
 
+def rank_grid() -> dict[str, list]:
+    """The rank mode's action meaning, recorded with a trained run (``inf`` as a string: strict JSON)."""
+    targets = [str(t) if math.isinf(t) else t for t in RANK_MEMORY_TARGETS]
+    return {"orders": list(RANK_ORDERS), "memory_targets": targets}
+
+
 def rank_action(obs: Observation, order: int, target: int) -> np.ndarray:
     """Admit in ``RANK_ORDERS[order]`` the longest prefix within ``RANK_MEMORY_TARGETS[target]`` (see
     :class:`RankAdmit`)."""

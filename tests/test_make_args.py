@@ -50,3 +50,14 @@ def test_the_largest_accepted_cold_start_keeps_observations_in_their_space():
         assert env.observation_space.contains(obs)
         if terminated or truncated:
             break
+
+
+def test_a_boolean_admit_mask_is_an_admit_mask():
+    def first_step(action):
+        env = gym.make(ENV_ID, workload="medium")
+        env.reset(seed=3)
+        return env.step(action)[4]["num_admitted"]
+
+    mask = np.zeros(32, dtype=bool)
+    mask[:2] = True
+    assert first_step(mask) == first_step(mask.astype(np.int64)) >= 1

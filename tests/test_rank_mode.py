@@ -66,3 +66,24 @@ def test_mc_sf_parameters_match_the_rank_rule_and_matter():
     assert not np.array_equal(np.nan_to_num(got), np.nan_to_num(paper))
     with pytest.raises(ValueError, match="order must be one of"):
         make_policy("mc-sf", order="longest")
+
+
+@pytest.mark.slow
+def test_a_rank_agent_records_its_grid_and_a_changed_grid_is_refused(tmp_path):
+    import json
+
+    pytest.importorskip("stable_baselines3")
+    from servegym.rl.train import TrainConfig, train
+    from servegym.rl.wrappers import rank_grid
+
+    cfg = TrainConfig(algo="ppo", mode="rank", task="memory-tight", timesteps=128, n_envs=1, max_episode_steps=60,
+                      eval_freq=128, eval_episodes=1, hyperparams={"n_steps": 64, "batch_size": 64, "n_epochs": 1},
+                      out=str(tmp_path))
+    run = train(cfg, progress=False, subprocess=False)
+    config = json.loads((run / "config.json").read_text())
+    assert config["rank_grid"] == rank_grid()
+    assert make_policy(f"rl:{run}").mode == "rank"
+    config["rank_grid"]["memory_targets"][0] = 0.123
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="retrain it"):
+        make_policy(f"rl:{run}")
