@@ -17,8 +17,9 @@ class MixtureEnv(gym.Env):
     ## Description
 
     Several serving envs with the same spaces behind one interface: each `reset` draws one of them uniformly
-    with `np_random` and resets it with a seed drawn from the same generator, so one seed fixes both the
-    component and its episode. `info["task"]` names the component; `current` is its `ServingEnv`.
+    with `np_random` and resets it with the same seed (or, without one, a seed drawn from the same
+    generator), so one seed fixes both the component and its episode, and the seed splits carry over.
+    `info["task"]` names the component; `current` is its `ServingEnv`.
 
     Spaces, rewards and episode ends are the components' (they must agree on the queue window, the running
     slots, the pool size and the reward).
@@ -49,7 +50,10 @@ class MixtureEnv(gym.Env):
         super().reset(seed=seed)
         self.current_name = self.names[int(self.np_random.integers(len(self.names)))]
         self.current = self.components[self.current_name]
-        obs, info = self.current.reset(seed=int(self.np_random.integers(2**31 - 1)), options=options)
+        # The component replays the mixture's own seed, so a training seed never yields a test episode of a
+        # component; without one, it draws from the mixture's generator.
+        inner = seed if seed is not None else int(self.np_random.integers(2**31 - 1))
+        obs, info = self.current.reset(seed=inner, options=options)
         return obs, {**info, "task": self.current_name}
 
     def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:

@@ -17,7 +17,7 @@ from servegym.engine.cluster import ClusterStep
 from servegym.engine.validation import boolean, non_negative_number, optional, positive_int, positive_number
 from servegym.envs.actions import slot_action_masks
 from servegym.envs.observation import SCHEMA, ObservationEncoder, observation_space, schema_table
-from servegym.metrics.core import met_slo
+from servegym.metrics.core import censored_latency, met_slo
 from servegym.workloads import Workload, make_workload
 from servegym.workloads.scenarios import profile_for
 
@@ -231,6 +231,8 @@ class ServingEnv(gym.Env):
         self._num_stalled = 0
         """Consecutive steps after which requests waited, nothing ran and no model was loading."""
         self._num_slo_good = 0
+        self._latency_charged = 0.0
+        """Request-seconds the latency reward has charged so far this episode."""
         self._warned_stall = False
 
     # ------------------------------------------------------------------ gym API
@@ -247,6 +249,7 @@ class ServingEnv(gym.Env):
         self._invalid = 0
         self._stepped = False
         self._num_steps = self._num_stalled = self._num_slo_good = 0
+        self._latency_charged = 0.0
         info = self._info(self.engine.last, self.cluster.deciding, self.cluster.last_arrived,
                           self.cluster.last_rejected)
         return self._encoder.encode(self.cluster), info
@@ -295,6 +298,9 @@ class ServingEnv(gym.Env):
         truncated = not terminated and self.max_steps is not None and self._num_steps >= self.max_steps
         guarded = not terminated and self.idle_guard_steps is not None and self._num_stalled >= self.idle_guard_steps
         if (truncated or guarded) and self.reward_name == "latency":
+            # With several containers the pool clock trails the busiest one; charge the time requests spent
+            # in containers that ran ahead, so the return is the censored latency whatever the pool.
+            reward -= censored_latency(self.cluster.log).sum() - self._latency_charged
             reward -= self.truncation_penalty_s * self.num_unserved
         if self.reward_half_life_s is not None:
             reward *= 2.0 ** (-(started_s - self.cluster.log.arrival_s[0]) / self.reward_half_life_s)
@@ -308,16 +314,17 @@ class ServingEnv(gym.Env):
             and e.num_used_blocks < e.num_kv_blocks
 
     def _reward(self, step: ClusterStep) -> float:
+        good = 0
+        if step.outcome.num_finished:  # counted for info["num_slo_good"] whatever the reward
+            engine = self.cluster.engines[step.container]
+            good = int(np.count_nonzero(met_slo(self.cluster.log, engine.last_finished_ids, self.ttft_slo_s,
+                                                self.itl_slo_s)))
+            self._num_slo_good += good
         if self.reward_name == "latency":
+            self._latency_charged += step.latency_accrued_s
             return -step.latency_accrued_s
         if self.reward_name == "tokens":
             return float(step.outcome.num_decode_tokens)
-        if not step.outcome.num_finished:
-            return 0.0
-        engine = self.cluster.engines[step.container]
-        good = int(np.count_nonzero(met_slo(self.cluster.log, engine.last_finished_ids, self.ttft_slo_s,
-                                            self.itl_slo_s)))
-        self._num_slo_good += good
         return float(good)
 
     def _stalled(self) -> bool:

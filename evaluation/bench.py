@@ -39,6 +39,9 @@ class Entry:
     params: dict[str, Any] = field(default_factory=dict)
     tasks: tuple[str, ...] = ()
     """The tasks it runs on (empty: every task): a policy tuned on one task, an agent trained on one."""
+    fingerprint: str = ""
+    """For a trained agent, its model file's size and time: part of the run store's key, so a retrained agent
+    in the same folder is scored again."""
 
     def runs_on(self, task: str) -> bool:
         return not self.tasks or task in self.tasks
@@ -93,15 +96,21 @@ def make_entries(policies: Sequence[str] = DEFAULT_POLICIES, params_files: Seque
         name, params = read_params(path)
         entries.append(Entry(f"{name} (tuned)", name, params))
     if tuned_dir is not None:
+        if not Path(tuned_dir).is_dir():
+            raise ValueError(f"--tuned {tuned_dir}: no such folder")
+        before = len(entries)
         for task in tasks:
             for path in sorted(Path(tuned_dir).glob(f"*-{task}/best_params.json")):
                 name, params = read_params(path)
                 if path.parent.name == f"{name}-{task}":
                     entries.append(Entry(f"{name} (tuned)", name, params, (task,)))
+        if len(entries) == before:
+            raise ValueError(f"--tuned {tuned_dir}: no <policy>-<task>/best_params.json for tasks {list(tasks)}")
     for run in rl_runs:
         config = Path(run) / "config.json"
         trained_on = json.loads(config.read_text()).get("task") if config.is_file() else None
-        entries.append(Entry(f"rl:{Path(run).name}", f"rl:{run}", {}, (trained_on,) if trained_on else ()))
+        entries.append(Entry(f"rl:{Path(run).name}", f"rl:{run}", {}, (trained_on,) if trained_on else (),
+                             _fingerprint(Path(run))))
     for entry in entries:
         check_entry(entry)
     for task in tasks or [None]:
@@ -115,6 +124,11 @@ def make_entries(policies: Sequence[str] = DEFAULT_POLICIES, params_files: Seque
                                  "run may appear once per task")
             seen[entry.label] = entry
     return entries
+
+
+def _fingerprint(run: Path) -> str:
+    stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(run.glob("*.zip"))]
+    return repr(stats)
 
 
 def check_entry(entry: Entry) -> None:

@@ -98,9 +98,9 @@ def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int,
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     results: dict[int, Any] = {}
-    with _InterruptOnTerm():
+    with _InterruptOnTerm(), _RestoreSigint():
         if workers == 1:
-            _run_inline(fn, jobs, results, on_result)
+            _run_inline(fn, jobs, results, on_result, describe)
         else:
             _run_pool(fn, jobs, min(workers, len(jobs)), results, on_result, describe)
     return [results[i] for i in range(len(jobs))]
@@ -138,15 +138,21 @@ def run_stored(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int | Non
 
 
 def _run_inline(fn: Callable[[Any], Any], jobs: Sequence[Any], results: dict[int, Any],
-                on_result: Callable[[int, Any], None] | None) -> None:
+                on_result: Callable[[int, Any], None] | None, describe: Callable[[Any], str]) -> None:
+    failed: list[str] = []
     try:
         for i, job in enumerate(jobs):
-            results[i] = fn(job)
+            try:
+                results[i] = fn(job)
+            except Exception:  # one failed job costs itself, as in the pool
+                failed.append(f"{describe(job)} raised:\n{traceback.format_exc()}")
+                continue
             if on_result is not None:
                 on_result(i, results[i])
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
         raise Interrupted(results) from None
+    if failed:
+        raise JobFailed(f"{len(failed)} of {len(jobs)} jobs failed; the first: {failed[0]}", results)
 
 
 def _run_pool(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int, results: dict[int, Any],
@@ -253,6 +259,19 @@ class _Pool:
         for worker in self.workers:
             worker.proc.join(timeout=2)
             worker.conn.close()
+
+
+class _RestoreSigint:
+    """Put the caller's SIGINT handler back when the jobs end (the pool sets the default one while it stops, so
+    that a second Ctrl-C kills at once; a notebook should not keep that afterwards)."""
+
+    def __enter__(self) -> None:
+        self.previous = signal.getsignal(signal.SIGINT)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None and multiprocessing.current_process().name == "MainProcess":
+            with contextlib.suppress(ValueError):  # not the main thread
+                signal.signal(signal.SIGINT, self.previous)
 
 
 class _InterruptOnTerm:

@@ -49,7 +49,10 @@ class RLPolicy(Policy):
                              "missing")
 
     def engine_overrides(self) -> dict[str, Any]:
-        return dict(self.config.get("engine", {}))
+        """Only the length mode the agent was trained with: its observations mean that. Everything else (KV
+        size, limits) is the task's or the caller's, so an agent is never scored on an easier engine."""
+        mode = self.config.get("engine", {}).get("length_mode")
+        return {"length_mode": mode} if mode else {}
 
     def _normalise(self, obs: Observation) -> Observation:
         return obs if self._vec_normalize is None else self._vec_normalize.normalize_obs(obs)

@@ -64,7 +64,8 @@ class TrainConfig:
     seed: int = 0
     n_envs: int = 2
     max_episode_steps: int | None = None
-    """An extra TimeLimit on training episodes (None: the task's ``max_steps``)."""
+    """The env's own episode limit (``max_steps``; None: the task's): a truncation there pays the truncation
+    penalty, so cutting episodes short never looks good."""
     eval_freq: int = 20_000
     """Timesteps between evaluations (summed over the vectorised envs)."""
     eval_episodes: int = len(VALIDATION_SEEDS)
@@ -85,8 +86,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 1 <= self.eval_episodes <= len(VALIDATION_SEEDS):
             raise ValueError(f"eval_episodes must be in [1, {len(VALIDATION_SEEDS)}], got {self.eval_episodes}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if not 0 <= self.seed <= len(TRAIN_SEEDS) - self.n_envs:
+            # SB3 seeds env i's first episode with seed + i: it must stay a training seed.
+            raise ValueError(f"seed must be in [0, {len(TRAIN_SEEDS) - self.n_envs}] (seed + env index must stay "
+                             f"in TRAIN_SEEDS), got {self.seed}")
         if self.task is not None:
             get_task(self.task)
         clash = {"task", "workload", "profile", "engine", "pool", "max_episode_steps"} & set(self.env)
@@ -124,7 +127,8 @@ def make_training_env(env_kwargs: dict[str, Any], mode: str, max_episode_steps: 
     (start, stride)`` training seeds from :data:`TRAIN_SEEDS` for every reset."""
     from stable_baselines3.common.monitor import Monitor
 
-    env = gym.make(ENV_ID, max_episode_steps=max_episode_steps, **env_kwargs)
+    limit = {"max_steps": max_episode_steps} if max_episode_steps is not None else {}
+    env = gym.make(ENV_ID, **{**env_kwargs, **limit})
     if seeds is not None:
         env = TrainSeeds(env, *seeds)
     return wrap(Monitor(env) if monitor else env, mode)
@@ -154,6 +158,9 @@ def train(cfg: TrainConfig, progress: bool = True, subprocess: bool = True) -> P
     from stable_baselines3.common.vec_env import VecNormalize
 
     run = Path(cfg.out) / cfg.run_name
+    if run.is_dir() and any(run.iterdir()):
+        raise ValueError(f"{run} already holds a run; continue it with --resume {run}, or pick another --out or "
+                         "--seed")
     run.mkdir(parents=True, exist_ok=True)
     state = {"status": "running", "timesteps_done": 0, "wall_s": 0.0, "best_mean_reward": None,
              "best_timesteps": None}
@@ -221,6 +228,9 @@ def _learn(model: BaseAlgorithm, cfg: TrainConfig, run: Path, state: dict[str, A
         model.learn(total_timesteps=timesteps, callback=CallbackList([checkpoints, evaluation]),
                     progress_bar=progress, tb_log_name="train", reset_num_timesteps=reset)
     if evaluation.best_score == -float("inf"):  # no evaluation fell due: score the final model once
+        from stable_baselines3.common.logger import configure
+
+        model.set_logger(configure(str(run / "tb"), ["tensorboard"]))  # a loaded model has none before learn()
         evaluation.init_callback(model)
         evaluation.evaluate_now()
     model.save(run / FINAL_MODEL)

@@ -186,3 +186,21 @@ def test_relative_trace_paths_resolve_against_the_experiment_file(tmp_path, monk
     monkeypatch.chdir(tmp_path)  # the working directory holds no t.csv
     experiment = load_experiment("exp/e.yaml")
     assert experiment.workloads[0].source["trace"]["path"] == str(folder / "t.csv")
+
+
+def test_one_worker_keeps_going_past_a_failing_job():
+    with pytest.raises(JobFailed) as caught:
+        run_jobs(square_or_die, [0, 4, 5], workers=1, describe=lambda x: f"job {x}")
+    assert caught.value.results == {0: 0, 2: 25} and "job 4 raised" in str(caught.value)
+
+
+def test_the_callers_sigint_handler_is_restored():
+    def handler(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        run_jobs(square_or_die, [1, 2], workers=2)
+        assert signal.getsignal(signal.SIGINT) is handler
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -258,3 +258,26 @@ def test_slo_goodput_counts_only_requests_within_both_slos():
     log.finish_s[:] = [2.0, 4.0, 1.5, 4.0]         # TPOT: 0.1, 0.1, none (one token), 0.3 (slow)
     ok = met_slo(log, np.arange(4), ttft_slo_s=2.0, itl_slo_s=0.2)
     assert ok.tolist() == [True, False, True, False]
+
+
+def test_latency_identity_holds_for_a_truncated_pool_episode():
+    env = gym.make(ENV_ID, task="serverless-burst", max_steps=200, truncation_penalty_s=5.0)
+    total, _, _ = _run(env, seed=3)
+    s = summarize(serving_env(env).cluster.log)
+    unserved = s["num_requests"] - s["num_finished"] - s["num_rejected"]
+    expected = -s["e2e_mean_all_s"] * (s["num_arrived"] - s["num_rejected"]) - 5.0 * unserved
+    assert np.isclose(total, expected, rtol=1e-9)
+
+
+def test_slo_good_requests_are_counted_under_the_latency_reward_too():
+    env = gym.make(ENV_ID, workload="medium", max_steps=600)
+    _, _, infos = _run(env)
+    s = summarize(serving_env(env).cluster.log)
+    assert infos[-1]["num_slo_good"] == round(s["goodput_rps"] * s["makespan_s"]) > 0
+
+
+def test_a_mixture_component_replays_the_mixture_seed():
+    mixture = gym.make(ENV_ID, task="mixture")
+    obs, info = mixture.reset(seed=900_003)
+    alone, _ = gym.make(ENV_ID, task=info["task"]).reset(seed=900_003)
+    assert all(np.array_equal(obs[k], alone[k]) for k in obs)

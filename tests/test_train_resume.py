@@ -98,6 +98,34 @@ def test_extra_env_arguments_reach_the_training_env():
     assert env.unwrapped.decision_steps and env.unwrapped.reward_half_life_s == 30.0
 
 
+def test_training_into_a_used_folder_is_refused(tmp_path):
+    cfg = _cfg(tmp_path)
+    run = tmp_path / cfg.run_name
+    run.mkdir()
+    (run / "best_model.zip").write_bytes(b"old")
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(cfg, progress=False, subprocess=False)
+
+
+def test_episode_limit_is_the_envs_own_so_cutting_short_pays_the_penalty():
+    from servegym.rl.train import make_training_env
+
+    env = make_training_env({"task": "relaxed"}, "count", max_episode_steps=50, monitor=False)
+    env.reset(seed=1)
+    total, truncated = 0.0, False
+    for _ in range(50):
+        _, reward, _, truncated, _ = env.step(8)
+        total += reward
+    assert truncated and env.unwrapped.max_steps == 50
+    assert total < -60.0 * 800  # hundreds of requests unserved after 50 steps, each charged the penalty
+
+
+def test_an_agent_keeps_only_its_length_mode_on_the_task_it_is_scored_on(tmp_path):
+    run = train(_cfg(tmp_path, engine={"length_mode": "predicted", "num_kv_blocks": 8192}), progress=False,
+                subprocess=False)
+    assert make_policy(f"rl:{run}").engine_overrides() == {"length_mode": "predicted"}
+
+
 def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
     run = tmp_path / "r"
     run.mkdir()
@@ -109,7 +137,8 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize(("field", "value", "match"), [("eval_episodes", 6, "eval_episodes"),
                                                        ("seed", -1, "seed"), ("task", "nope", "unknown task"),
                                                        ("checkpoint_freq", 0, "checkpoint_freq"),
-                                                       ("env", {"engine": {}}, "must not hold")])
+                                                       ("env", {"engine": {}}, "must not hold"),
+                                                       ("seed", 99_999, "seed must be in")])
 def test_bad_training_configs_are_refused(field, value, match):
     with pytest.raises(ValueError, match=match):
         TrainConfig(**{field: value})
