@@ -28,6 +28,8 @@ REWARDS = {
 }
 STALL_WARNING_STEPS = 100
 """Consecutive stalled steps after which the env warns (once per env) that the policy is not making progress."""
+THRASH_PREEMPTIONS_PER_REQUEST = 5
+"""Preemptions per request of the episode beyond which the env warns (once per env) that the policy thrashes."""
 TRUNCATION_PENALTY_S = 60.0
 """Default seconds of latency charged per unserved request when the env truncates an episode itself."""
 
@@ -233,7 +235,8 @@ class ServingEnv(gym.Env):
         self._num_slo_good = 0
         self._latency_charged = 0.0
         """Request-seconds the latency reward has charged so far this episode."""
-        self._warned_stall = False
+        self._warned_stall = self._warned_thrash = False
+        self._num_preempted = 0
 
     # ------------------------------------------------------------------ gym API
     @property
@@ -248,7 +251,7 @@ class ServingEnv(gym.Env):
         self._encoder.reset(self.cluster.engines[0])
         self._invalid = 0
         self._stepped = False
-        self._num_steps = self._num_stalled = self._num_slo_good = 0
+        self._num_steps = self._num_stalled = self._num_slo_good = self._num_preempted = 0
         self._latency_charged = 0.0
         info = self._info(self.engine.last, self.cluster.deciding, self.cluster.last_arrived,
                           self.cluster.last_rejected)
@@ -289,6 +292,13 @@ class ServingEnv(gym.Env):
         self._num_steps += 1
         reward = self._reward(step)
         self._num_stalled = self._num_stalled + 1 if self._stalled() else 0
+        self._num_preempted += step.outcome.num_preemptions
+        if (not self._warned_thrash
+                and self._num_preempted > THRASH_PREEMPTIONS_PER_REQUEST * self.cluster.log.num_requests):
+            self._warned_thrash = True
+            warnings.warn(f"{self._num_preempted} preemptions for {self.cluster.log.num_requests} requests by t="
+                          f"{self.cluster.time:.2f} s: the policy is thrashing the KV cache (info['num_preemptions'] "
+                          "counts them per step)", RuntimeWarning, stacklevel=3)
         if self._num_stalled == STALL_WARNING_STEPS and not self._warned_stall:
             self._warned_stall = True
             warnings.warn(f"requests have waited while nothing ran for {STALL_WARNING_STEPS} steps at t="

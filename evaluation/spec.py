@@ -280,6 +280,8 @@ def build_workload(source: str | dict[str, Any], label: str = "") -> Workload:
         trace = dict(source["trace"])
         path = trace.pop("path", "bundled")
         path = str(bundled_trace()) if path == "bundled" else path
+        if not Path(path).is_file():
+            raise ValueError(f"trace file {path} does not exist")
         return TraceWorkload(path, **trace)
     unknown = set(source) - {"arrivals", "duration_s", "max_requests", "prompt", "output", "lengths"}
     if unknown:

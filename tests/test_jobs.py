@@ -204,3 +204,44 @@ def test_the_callers_sigint_handler_is_restored():
         assert signal.getsignal(signal.SIGINT) is handler
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_missing_trace_file_fails_at_load(tmp_path):
+    from servegym.evaluation import ExperimentError, load_experiment
+
+    path = tmp_path / "e.yaml"
+    path.write_text("name: t\nseeds: 1\npolicies: [fcfs]\nworkloads: [{label: t, trace: {path: nope.csv}}]\n")
+    with pytest.raises(ExperimentError, match=r"trace file .*nope.csv does not exist"):
+        load_experiment(path)
+
+
+def test_reproduce_writes_to_its_output_folder_and_docs_only_when_asked(tmp_path, monkeypatch):
+    import servegym.evaluation as evaluation
+    import servegym.evaluation.reproduction as reproduction
+
+    folders, docs = [], []
+    monkeypatch.setattr(evaluation, "compare", lambda experiment, out, **kw: (folders.append(out) or [], {}))
+    monkeypatch.setattr(reproduction, "write_reproduction", lambda results, seeds, doc: docs.append(doc) or [])
+    assert main(["reproduce", "--seeds", "3", "--out", str(tmp_path), "--quiet",
+                 "--experiments", str(ROOT / "experiments")]) == 0
+    assert docs == [tmp_path / "REPRODUCTION.md"]
+    assert folders and all(f.parent == tmp_path / "results" for f in folders)
+    folders.clear()
+    docs.clear()
+    monkeypatch.chdir(tmp_path)  # --update-docs writes docs/ under the working directory
+    assert main(["reproduce", "--seeds", "3", "--update-docs", "--quiet",
+                 "--experiments", str(ROOT / "experiments")]) == 0
+    assert docs == [Path("docs/REPRODUCTION.md")] and all(f.parent == Path("docs/results") for f in folders)
+
+
+def test_stability_sees_compute_overload_at_the_nominal_rate():
+    from servegym.backends import load_profile
+    from servegym.engine import EngineConfig
+    from servegym.stability import workload_stability
+    from servegym.workloads import make_workload
+
+    high = workload_stability(make_workload("high"), load_profile("a100-llama3-8b"), EngineConfig())
+    assert high.rate_per_s == 47.0 and high.rate_source == "the workload's nominal rate"
+    assert high.load_ratio < 0.1 and high.compute_load > 1.0 and not high.stable
+    medium = workload_stability(make_workload("medium"), load_profile("a100-llama3-8b"), EngineConfig())
+    assert medium.stable and medium.compute_load < 1.0

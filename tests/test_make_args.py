@@ -61,3 +61,16 @@ def test_a_boolean_admit_mask_is_an_admit_mask():
     mask = np.zeros(32, dtype=bool)
     mask[:2] = True
     assert first_step(mask) == first_step(mask.astype(np.int64)) >= 1
+
+
+def test_a_thrashing_policy_is_warned_about_once():
+    policy = make_policy("alpha-protection")
+    env = make_env(policy, max_episode_steps=3000, workload="medium",
+                   engine={"length_mode": "unknown", "num_kv_blocks": 300})
+    obs, _ = env.reset(seed=0)
+    with pytest.warns(RuntimeWarning, match="thrashing") as record:
+        for _ in range(3000):
+            obs, _, terminated, truncated, _ = env.step(policy.act(obs))
+            if terminated or truncated:
+                break
+    assert len([w for w in record if "thrashing" in str(w.message)]) == 1
