@@ -237,6 +237,8 @@ class ServingEnv(gym.Env):
         """Request-seconds the latency reward has charged so far this episode."""
         self._warned_stall = self._warned_thrash = False
         self._num_preempted = 0
+        self._thrash_limit = 0
+        """Preemptions in an episode beyond which the env warns that the policy thrashes (set by reset)."""
 
     # ------------------------------------------------------------------ gym API
     @property
@@ -253,6 +255,7 @@ class ServingEnv(gym.Env):
         self._stepped = False
         self._num_steps = self._num_stalled = self._num_slo_good = self._num_preempted = 0
         self._latency_charged = 0.0
+        self._thrash_limit = THRASH_PREEMPTIONS_PER_REQUEST * self.cluster.log.num_requests
         info = self._info(self.engine.last, self.cluster.deciding, self.cluster.last_arrived,
                           self.cluster.last_rejected)
         return self._encoder.encode(self.cluster), info
@@ -293,8 +296,7 @@ class ServingEnv(gym.Env):
         reward = self._reward(step)
         self._num_stalled = self._num_stalled + 1 if self._stalled() else 0
         self._num_preempted += step.outcome.num_preemptions
-        if (not self._warned_thrash
-                and self._num_preempted > THRASH_PREEMPTIONS_PER_REQUEST * self.cluster.log.num_requests):
+        if self._num_preempted > self._thrash_limit and not self._warned_thrash:
             self._warned_thrash = True
             warnings.warn(f"{self._num_preempted} preemptions for {self.cluster.log.num_requests} requests by t="
                           f"{self.cluster.time:.2f} s: the policy is thrashing the KV cache (info['num_preemptions'] "

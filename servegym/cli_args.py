@@ -31,6 +31,9 @@ def _int_at_least(text: str, low: int) -> int:
 
 def writable_dir(path: Path) -> Path:
     """Create ``path`` (and parents) and check a file can be written there, before any work starts."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"output folder {path} is not writable: {existing} exists and is not a folder")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".servegym-write-check-{os.getpid()}"

@@ -8,19 +8,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from servegym.cli_args import positive_int
+from servegym.cli_args import positive_int, writable_dir
 from servegym.envs.tasks import TASKS, TEST_SEEDS
 from servegym.evaluation.bench import DEFAULT_POLICIES, make_entries, make_jobs, run_bench, write_leaderboard
 from servegym.evaluation.executor import Interrupted, JobFailed, RunStore
-
-
-def check_out_dir(out: Path) -> None:
-    """Raise ``ValueError`` unless ``out`` is, or can be created as, a writable folder (creates nothing)."""
-    existing = next(p for p in (out, *out.parents) if p.exists())
-    if not existing.is_dir():
-        raise ValueError(f"--out {out}: {existing} exists and is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out}: {existing} is not writable")
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -46,11 +37,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     entries = make_entries(args.policies or DEFAULT_POLICIES, args.params or (), args.rl or (), args.tuned, tasks)
     jobs = make_jobs(tasks, entries, seeds)
     out = Path(args.out)
-    check_out_dir(out)
+    writable_dir(out)
     workers = min(args.workers or os.cpu_count() or 1, len(jobs))
     print(f"servegym bench: {len(tasks)} tasks, {len(entries)} policies, {len(seeds)} seeds: {len(jobs)} "
           f"episodes on {workers} workers", flush=True)
-    out.mkdir(parents=True, exist_ok=True)
     for stale in ("leaderboard.csv", "leaderboard.md"):  # never mistaken for this run's results
         (out / stale).unlink(missing_ok=True)
     store = RunStore(out / "runs")
