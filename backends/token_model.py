@@ -98,6 +98,9 @@ class TokenLatencyModel:
         _check_knots("cpu_rows/cpu_s", self.cpu_rows, self.cpu_s)
         _check_knots("linear_tokens/linear_s", self.linear_tokens, self.linear_s)
         _check_knots("linear_tokens/allreduce_s", self.linear_tokens, self.allreduce_s)
+        # Lookups memoised per row and token count (not fields: equality and the profile file ignore them).
+        object.__setattr__(self, "_cpu_memo", {})
+        object.__setattr__(self, "_linear_memo", {})
         for name in ("decode_bandwidth_bytes_s", "prefill_flops_s", "memory_bandwidth_bytes_s", "peak_flops_s"):
             if getattr(self, name) <= 0:
                 raise ProfileValueError(f"{name} must be > 0")
@@ -124,8 +127,14 @@ class TokenLatencyModel:
         """The sum of :meth:`terms`, without building the dict (the per-step path)."""
         if rows == 0:
             return 0.0
-        total = (_interp(rows, self.cpu_rows, self.cpu_s) + _interp(tokens, self.linear_tokens, self.linear_s)
-                 + _interp(tokens, self.linear_tokens, self.allreduce_s)
+        cpu = self._cpu_memo.get(rows)
+        if cpu is None:
+            cpu = self._cpu_memo[rows] = _interp(rows, self.cpu_rows, self.cpu_s)
+        linear = self._linear_memo.get(tokens)
+        if linear is None:
+            linear = self._linear_memo[tokens] = (_interp(tokens, self.linear_tokens, self.linear_s),
+                                                  _interp(tokens, self.linear_tokens, self.allreduce_s))
+        total = (cpu + linear[0] + linear[1]
                  + decode_context * self.kv_bytes_per_token / self.decode_bandwidth_bytes_s
                  + prefill_pairs * self.attention_flops_per_pair / self.prefill_flops_s)
         if emitting_rows:

@@ -161,8 +161,11 @@ class Cluster:
         for _ in range(out.num_finished):
             heapq.heappush(self._pending_ends, engine.clock)
         old_time = self.time
-        busy = [e.clock for e in self.engines if e.waiting.size or e.num_running]
-        self.time = max(old_time, min(busy) if busy else engine.clock)
+        if len(self.engines) == 1:
+            self.time = max(old_time, engine.clock)
+        else:
+            busy = [e.clock for e in self.engines if e.waiting.size or e.num_running]
+            self.time = max(old_time, min(busy) if busy else engine.clock)
         accrued = self._advance(old_time)
         arrived, rejected, lag = self._route_arrivals()
         self._choose()
@@ -187,12 +190,19 @@ class Cluster:
             return 0, 0, 0.0
         stop = int(np.searchsorted(log.arrival_s, self.time, side="right"))
         ids = np.arange(self._next_arrival, stop)
-        targets = np.array([self._pick(int(rid)) for rid in ids])
-        rejected, lag = 0, 0.0
-        for c in np.unique(targets):
-            refused, waited = self.engines[c].receive(ids[targets == c], self.time)
-            rejected += refused
-            lag += waited
+        if len(self.engines) == 1:  # every arrival goes to the one engine; _pick's cold check is the same for all
+            self._pick(int(ids[0]))
+            if self.engines[0].ready_at > self.time:
+                log.cold_start[ids] = True
+                log.load_wait_s[ids] = self.engines[0].ready_at - self.time
+            rejected, lag = self.engines[0].receive(ids, self.time)
+        else:
+            targets = np.array([self._pick(int(rid)) for rid in ids])
+            rejected, lag = 0, 0.0
+            for c in np.unique(targets):
+                refused, waited = self.engines[c].receive(ids[targets == c], self.time)
+                rejected += refused
+                lag += waited
         self._num_in_system += ids.size - rejected
         self._next_arrival = stop
         self.num_rejected += rejected

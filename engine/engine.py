@@ -67,21 +67,29 @@ class StepOutcome(NamedTuple):
 
 
 class Plan(NamedTuple):
-    """One iteration's tokens when some rows are still prefilling (indexes into the running table)."""
+    """One iteration's tokens when some rows are still prefilling (indexes into the running table).
+
+    Few chunks are planned in plain lists (numpy's per-call cost would dominate), many in arrays.
+    """
 
     decoding: np.ndarray
     """Boolean per running row: decodes one token this iteration."""
     prefill_rows: np.ndarray
-    """Rows still prefilling."""
-    chunk: np.ndarray
-    """Prompt tokens each of ``prefill_rows`` ingests (0 when the token budget ran out)."""
-    completes: np.ndarray
+    """Prefilling rows that ingest a chunk (a head of them in table order, until the token budget runs out)."""
+    waiting_rows: np.ndarray
+    """The other prefilling rows: no token budget was left for them."""
+    chunk: list[int] | np.ndarray
+    """Prompt tokens each of ``prefill_rows`` ingests (lists up to ``SMALL_HEAD`` rows, arrays beyond)."""
+    completes: list[bool] | np.ndarray
     """Per prefill row: this chunk finishes its prefill, so it also samples its first token."""
-    new_tokens: np.ndarray
-    """KV tokens each running row gains."""
+    new_tokens: list[int] | np.ndarray
+    """KV tokens each prefill row gains (its chunk, plus its first token when the chunk completes it)."""
 
 
 _IDLE = StepOutcome(0.0, 0, 0, 0, 0, 0, 0)
+SMALL_HEAD = 8
+"""Prefill chunks up to this many per iteration are planned in plain Python (numpy's per-call cost would
+dominate); more, in numpy."""
 
 
 class Engine:
@@ -286,47 +294,77 @@ class Engine:
                 log.admit_s[rid] = self.clock
             taken.append(int(pos))
         if taken:
-            self.waiting = np.delete(self.waiting, taken)
+            # Distinct positions whose largest is len - 1 are the queue's head (FCFS-like admission).
+            head = max(taken) == len(taken) - 1
+            self.waiting = self.waiting[len(taken):] if head else np.delete(self.waiting, taken)
             self.waiting_version += 1
         return len(taken), len(positions) - len(taken)
 
     def _plan(self) -> tuple[Plan | None, int]:
         """Decide this iteration's tokens; return the plan and the KV blocks it needs."""
         n, run, bs = self.num_running, self._run, self.block_size
+        # A decoding row needs a new block when its KV count is a multiple of the block size. Every row gains
+        # one token per iteration unless it prefills, so counting rows by (KV - step) mod block size makes that
+        # count a lookup; the prefilling rows are corrected below.
+        if self._phases is None:
+            self._phases = np.bincount((run[:n, KV] - self.step_index) % bs, minlength=bs)
+        need = int(self._phases[-self.step_index % bs])
         if self.num_prefilling == 0:
-            # Every row decodes one token, so a row needs a new block when its KV count is a multiple of the
-            # block size. Counting rows by (KV - step) mod block size makes that count a lookup until the
-            # table changes.
-            if self._phases is None:
-                self._phases = np.bincount((run[:n, KV] - self.step_index) % bs, minlength=bs)
-            return None, int(self._phases[-self.step_index % bs])
+            return None, need
+        cfg = self.config
         left = run[:n, PREFILL_LEFT]
-        decoding = left == 0
-        pre_rows = np.flatnonzero(~decoding)
-        want = np.minimum(left[pre_rows], self.config.prefill_chunk_tokens)
-        budget = self.config.max_num_batched_tokens - int(np.count_nonzero(decoding))
-        if self.config.max_prefill_tokens is not None:
-            budget = min(budget, self.config.max_prefill_tokens)
-        chunk = np.clip(budget - (np.cumsum(want) - want), 0, want)
-        completes = chunk == left[pre_rows]
-        new_tokens = decoding.astype(np.int64)
-        new_tokens[pre_rows] = chunk + completes
-        kv = run[:n, KV]
-        need = int((num_blocks(kv + new_tokens, bs) - num_blocks(kv, bs)).sum())
-        return Plan(decoding, pre_rows, chunk, completes, new_tokens), need
+        pre_rows = left.nonzero()[0]
+        budget = cfg.max_num_batched_tokens - (n - pre_rows.size)
+        if cfg.max_prefill_tokens is not None:
+            budget = min(budget, cfg.max_prefill_tokens)
+        # Chunks go to prefilling rows in table order until the token budget runs out: a head of rows gets
+        # tokens (few: each takes up to a chunk), the tail none.
+        limit, wanted = cfg.prefill_chunk_tokens, 0
+        rests = left[pre_rows]
+        if pre_rows.size > SMALL_HEAD:
+            want = np.minimum(rests, limit)
+            before = np.cumsum(want) - want
+            head = int(np.searchsorted(before, budget))  # rows whose chunk starts within the budget
+            if head > SMALL_HEAD:  # many chunks (small C): in numpy
+                chunk_a = np.minimum(budget - before[:head], want[:head])
+                done_a = chunk_a == rests[:head]
+                new_a = chunk_a + done_a
+                kv = run[pre_rows[:head], KV]
+                need += int((num_blocks(kv + new_a, bs) - num_blocks(kv, bs) - (kv % bs == 0)).sum())
+                tail = pre_rows[head:]
+                if tail.size:
+                    need -= int(np.count_nonzero(run[tail, KV] % bs == 0))
+                return Plan(left == 0, pre_rows[:head], tail, chunk_a, done_a, new_a), need
+        chunk, completes, new_tokens = [], [], []
+        for row, rest in zip(pre_rows.tolist(), rests.tolist(), strict=True):
+            if wanted >= budget:
+                break
+            want = min(rest, limit)
+            tokens = min(budget - wanted, want)
+            wanted += want
+            done = tokens == rest
+            chunk.append(tokens)
+            completes.append(done)
+            new_tokens.append(tokens + done)
+            kv = int(run[row, KV])
+            need += -(-(kv + tokens + done) // bs) - -(-kv // bs) - (kv % bs == 0)
+        tail = pre_rows[len(chunk):]
+        if tail.size:  # rows that gain nothing this iteration: not the decode rows' one token each
+            need -= int(np.count_nonzero(run[tail, KV] % bs == 0))
+        return Plan(left == 0, pre_rows[: len(chunk)], tail, chunk, completes, new_tokens), need
 
     def _execute(self, plan: Plan | None, need: int) -> tuple[int, int, int]:
-        n, run, log = self.num_running, self._run, self.log
+        n, run = self.num_running, self._run
         if plan is None:
             batch = StepBatch(run[:n, REQ], run[:n, KV], EMPTY, EMPTY, EMPTY, EMPTY)
             prefill_tokens, self._num_prefill_seqs = 0, 0
         else:
-            decoding, pre_rows, chunk, completes, new_tokens = plan
-            active = chunk > 0
-            rows = pre_rows[active]
-            batch = StepBatch(run[:n, REQ][decoding], run[:n, KV][decoding], run[rows, REQ],
-                              run[rows, TARGET] - run[rows, PREFILL_LEFT], chunk[active], run[rows, TARGET])
-            prefill_tokens, self._num_prefill_seqs = int(chunk.sum()), int(rows.size)
+            decoding, rows = plan.decoding, plan.prefill_rows
+            target, start = run[rows, TARGET], run[rows, TARGET] - run[rows, PREFILL_LEFT]
+            chunk = np.array(plan.chunk, dtype=np.int64)
+            batch = StepBatch(run[:n, REQ][decoding], run[:n, KV][decoding], run[rows, REQ], start, chunk, target)
+            prefill_tokens = sum(plan.chunk) if isinstance(plan.chunk, list) else int(chunk.sum())
+            self._num_prefill_seqs = len(plan.chunk)
         decode_tokens = batch.decode_ids.size
         dt = self.backend.execute(batch)
         if not (dt > 0 and math.isfinite(dt)):
@@ -337,29 +375,22 @@ class Engine:
             self.itl_last = dt
             self.itl_smoothed += self.config.itl_smoothing * (dt - self.itl_smoothed)
         self.num_used_blocks += need
-        if plan is None:
-            run[:n, KV : GEN + 1] += 1
+        # Every row as if it decoded; prefilling rows are corrected below. Rows left without prefill budget
+        # usually form the table's tail (the newest admissions), which then is simply skipped.
+        waiting = EMPTY if plan is None else plan.waiting_rows
+        if waiting.size and waiting[0] == n - waiting.size:
+            run[: waiting[0], KV : GEN + 1] += 1
+            waiting = EMPTY
         else:
-            self._phases = None
-            run[:n, KV] += new_tokens
-            run[:n, GEN] += decoding
-            run[pre_rows, PREFILL_LEFT] -= chunk
-            done_rows = pre_rows[completes]
-            if done_rows.size:
-                run[done_rows, GEN] += 1
-                run[done_rows, SEG] = self.step_index
-                ids = run[done_rows, REQ]
-                log.state[ids] = State.DECODING
-                first = ids[np.isnan(log.first_token_s[ids])]
-                log.first_token_s[first] = self.clock
-                self.num_prefilling -= done_rows.size
-            decode_tokens += done_rows.size
-        self.token_load -= decode_tokens
+            run[:n, KV : GEN + 1] += 1
         self._finish_countdown -= 1
-        if plan is not None or self._finish_countdown <= 0:
+        if plan is not None:
+            decode_tokens += self._advance_prefills(plan, waiting)
+        self.token_load -= decode_tokens
+        if self._finish_countdown <= 0:
             # Only decoding rows can finish; prefilling rows still have their output ahead of them.
             left = run[:n, OUT] - run[:n, GEN]
-            done = np.flatnonzero(left == 0)
+            done = (left == 0).nonzero()[0]
             if done.size:
                 self._finish(done)
             n = self.num_running
@@ -367,6 +398,64 @@ class Engine:
             self._finish_countdown = int(decoding_left.min()) if n else 0
             return decode_tokens, prefill_tokens, int(done.size)
         return decode_tokens, prefill_tokens, 0
+
+    def _advance_prefills(self, plan: Plan, undo: np.ndarray) -> int:
+        """Apply the chunks of the prefilling rows (after the table-wide +1, which ``undo`` rows must give back);
+        return their first tokens.
+
+        A row whose chunk completes its prefill samples its first token and starts decoding; the finish
+        countdown then covers it (it may finish at once, when that token was its last).
+        """
+        run, log, bs = self._run, self.log, self.block_size
+        step = self.step_index
+        first_tokens = 0
+        if undo.size:  # rows given the table-wide token that they did not get
+            run[undo, KV : GEN + 1] -= 1
+        if plan.waiting_rows.size:
+            self._phases = None  # their phases all moved; recounted at the next plan
+        if not isinstance(plan.chunk, list):
+            return self._advance_many(plan)
+        phases = self._phases
+        for row, tokens, done, new in zip(plan.prefill_rows.tolist(), plan.chunk, plan.completes, plan.new_tokens,
+                                          strict=True):
+            kv = int(run[row, KV]) - 1
+            run[row, KV] = kv + new
+            run[row, PREFILL_LEFT] -= tokens
+            if new != 1 and phases is not None:  # its block phase moved against the rows that gained one
+                phases[(kv - step) % bs] -= 1
+                phases[(kv + new - step - 1) % bs] += 1
+            if not done:
+                run[row, GEN] -= 1
+                continue
+            first_tokens += 1
+            run[row, SEG] = step
+            rid = int(run[row, REQ])
+            log.state[rid] = State.DECODING
+            if math.isnan(log.first_token_s[rid]):
+                log.first_token_s[rid] = self.clock
+            self.num_prefilling -= 1
+            self._finish_countdown = min(self._finish_countdown, int(run[row, OUT] - run[row, GEN]))
+        return first_tokens
+
+    def _advance_many(self, plan: Plan) -> int:
+        """:meth:`_advance_prefills` for a long head of chunks, in numpy."""
+        run, log = self._run, self.log
+        rows, chunk, done = plan.prefill_rows, plan.chunk, plan.completes
+        run[rows, KV] += plan.new_tokens - 1
+        run[rows, PREFILL_LEFT] -= chunk
+        run[rows[~done], GEN] -= 1
+        self._phases = None
+        started = rows[done]
+        if started.size:
+            run[started, SEG] = self.step_index
+            ids = run[started, REQ]
+            log.state[ids] = State.DECODING
+            first = ids[np.isnan(log.first_token_s[ids])]
+            log.first_token_s[first] = self.clock
+            self.num_prefilling -= started.size
+            left = int((run[started, OUT] - run[started, GEN]).min())
+            self._finish_countdown = min(self._finish_countdown, left)
+        return int(started.size)
 
     def _finish(self, rows: np.ndarray) -> None:
         run, log = self._run, self.log
@@ -402,13 +491,20 @@ class Engine:
 
     def _remove_rows(self, rows: np.ndarray) -> None:
         n, run, bs = self.num_running, self._run, self.block_size
-        self.num_used_blocks -= int(num_blocks(run[rows, KV], bs).sum())
-        self.token_load -= int((run[rows, HI] - run[rows, GEN]).sum())
-        keep = np.ones(n, dtype=bool)
-        keep[rows] = False
-        kept = run[:n][keep]
-        run[: kept.shape[0]] = kept
-        self.num_running = kept.shape[0]
+        if rows.size == 1:  # the common case: shift the rows below up by one
+            row = int(rows[0])
+            self.num_used_blocks -= -(-int(run[row, KV]) // bs)
+            self.token_load -= int(run[row, HI] - run[row, GEN])
+            run[row : n - 1] = run[row + 1 : n]
+            self.num_running = n - 1
+        else:
+            self.num_used_blocks -= int(num_blocks(run[rows, KV], bs).sum())
+            self.token_load -= int((run[rows, HI] - run[rows, GEN]).sum())
+            keep = np.ones(n, dtype=bool)
+            keep[rows] = False
+            kept = run[:n][keep]
+            run[: kept.shape[0]] = kept
+            self.num_running = kept.shape[0]
         self._phases = None
 
     def _idle(self, next_arrival_s: float) -> None:
@@ -446,3 +542,10 @@ class Engine:
             raise AssertionError("prefilling count drifted")
         if np.any(rows[:, GEN] > rows[:, OUT]):
             raise AssertionError("a request generated past its output length")
+        if self._phases is not None and not np.array_equal(
+            self._phases, np.bincount((rows[:, KV] - self.step_index) % bs, minlength=bs)
+        ):
+            raise AssertionError("the KV block phases drifted from the running table")
+        decoding = rows[:, PREFILL_LEFT] == 0
+        if decoding.any() and self._finish_countdown > int((rows[decoding, OUT] - rows[decoding, GEN]).min()):
+            raise AssertionError("the finish countdown overshoots a decoding request's remaining tokens")

@@ -96,9 +96,13 @@ LENGTH_MODE_CODE = {mode: float(code) for code, mode in enumerate(LengthMode)}
 """The ``length_mode`` feature's value for each :class:`LengthMode`."""
 
 
+_LENGTH_MODES = tuple(LengthMode)
+_LENGTH_MODE_INDEX = ENGINE_INDEX["length_mode"]
+
+
 def length_mode_of(obs: dict[str, np.ndarray]) -> LengthMode:
     """The :class:`LengthMode` an observation was made under."""
-    return list(LengthMode)[int(obs["engine"][ENGINE_INDEX["length_mode"]])]
+    return _LENGTH_MODES[int(obs["engine"][_LENGTH_MODE_INDEX])]
 
 
 def _box(schema: tuple[Feature, ...], rows: int) -> spaces.Box:

@@ -342,6 +342,9 @@ class ServingEnv(gym.Env):
     def _stalled(self) -> bool:
         """Requests wait somewhere while no container runs anything or loads a model."""
         engines, now = self.cluster.engines, self.cluster.time
+        if len(engines) == 1:
+            e = engines[0]
+            return bool(e.waiting.size) and not (e.num_running or now < e.ready_at < math.inf)
         waiting = any(e.waiting.size for e in engines)
         return waiting and not any(e.num_running or now < e.ready_at < math.inf for e in engines)
 
@@ -372,7 +375,7 @@ class ServingEnv(gym.Env):
             if a.dtype.kind == "f" and np.isnan(a).any():
                 raise ValueError("action contains NaN")
             raise TypeError(f"action must be an integer array (MultiDiscrete), got dtype {a.dtype}")
-        if not a.any():
+        if not np.count_nonzero(a):
             return a[:0]
         if a.min() < 0 or a.max() > w:
             raise ValueError(f"action values must be in [0, {w}], got min {a.min()} max {a.max()}")

@@ -73,6 +73,8 @@ def prefix_that_fits(need: np.ndarray, budget: float) -> int:
 def fcfs_count(obs: Observation, order: np.ndarray | None = None, budget_blocks: float | None = None) -> int:
     """How many visible requests (in ``order``, default queue order) fit in free KV blocks and slots."""
     rows = visible_queue(obs)
+    if not rows.shape[0]:
+        return 0
     if order is not None:
         rows = rows[order]
     budget = free_blocks(obs) if budget_blocks is None else budget_blocks

@@ -171,8 +171,9 @@ class TokenWindowPacing(Policy):
         depth = engine_feature(obs, "num_waiting")
         batch = int(engine_feature(obs, "num_running"))
         remaining = remaining_running(obs, p.unknown_output_tokens)
-        token_load = float(remaining.sum())
-        mean_remaining = float(remaining.mean()) if batch else 0.0
+        total = remaining.sum()
+        token_load = float(total)
+        mean_remaining = float(total / remaining.size) if batch else 0.0  # remaining.mean(), summed once
         queue = visible_queue(obs)
         want = remaining_queued(obs, queue, p.unknown_output_tokens)
 
@@ -188,12 +189,13 @@ class TokenWindowPacing(Policy):
         forced = np.flatnonzero(queue[:, _Q["wait_steps"]] > p.max_wait_steps)
         forced = forced[np.argsort(-queue[forced, _Q["wait_steps"]], kind="stable")][: max(slots, 0)]
         admitted = forced.tolist()
+        skip = set(admitted)
         token_load_after = token_load + float(want[forced].sum())
         kv_free -= float(blocks[forced].sum())
         for i in self._rank(queue, want, mean_remaining):
             if len(admitted) >= slots:
                 break
-            if i in forced:
+            if i in skip:
                 continue
             # The gate: stop at the first candidate that fails; never skip ahead to a smaller one.
             if token_load_after + want[i] > self.window or kv_free - blocks[i] <= self.kv_guard:

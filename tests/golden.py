@@ -34,6 +34,10 @@ CASES = [
     ("serverless-pool", "serverless-llm", {}, "burst", {}, {"num_containers": 2, "keep_alive_s": 0.3}, 13, 900),
     ("round-robin-pool", "round-robin", {}, "medium", {"num_kv_blocks": 400, "length_mode": "predicted"},
      {"num_containers": 2}, 14, 900),
+    # Trace replays with long prompts: many rows prefill at once, few (FCFS) or many (TWP, C=32) get a chunk.
+    ("fcfs-azure", "fcfs", {}, "azure", {"length_mode": "predicted"}, {}, 15, 2500),
+    ("twp-azure-small-chunks", "twp", {"prefill_chunk_tokens": 32}, "azure", {}, {}, 16, 2500),
+    ("sarathi-azure-tight", "sarathi", {}, "azure", {"num_kv_blocks": 1500}, {}, 17, 2500),
 ]
 
 
@@ -58,8 +62,11 @@ def fingerprint(log) -> dict[str, str]:
 
 def _workload(name: str):
     """The golden workloads, spelt out so that re-tuning the named scenarios does not move them."""
-    from servegym.workloads import MarkovModulated, Poisson, SyntheticWorkload
+    from servegym.workloads import MarkovModulated, Poisson, SyntheticWorkload, TraceWorkload, bundled_trace
     from servegym.workloads.scenarios import TWP_OUTPUTS, TWP_PROMPTS
+
+    if name == "azure":
+        return TraceWorkload(str(bundled_trace()), max_requests=700)
 
     arrivals = {"low": Poisson(2.5), "medium": Poisson(5.0), "high": Poisson(7.5),
                 "burst": MarkovModulated(base_rate=2.0, burst_rate=14.0, calm_s=10.0, burst_s=3.0)}[name]
