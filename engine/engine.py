@@ -317,41 +317,46 @@ class Engine:
         budget = cfg.max_num_batched_tokens - (n - pre_rows.size)
         if cfg.max_prefill_tokens is not None:
             budget = min(budget, cfg.max_prefill_tokens)
-        # Chunks go to prefilling rows in table order until the token budget runs out: a head of rows gets
-        # tokens (few: each takes up to a chunk), the tail none.
-        limit, wanted = cfg.prefill_chunk_tokens, 0
+        plan, prefill_need = self._chunks(left, pre_rows, budget)
+        return plan, need + prefill_need
+
+    def _chunks(self, left: np.ndarray, pre_rows: np.ndarray, budget: int) -> tuple[Plan, int]:
+        """Give prefilling rows chunks in table order until the token budget runs out: a head of rows gets
+        tokens, the tail none. Returns the plan and the correction to the all-rows-decode block count."""
+        run, bs, limit = self._run, self.block_size, self.config.prefill_chunk_tokens
         rests = left[pre_rows]
-        if pre_rows.size > SMALL_HEAD:
+        head = pre_rows.size
+        if head > SMALL_HEAD:
             want = np.minimum(rests, limit)
             before = np.cumsum(want) - want
             head = int(np.searchsorted(before, budget))  # rows whose chunk starts within the budget
-            if head > SMALL_HEAD:  # many chunks (small C): in numpy
-                chunk_a = np.minimum(budget - before[:head], want[:head])
-                done_a = chunk_a == rests[:head]
-                new_a = chunk_a + done_a
-                kv = run[pre_rows[:head], KV]
-                need += int((num_blocks(kv + new_a, bs) - num_blocks(kv, bs) - (kv % bs == 0)).sum())
-                tail = pre_rows[head:]
-                if tail.size:
-                    need -= int(np.count_nonzero(run[tail, KV] % bs == 0))
-                return Plan(left == 0, pre_rows[:head], tail, chunk_a, done_a, new_a), need
-        chunk, completes, new_tokens = [], [], []
-        for row, rest in zip(pre_rows.tolist(), rests.tolist(), strict=True):
+        tail = pre_rows[head:]
+        need = -int(np.count_nonzero(run[tail, KV] % bs == 0)) if tail.size else 0  # they gain no token
+        if head > SMALL_HEAD:  # many chunks (a small C): in numpy
+            chunk = np.minimum(budget - before[:head], want[:head])
+            done = chunk == rests[:head]
+            new = chunk + done
+            kv = run[pre_rows[:head], KV]
+            need += int((num_blocks(kv + new, bs) - num_blocks(kv, bs) - (kv % bs == 0)).sum())
+            return Plan(left == 0, pre_rows[:head], tail, chunk, done, new), need
+        chunks, completes, new_tokens, wanted = [], [], [], 0
+        for row, rest in zip(pre_rows[:head].tolist(), rests[:head].tolist(), strict=True):
             if wanted >= budget:
                 break
-            want = min(rest, limit)
-            tokens = min(budget - wanted, want)
-            wanted += want
-            done = tokens == rest
-            chunk.append(tokens)
-            completes.append(done)
-            new_tokens.append(tokens + done)
-            kv = int(run[row, KV])
-            need += -(-(kv + tokens + done) // bs) - -(-kv // bs) - (kv % bs == 0)
-        tail = pre_rows[len(chunk):]
-        if tail.size:  # rows that gain nothing this iteration: not the decode rows' one token each
-            need -= int(np.count_nonzero(run[tail, KV] % bs == 0))
-        return Plan(left == 0, pre_rows[: len(chunk)], tail, chunk, completes, new_tokens), need
+            want_row = min(rest, limit)
+            tokens = min(budget - wanted, want_row)
+            wanted += want_row
+            done_row = tokens == rest
+            chunks.append(tokens)
+            completes.append(done_row)
+            new_tokens.append(tokens + done_row)
+            kv_row = int(run[row, KV])
+            need += -(-(kv_row + tokens + done_row) // bs) - -(-kv_row // bs) - (kv_row % bs == 0)
+        if len(chunks) < head:  # the budget ran out within the first SMALL_HEAD rows
+            rest_rows = pre_rows[len(chunks) : head]
+            need -= int(np.count_nonzero(run[rest_rows, KV] % bs == 0))
+            tail = pre_rows[len(chunks):]
+        return Plan(left == 0, pre_rows[: len(chunks)], tail, chunks, completes, new_tokens), need
 
     def _execute(self, plan: Plan | None, need: int) -> tuple[int, int, int]:
         n, run = self.num_running, self._run

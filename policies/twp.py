@@ -144,7 +144,7 @@ class TokenWindowPacing(Policy):
         if p.min_active_requests is None:
             return p.window_min
         pool = running_remaining if running_remaining.size else queued_remaining
-        mean = float(pool.mean()) if pool.size else 0.0
+        mean = float(pool.sum() / pool.size) if pool.size else 0.0  # pool.mean() without its wrapper
         return min(p.window_max, max(p.window_min, p.min_active_requests * mean))
 
     def _update_kv_guard(self, obs: Observation) -> None:
@@ -182,6 +182,20 @@ class TokenWindowPacing(Policy):
         target = self._update_window(sigma, depth, floor)
         self._update_kv_guard(obs)
 
+        admitted, num_forced = self._gate(obs, queue, want, token_load, mean_remaining) if queue.shape[0] else ([], 0)
+        self.forced_total += num_forced
+        for key, value in (("window", self.window), ("window_floor", floor), ("target", target), ("sigma", sigma),
+                           ("kv_guard", self.kv_guard),
+                           ("token_load", token_load), ("forced", num_forced), ("num_admitted", len(admitted)),
+                           ("num_waiting", depth), ("num_running", batch)):
+            self.trace[key].append(value)
+        return ranks_action(obs, admitted)
+
+    def _gate(self, obs: Observation, queue: np.ndarray, want: np.ndarray, token_load: float,
+              mean_remaining: float) -> tuple[list[int], int]:
+        """Forced admissions first (longest wait first), then ranked candidates while they pass the window and
+        the KV guard; returns the queue slots in admission order and how many were forced."""
+        p = self.params
         blocks = admission_blocks(obs, queue) / total_blocks(obs)
         kv_free = engine_feature(obs, "kv_free_frac")
         slots = free_slots(obs)
@@ -203,10 +217,4 @@ class TokenWindowPacing(Policy):
             admitted.append(int(i))
             token_load_after += want[i]
             kv_free -= blocks[i]
-        self.forced_total += forced.size
-        for key, value in (("window", self.window), ("window_floor", floor), ("target", target), ("sigma", sigma),
-                           ("kv_guard", self.kv_guard),
-                           ("token_load", token_load), ("forced", forced.size), ("num_admitted", len(admitted)),
-                           ("num_waiting", depth), ("num_running", batch)):
-            self.trace[key].append(value)
-        return ranks_action(obs, admitted)
+        return admitted, int(forced.size)
