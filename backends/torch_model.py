@@ -1,21 +1,28 @@
-"""Models for the real backend: config presets with seeded weights, local checkpoints, and the paged
-attention function that lets any Hugging Face decoder run a packed, mixed prefill/decode batch over
-servegym's paged KV cache.
+"""Models for the real backend: config presets with seeded weights built on the target device in the target
+dtype, and local checkpoints, both running attention through ``servegym_paged``
+(:mod:`servegym.backends.attention`).
 
 torch and transformers are imported lazily; a missing one raises :class:`MissingExtraError`.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from servegym.backends.support import check_supported
+
 if TYPE_CHECKING:
     import torch
 
 ATTENTION_NAME = "servegym_paged"
+DTYPES = ("float32", "float16", "bfloat16")
 
 PRESETS: dict[str, dict[str, Any]] = {
     # The default: a small Llama-architecture model, tens of milliseconds per step on 2 CPU cores.
@@ -57,87 +64,76 @@ def require_torch() -> tuple[ModuleType, ModuleType]:
     return torch, transformers
 
 
-@dataclass
-class RowGroup:
-    """Sequences attended together: their queries and contexts padded to the group's longest."""
-
-    context_slots: Any  # (B, C) cache slots of each sequence's context, padded with slot 0
-    query_index: Any  # (B, Q) packed-token index of each sequence's query tokens, padded with 0
-    mask: Any  # (B, 1, Q, C) bool: query may attend to context position
-    query_valid: Any  # (B, Q) bool
-
-
-@dataclass
-class PagedBatch:
-    """Per-forward metadata the paged attention reads (shared by every layer). Decode rows (one query each)
-    and prefill rows form separate groups, so a long prefill chunk does not pad every decode row."""
-
-    slot_mapping: Any  # (T,) cache slot of each packed token
-    groups: list[RowGroup]
-    k_cache: list  # per layer (slots, kv_heads, head_dim)
-    v_cache: list
-
-
-def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                    **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Attention over the paged cache: write this step's K/V into their slots, then let each sequence's
-    query tokens attend to its whole context (one padded SDPA call per row group)."""
-    import torch
-
-    meta: PagedBatch = kwargs["servegym_batch"]
-    layer = module.layer_idx
-    k_cache, v_cache = meta.k_cache[layer], meta.v_cache[layer]
-    k_cache[meta.slot_mapping] = key[0].transpose(0, 1).to(k_cache.dtype)
-    v_cache[meta.slot_mapping] = value[0].transpose(0, 1).to(v_cache.dtype)
-    packed = torch.zeros(query.shape[2], query.shape[1], query.shape[3], dtype=query.dtype, device=query.device)
-    repeat = query.shape[1] // k_cache.shape[1]
-    for group in meta.groups:
-        k = k_cache[group.context_slots].permute(0, 2, 1, 3)  # (B, kv_heads, C, D)
-        v = v_cache[group.context_slots].permute(0, 2, 1, 3)
-        if repeat > 1:
-            k = k.repeat_interleave(repeat, dim=1)
-            v = v.repeat_interleave(repeat, dim=1)
-        q = query[0][:, group.query_index].permute(1, 0, 2, 3)  # (B, heads, Q, D)
-        out = torch.nn.functional.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype),
-                                                               attn_mask=group.mask, scale=scaling)
-        packed[group.query_index[group.query_valid]] = out.permute(0, 2, 1, 3)[group.query_valid]
-    return packed.unsqueeze(0), None
-
-
-def _no_mask(*args, **kwargs):
-    return None
-
-
 def register_attention() -> None:
     """Make ``servegym_paged`` a valid ``attn_implementation`` (idempotent)."""
     require_torch()
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    from servegym.backends.attention import register_attention as register
 
-    AttentionInterface.register(ATTENTION_NAME, paged_attention)
-    AttentionMaskInterface.register(ATTENTION_NAME, _no_mask)
+    register(ATTENTION_NAME)
 
 
-def load_model(model: str | Path, device: str, dtype: str, seed: int = 0) -> tuple[torch.nn.Module, str]:
-    """A preset name (seeded random weights, nothing downloaded) or a local checkpoint directory."""
+@contextmanager
+def _default_dtype(torch: ModuleType, dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    name: str
+    seconds: float
+    """Wall time to build (preset) or load (checkpoint) the weights onto the device."""
+    from_checkpoint: bool
+    """True when weights were read from a checkpoint; False for a preset's seeded random initialisation."""
+
+
+def torch_dtype(torch: ModuleType, dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    return getattr(torch, dtype)
+
+
+def build_preset(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
+    """A preset's seeded random weights, created directly on ``device`` in ``dtype`` (no float32 or host copy).
+    The same seed gives the same weights on the same kind of device (CPU and CUDA generators differ)."""
     torch, transformers = require_torch()
     register_attention()
-    torch_dtype = getattr(torch, dtype)
+    config = transformers.LlamaConfig(**PRESETS[name])
+    config._attn_implementation = ATTENTION_NAME
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.device(device), _default_dtype(torch, dtype):
+        torch.manual_seed(seed)
+        return transformers.LlamaForCausalLM(config).eval()
+
+
+def load_model(model: str | Path, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
+    """A preset name (seeded random weights, nothing downloaded) or a local checkpoint directory, on ``device``
+    in ``dtype``. A checkpoint whose attention the backend does not implement is refused before it loads."""
+    torch, transformers = require_torch()
+    register_attention()
+    start = time.perf_counter()
     if str(model) in PRESETS:
-        config = transformers.LlamaConfig(**PRESETS[str(model)])
-        config._attn_implementation = ATTENTION_NAME
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            net = transformers.LlamaForCausalLM(config)
-        name = str(model)
+        net, name, from_checkpoint = build_preset(str(model), device, dtype, seed), str(model), False
     else:
         path = Path(model)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
                 f"model {model!r} is neither a preset ({sorted(PRESETS)}) nor a checkpoint folder with config.json"
             )
-        net = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype,
-                                                                attn_implementation=ATTENTION_NAME)
-        name = path.name
-    return net.to(device=device, dtype=torch_dtype).eval(), name
+        check_supported(transformers.AutoConfig.from_pretrained(path, local_files_only=True), path.name)
+        # Straight onto a GPU needs accelerate (device_map); without it the weights pass through host memory.
+        direct = device.type == "cuda" and importlib.util.find_spec("accelerate") is not None
+        net = transformers.AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=dtype, attn_implementation=ATTENTION_NAME,
+            **({"device_map": str(device)} if direct else {}))
+        net = net if direct else net.to(device)
+        name, from_checkpoint = path.name, True
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return LoadedModel(net.eval(), name, time.perf_counter() - start, from_checkpoint)

@@ -24,9 +24,9 @@ from tests.conftest import fixed  # noqa: E402
 EMPTY = np.zeros(0, dtype=np.int64)
 
 
-@pytest.fixture(scope="module")
-def backend():
-    return TorchBackend("tiny-llama", num_kv_blocks=512, keep_logits=True)
+@pytest.fixture(scope="module", params=["grouped", "padded"])
+def backend(request):
+    return TorchBackend("tiny-llama", num_kv_blocks=512, keep_logits=True, attention=request.param)
 
 
 def reference_logits(model, tokens):
@@ -35,15 +35,17 @@ def reference_logits(model, tokens):
     model.set_attn_implementation("sdpa")
     try:
         with torch.inference_mode():
-            return model(input_ids=torch.tensor([tokens]), use_cache=False).logits[0, -1].numpy()
+            return model(input_ids=torch.tensor([tokens]), use_cache=False).logits[0, -1].float().numpy()
     finally:
         model.config._attn_implementation = previous
 
 
-def test_mixed_prefill_and_decode_batch_matches_each_request_alone(backend):
+def assert_mixed_steps_match_each_request_alone(backend, atol=1e-4):
+    """Three packed steps of prefill chunks and decodes; each request's last logits must equal its own run."""
     backend.reset(np.random.default_rng(1))
     a, b, c = 0, 1, 2
-    # Step 1: A's first chunk and B's whole prompt. Step 2: B decodes while A and C prefill chunks.
+    # Step 1: A's first chunk and B's whole prompt. Step 2: B decodes while A and C prefill chunks (A's 24-token
+    # chunk is split into query tiles by the padded kernel). Step 3: A and B decode while C finishes.
     backend.execute(StepBatch(EMPTY, EMPTY, np.array([a, b]), np.array([0, 0]), np.array([16, 10]),
                               np.array([40, 10])))
     backend.execute(StepBatch(np.array([b]), np.array([11]), np.array([a, c]), np.array([16, 0]),
@@ -53,8 +55,12 @@ def test_mixed_prefill_and_decode_batch_matches_each_request_alone(backend):
     for rid in (a, b, c):
         tokens = backend.request_tokens(rid)
         np.testing.assert_allclose(backend.last_logits[rid], reference_logits(backend.model, tokens[:-1]),
-                                   atol=1e-4, rtol=1e-4)
+                                   atol=atol, rtol=atol)
         assert int(np.argmax(backend.last_logits[rid])) == tokens[-1]
+
+
+def test_mixed_prefill_and_decode_batch_matches_each_request_alone(backend):
+    assert_mixed_steps_match_each_request_alone(backend)
 
 
 @pytest.mark.slow
