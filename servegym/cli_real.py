@@ -1,0 +1,222 @@
+"""``servegym calibrate`` and ``servegym fidelity``: fit a profile to the real backend, then check it.
+
+Every argument is checked, and the sweep is checked against the KV cache, before the model is built (the
+3B preset takes minutes to build).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from servegym.backends import load_profile
+from servegym.backends.calibration import (
+    CLOCKS,
+    CPU_MAX_BATCH,
+    CPU_MAX_CONTEXT,
+    CUDA_MAX_BATCH,
+    CUDA_MAX_CONTEXT,
+    SweepPlan,
+)
+from servegym.cli_args import positive_int, writable_dir
+from servegym.workloads import WORKLOADS, make_workload
+
+DEFAULT_KV_BLOCKS = 8192
+"""Calibration's cache when --kv-blocks is not given, unless the sweep needs more."""
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def resolve_device(text: str | None) -> str:
+    """``text`` checked (cpu, cuda or cuda:N, and CUDA present), or the default: cuda when available."""
+    from servegym.backends.torch_model import MissingExtraError, require_torch
+
+    try:
+        torch, _ = require_torch()
+    except MissingExtraError as err:
+        raise ValueError(str(err)) from None
+    if text is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {text!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {text}: CUDA is not available on this machine (torch {torch.__version__})")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return text
+
+
+def _threads(count: int) -> str:
+    return f"{count} thread{'s' * (count != 1)}"
+
+
+def _backend_options(args: argparse.Namespace, device: str, threads: int | None) -> dict[str, Any]:
+    options: dict[str, Any] = {"model": args.model, "device": device}
+    if args.dtype:
+        options["dtype"] = args.dtype
+    if threads:
+        options["threads"] = threads
+    return options
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from servegym.backends.calibration import (
+        backend_accepts,
+        calibrate,
+        clock_option,
+        plot_fit,
+        point_spreads,
+        spread_warning,
+        write_samples_csv,
+    )
+
+    if args.backend != "torch":
+        raise ValueError("only the torch backend can be calibrated (the calibrated one is the fit)")
+    device = resolve_device(args.device)
+    cuda = device.startswith("cuda")
+    max_batch = args.max_batch or (CUDA_MAX_BATCH if cuda else CPU_MAX_BATCH)
+    max_context = args.max_context or (CUDA_MAX_CONTEXT if cuda else CPU_MAX_CONTEXT)
+    if max_context < args.block_size:
+        raise ValueError(f"--max-context {max_context} is shorter than one KV block (--block-size {args.block_size})")
+    plan = SweepPlan.up_to(max_batch, max_context, args.repeats)
+    options = {**clock_option(args.clock), **_backend_options(args, device, args.threads)}
+    if backend_accepts("max_batch_tokens"):
+        options["max_batch_tokens"] = plan.max_step_tokens()  # CUDA memory is profiled for the largest step
+    if args.kv_blocks:
+        kv_blocks = args.kv_blocks
+    elif cuda and backend_accepts("memory_utilization"):
+        kv_blocks = None  # as many as fit in device memory: the profile's KV capacity is the GPU's
+    else:
+        kv_blocks = max(DEFAULT_KV_BLOCKS, plan.kv_blocks_needed(args.block_size))
+    if kv_blocks is not None:
+        plan.check_fits(kv_blocks, args.block_size)
+    out = Path(args.out)
+    plot = Path(args.plot) if args.plot else out.with_suffix(".png")
+    for folder in {out.parent, plot.parent}:
+        writable_dir(folder)
+
+    import torch
+
+    from servegym.backends.torch_backend import TorchBackend
+
+    start = time.perf_counter()
+    backend = TorchBackend(num_kv_blocks=kv_blocks, block_size=args.block_size, **options)
+    build = time.perf_counter() - start
+    # A checkpoint's load is a cold start; a preset's random initialisation is not (None), unless the backend
+    # predates that distinction (no cold_start_s), when the build time stands in.
+    load = getattr(backend, "cold_start_s", build)
+    print(f"servegym calibrate: {backend.model_name} on {backend.device} ({backend.dtype}), "
+          f"{_threads(torch.get_num_threads())}, built in {build:.1f} s; decode batches up to {max(plan.batches)} at "
+          f"contexts {list(plan.contexts)}, prefill chunks up to {max(plan.chunks)}, {plan.repeats} repeats; "
+          f"{backend.num_kv_blocks} KV blocks of {args.block_size} tokens", flush=True)
+    profile, samples = calibrate(backend, args.name or out.stem, plan, load_seconds=load, build_seconds=build,
+                                 progress=None if args.quiet else lambda text: print(f"  {text}", flush=True))
+    profile.save(out)
+    plot_fit(profile, samples, plot)
+    table = out.with_suffix(".samples.csv")
+    write_samples_csv(samples, table)
+
+    prov, lat = profile.provenance, profile.latency
+    print(f"l_min {lat.l_min_s * 1e3:.2f} ms, B0 {lat.saturation_batch}, alpha {lat.alpha_s * 1e3:.3f} ms/request, "
+          f"prefill {lat.prefill_s_per_token * 1e6:.1f} us/token, attention {lat.prefill_s_per_token_context:.2e} "
+          f"s/token^2, decode context {lat.decode_s_per_context_token:.2e} s/token ({prov['clock']} clock)")
+    for group, err in prov["fit_error"].items():
+        print(f"  fit {group}: RMSE {err['rmse_ms']:.2f} ms, mean |rel err| {err['mean_abs_rel_error']:.1%} "
+              f"({err['samples']} samples)")
+    spread, machine_load = prov["spread"], prov["load"]
+    if "median" in spread:
+        print(f"  repeat spread (max - min) / median: median {spread['median']:.1%}, max {spread['max']:.1%} over "
+              f"{spread['points']} points")
+    else:
+        print("  repeat spread not measured (--repeats 1)")
+    print(f"  load average {machine_load['loadavg_before']} before, {machine_load['loadavg_after']} after, on "
+          f"{prov['cpus_usable']} usable CPUs; {machine_load['cpu_per_wall']} CPU s per wall s during the sweep")
+    warning = spread_warning(point_spreads(samples))
+    if warning:
+        print(f"servegym calibrate: warning: {warning}", file=sys.stderr)
+    print(f"wrote {out}, {plot} and {table}")
+    return 0
+
+
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from servegym.evaluation.fidelity import FirstRequests, fidelity, fidelity_table, timing_table, write_fidelity_csv
+
+    profile = load_profile(args.profile)  # fails on a bad path before the model is built
+    device = resolve_device(args.device)
+    threads = args.threads or profile.provenance.get("threads")
+    workload = make_workload(args.workload)
+    if args.max_requests:
+        workload = FirstRequests(workload, args.max_requests)
+    out = writable_dir(Path(args.out)) if args.out else None
+    rows, timings = [], {}
+    for policy in args.policy:
+        print(f"servegym fidelity: {policy} on {args.workload}, real backend ({device}, "
+              f"{_threads(threads) if threads else 'default threads'}) vs profile {args.profile}", flush=True)
+        policy_rows, timings[policy] = fidelity(policy, workload, args.profile, seed=args.seed, clock=args.clock,
+                                                backend_options=_backend_options(args, device, threads))
+        rows += policy_rows
+    table, steps = fidelity_table(rows), timing_table(timings)
+    notes = "\n".join(f"- {policy}: {timing.describe()}" for policy, timing in timings.items())
+    print(f"{table}\n\nstep latency of the real runs:\n{steps}\n{notes}")
+    if out:
+        write_fidelity_csv(rows, out / "fidelity.csv")
+        subset = f", first {args.max_requests} requests" if args.max_requests else ""
+        (out / "fidelity.md").write_text(
+            f"Workload `{args.workload}`{subset}, seed {args.seed}; real backend `{args.model}` on {device} vs "
+            f"profile `{args.profile}`.\n\n## Episode metrics\n\n{table}\n\n## Step latency of the real runs\n\n"
+            f"{steps}\n\n{notes}\n")
+        print(f"wrote {out / 'fidelity.csv'} and {out / 'fidelity.md'}")
+    return 0
+
+
+def _model_args(parser: argparse.ArgumentParser, clock_default: str) -> None:
+    parser.add_argument("--model", default="small-llama", help="preset (small-llama, tiny-llama, llama-3.2-3b) "
+                        "or a local Hugging Face checkpoint folder")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, choices=DTYPES, help="default by device")
+    parser.add_argument("--clock", default=None, choices=CLOCKS,
+                        help="what a real step's time counts: packing + forward + sampling, or the forward pass "
+                             f"alone (default: {clock_default})")
+
+
+def add_real_backend_parsers(sub: Any) -> None:
+    """Add ``servegym calibrate`` and ``servegym fidelity`` to ``sub`` (the ``add_subparsers()`` result)."""
+    cal = sub.add_parser("calibrate", help="sweep a real model and fit a calibrated profile")
+    cal.add_argument("--backend", default="torch", choices=["torch"])
+    _model_args(cal, "the backend's")
+    cal.add_argument("--threads", type=positive_int, default=None,
+                     help="torch CPU threads (default: torch's choice; 1 is steadiest on a shared machine)")
+    cal.add_argument("--max-batch", type=positive_int, default=None,
+                     help=f"largest decode batch swept (default {CUDA_MAX_BATCH} on CUDA, {CPU_MAX_BATCH} on CPU)")
+    cal.add_argument("--max-context", type=positive_int, default=None,
+                     help=f"longest per-request context and prefill chunk swept, in tokens (default "
+                          f"{CUDA_MAX_CONTEXT} on CUDA, {CPU_MAX_CONTEXT} on CPU)")
+    cal.add_argument("--repeats", type=positive_int, default=3, help="timings per sweep point (median fitted)")
+    cal.add_argument("--kv-blocks", type=positive_int, default=None,
+                     help="KV cache blocks, the profile's KV capacity (default: on CUDA as many as fit in device "
+                          f"memory; on CPU {DEFAULT_KV_BLOCKS}, or what the sweep needs if more)")
+    cal.add_argument("--block-size", type=positive_int, default=16)
+    cal.add_argument("--name", default=None, help="profile name (default: the output file's stem)")
+    cal.add_argument("--out", required=True, help="profile JSON to write (the samples CSV goes next to it)")
+    cal.add_argument("--plot", default=None, help="PNG of measured vs fitted latency (default: next to --out)")
+    cal.add_argument("--quiet", action="store_true")
+    cal.set_defaults(func=cmd_calibrate)
+    fid = sub.add_parser("fidelity", help="the same seeded workload on the real and the calibrated backend")
+    fid.add_argument("--profile", required=True, help="the calibrated profile to check (name or JSON path)")
+    fid.add_argument("--workload", default="cpu-fidelity", choices=sorted(WORKLOADS))
+    fid.add_argument("--max-requests", type=positive_int, default=None,
+                     help="only the workload's first N requests (a short run)")
+    fid.add_argument("--policy", nargs="+", default=["fcfs", "twp", "flow-control"])
+    fid.add_argument("--seed", type=int, default=0)
+    fid.add_argument("--threads", type=positive_int, default=None,
+                     help="torch CPU threads (default: those the profile was calibrated with)")
+    fid.add_argument("--out", default=None, help="folder for fidelity.csv and fidelity.md")
+    _model_args(fid, "the one the profile was fitted on, when recorded")
+    fid.set_defaults(func=cmd_fidelity)

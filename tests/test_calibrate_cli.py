@@ -1,0 +1,284 @@
+"""Calibration's sweep plan, repeat spread, provenance and clocks, and the calibrate/fidelity commands.
+
+Expected values are worked out by hand in the comments; the command tests use the tiny preset and sweeps of
+a few points.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from servegym.backends import calibration
+from servegym.backends.calibration import (
+    FORWARD_ONLY,
+    HOST_INCLUSIVE,
+    Sample,
+    SweepPlan,
+    backend_clock,
+    clock_option,
+    cpu_model,
+    point_spreads,
+    spread_summary,
+    spread_warning,
+)
+from servegym.cli import main
+from servegym.evaluation.fidelity import FirstRequests, real_timing, timing_table
+from tests.conftest import fixed
+
+# ------------------------------------------------------------------------------------------- the plan
+
+
+def test_the_cpu_limits_give_the_historical_cpu_sweep():
+    assert SweepPlan.up_to(64, 512, repeats=3) == SweepPlan()
+
+
+def test_the_gpu_limits_reach_batch_256_and_context_2048():
+    plan = SweepPlan.up_to(256, 2048)
+    assert plan.batches == (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    assert plan.contexts == (32, 128, 512, 2048)
+    assert plan.chunks == (16, 32, 64, 128, 256, 512, 1024, 2048)
+    assert plan.chunk_starts == (0, 1024)
+    assert plan.mixed == ((32, 64), (32, 256), (128, 64), (128, 256))  # 256/8 and 256/2 decodes
+
+
+def test_limits_off_the_ladder_are_swept_themselves():
+    plan = SweepPlan.up_to(100, 300, repeats=1)
+    assert plan.batches == (1, 2, 4, 8, 16, 32, 64, 100)
+    assert plan.contexts == (32, 128, 300)
+    assert plan.chunks == (16, 32, 64, 128, 256, 300)
+    assert plan.chunk_starts == (0, 150)
+
+
+def test_kv_blocks_needed_by_hand():
+    # Decode: 64 requests of 512 tokens + 1 generated + one per timed decode (7 batches x 3 repeats) = 534
+    # tokens = 34 blocks each, 2176 in all; prefill (256 + 512 + 1 = 769 tokens, 49 blocks) and mixed
+    # (32 x ceil(132 / 16) + ceil(257 / 16) = 305) need fewer.
+    assert SweepPlan().kv_blocks_needed(16) == 2176
+    # 4 requests of 30 tokens + 1 + 2 x 2 decodes = 35 tokens = 3 blocks each.
+    small = SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=2)
+    assert small.kv_blocks_needed(16) == 12
+    # 28 + 1 + 4 = 33 tokens: still 3 blocks each (without the generated token, 32 would be 2).
+    assert SweepPlan(batches=(1, 4), contexts=(28,), chunks=(16,), chunk_starts=(0,), mixed=(),
+                     repeats=2).kv_blocks_needed(16) == 12
+
+
+def test_a_sweep_that_overflows_the_cache_is_refused_before_it_starts():
+    SweepPlan().check_fits(2176, 16)
+    with pytest.raises(ValueError, match=r"needs 2176 KV blocks of 16 tokens .* cache has 2175"):
+        SweepPlan().check_fits(2175, 16)
+
+
+@pytest.mark.slow
+def test_the_kv_estimate_is_exactly_what_the_decode_sweep_holds():
+    pytest.importorskip("transformers")
+    from servegym.backends.base import StepBatch
+    from servegym.backends.calibration import Sweeper
+    from servegym.backends.torch_backend import TorchBackend
+
+    plan = SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=2)
+    backend = TorchBackend("tiny-llama", device="cpu", num_kv_blocks=plan.kv_blocks_needed(16))
+    assert len(Sweeper(backend).decode(plan)) == 4  # 12 blocks suffice: 2 batch sizes x 2 repeats timed
+    backend.reset(np.random.default_rng(0))
+    empty, other = np.zeros(0, dtype=np.int64), np.array([10_000])
+    backend.execute(StepBatch(empty, empty, other, np.array([0]), np.array([1]), np.array([1])))  # takes 1 block
+    with pytest.raises(RuntimeError, match="full"):  # 11 do not: the last decode needs the 12th
+        Sweeper(backend).decode(plan)
+
+
+def test_the_largest_step_by_hand():
+    # Untimed prefills: 16 of the 64 requests x 512 tokens = 8192, more than any timed step.
+    assert SweepPlan().max_step_tokens() == 8192
+    # 4 requests x 30 tokens = 120, more than the 64-token warm-up and the 16-token chunk.
+    assert SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=()).max_step_tokens() == 120
+
+
+@pytest.mark.parametrize("bad", [{"batches": ()}, {"contexts": (0,)}, {"repeats": 0}, {"chunk_starts": (-1,)},
+                                 {"mixed": ((0, 16),)}])
+def test_a_bad_plan_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="SweepPlan"):
+        SweepPlan(**bad)
+
+
+# ------------------------------------------------------------------------------------------- spread
+
+
+def _repeats(sample: Sample, times: list[float]) -> list[Sample]:
+    return [Sample(sample.decode, sample.context, sample.chunk, sample.chunk_start, t) for t in times]
+
+
+def test_spread_is_max_minus_min_over_the_median_and_warns_on_the_noisy_points():
+    samples = {"decode": _repeats(Sample(1, 33.0, 0, 0, 0), [1.0, 1.1, 1.2])  # (1.2-1.0)/1.1 = 18.2%
+               + _repeats(Sample(4, 132.0, 0, 0, 0), [1.0, 2.0, 3.0]),  # (3-1)/2 = 100%
+               "prefill": _repeats(Sample(0, 0.0, 64, 256, 0), [0.5, 0.5, 0.6])}  # 0.1/0.5 = 20%
+    points = {p.label: p for p in point_spreads(samples)}
+    assert set(points) == {"decode B=1 context=32", "decode B=4 context=32", "prefill chunk=64 start=256"}
+    assert points["decode B=1 context=32"].relative_spread == pytest.approx(0.2 / 1.1)
+    assert points["decode B=4 context=32"].median_s == 2.0
+    assert points["decode B=4 context=32"].relative_spread == pytest.approx(1.0)
+    # The median of 18.2%, 20% and 100% is 20%: not above the 20% threshold, so no warning ...
+    assert spread_warning(list(points.values())) is None
+    # ... but with a 15% threshold it warns, naming the two points above 15%, noisiest first.
+    text = spread_warning(list(points.values()), threshold=0.15)
+    assert "median point's (max - min) / median is 20%" in text and "--threads 1" in text
+    assert text.index("decode B=4 context=32 100%") < text.index("prefill chunk=64 start=256 20%")
+    summary = spread_summary(list(points.values()))
+    assert summary["median"] == pytest.approx(0.2) and summary["max"] == pytest.approx(1.0)
+    assert list(summary["above_threshold"]) == ["decode B=4 context=32"]
+
+
+def test_a_single_repeat_has_no_spread_and_no_warning():
+    points = point_spreads({"decode": [Sample(1, 33.0, 0, 0, 0.01)]})
+    assert points[0].relative_spread is None
+    assert spread_warning(points) is None
+    assert spread_summary(points)["measure"].startswith("not measured")
+
+
+# ------------------------------------------------------------------------------------------- provenance
+
+
+def test_cpu_model_comes_from_cpuinfo_with_a_fallback(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Example CPU @ 2.00GHz\n")
+    assert cpu_model(info) == "Example CPU @ 2.00GHz"
+    info.write_text("processor\t: 0\n")  # no model name (e.g. some ARM kernels)
+    assert cpu_model(info) and cpu_model(info) != "Example CPU @ 2.00GHz"
+    assert cpu_model(tmp_path / "missing") == cpu_model(info)
+
+
+def test_a_cuda_device_is_named_by_its_own_index(monkeypatch):
+    torch = pytest.importorskip("torch")
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: asked.append(device) or "Fake GPU")
+    assert calibration.device_name("cuda:1") == "Fake GPU"
+    assert asked == [torch.device("cuda:1")] and asked[0].index == 1
+
+
+def test_the_clock_a_backend_reports():
+    assert backend_clock(SimpleNamespace(count_host_time=True)) == HOST_INCLUSIVE
+    assert backend_clock(SimpleNamespace(count_host_time=False)) == FORWARD_ONLY
+    assert backend_clock(SimpleNamespace()) == FORWARD_ONLY  # a backend from before the option
+
+
+def test_choosing_a_clock_works_with_and_without_the_backend_option(monkeypatch):
+    assert clock_option(None) == {}
+    monkeypatch.setattr(calibration, "backend_accepts", lambda option: False)
+    assert clock_option(FORWARD_ONLY) == {}  # all such a backend does
+    with pytest.raises(ValueError, match="forward pass only"):
+        clock_option(HOST_INCLUSIVE)
+    assert clock_option(HOST_INCLUSIVE, strict=False) == {}
+    monkeypatch.setattr(calibration, "backend_accepts", lambda option: option == "count_host_time")
+    assert clock_option(HOST_INCLUSIVE) == {"count_host_time": True}
+    assert clock_option(FORWARD_ONLY) == {"count_host_time": False}
+    with pytest.raises(ValueError, match="clock must be one of"):
+        clock_option("wall")
+
+
+# ------------------------------------------------------------------------------------------- fidelity
+
+
+def test_fidelity_reports_both_clocks_and_marks_the_engines():
+    # Forward 10, 20, 30, 40 ms plus 1 ms of host work each: means 25 and 26 ms; P99 by linear interpolation
+    # 10 + 0.99 x 3 x 10 = 39.7 ms forward-only, 40.7 ms host-inclusive.
+    fake = SimpleNamespace(forward_s=[0.010, 0.020, 0.030, 0.040], overhead_s=[0.001] * 4, count_host_time=True)
+    timing = real_timing(fake, (), profile_clock=FORWARD_ONLY)
+    forward, host = timing.clocks
+    assert (forward.clock, host.clock, timing.clock) == (FORWARD_ONLY, HOST_INCLUSIVE, HOST_INCLUSIVE)
+    assert (forward.mean_ms, forward.p50_ms, forward.p99_ms) == pytest.approx((25.0, 25.0, 39.7))
+    assert (host.mean_ms, host.p50_ms, host.p99_ms) == pytest.approx((26.0, 26.0, 40.7))
+    assert timing.forward_ms_mean == pytest.approx(25.0) and timing.overhead_ms_mean == pytest.approx(1.0)
+    table = timing_table({"fcfs": timing})
+    assert "| fcfs | host-inclusive (engine clock) | 4 | 26.00 | 26.00 | 40.70 |" in table
+    assert "| fcfs | forward-only | 4 | 25.00 | 25.00 | 39.70 |" in table
+    assert "MISMATCH" in timing.describe()  # fitted forward-only, run host-inclusive
+    old = real_timing(SimpleNamespace(forward_s=fake.forward_s, overhead_s=fake.overhead_s), (), FORWARD_ONLY)
+    assert old.clock == FORWARD_ONLY and "MISMATCH" not in old.describe()
+
+
+def test_first_requests_keeps_the_head_of_each_episode():
+    workload = fixed([0.0, 0.1, 0.2, 0.3, 0.4], [10, 20, 30, 40, 50], [1, 2, 3, 4, 5])
+    spec = FirstRequests(workload, 3).sample(np.random.default_rng(0))
+    assert spec.arrival_s.tolist() == [0.0, 0.1, 0.2] and spec.num_prompt_tokens.tolist() == [10, 20, 30]
+
+
+# ------------------------------------------------------------------------------------------- the commands
+
+
+@pytest.fixture
+def no_model_build(monkeypatch):
+    """Fail the test if the command gets as far as building a model."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from servegym.backends import torch_backend
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was built before the arguments were checked")
+
+    monkeypatch.setattr(torch_backend, "TorchBackend", refuse)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--max-context", "8"], "--max-context 8 is shorter than one KV block (--block-size 16)"),
+    (["--kv-blocks", "100"], "the sweep needs 2176 KV blocks"),
+    (["--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
+    (["--backend", "torch", "--plot", "/proc/no/plot.png"], "not writable"),
+])
+def test_calibrate_checks_its_arguments_before_building_the_model(no_model_build, tmp_path, capsys, flags, message):
+    assert main(["calibrate", "--device", "cpu", "--out", str(tmp_path / "p.json"), *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--threads", "0"], ["--max-batch", "0"], ["--repeats", "0"],
+                                   ["--max-context", "x"]])
+def test_calibrate_refuses_non_positive_counts(tmp_path, capsys, flags):
+    with pytest.raises(SystemExit) as stop:
+        main(["calibrate", "--out", str(tmp_path / "p.json"), *flags])
+    assert stop.value.code == 2
+    assert flags[0] in capsys.readouterr().err
+
+
+def test_cuda_without_cuda_is_a_clear_error(no_model_build, tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["calibrate", "--device", "cuda", "--out", str(tmp_path / "p.json")]) == 2
+    assert "CUDA is not available on this machine" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_calibrate_then_fidelity_on_the_tiny_model(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    out = tmp_path / "tiny.json"
+    assert main(["calibrate", "--model", "tiny-llama", "--device", "cpu", "--threads", "1", "--max-batch", "2",
+                 "--max-context", "16", "--repeats", "2", "--kv-blocks", "64", "--out", str(out), "--quiet"]) == 0
+    prov = json.loads(out.read_text())["provenance"]
+    assert (prov["device"], prov["dtype"], prov["threads"]) == ("cpu", "float32", 1)
+    assert prov["hardware"].startswith("CPU: ") and prov["hardware"].endswith(", 1 thread")
+    expected_clock = HOST_INCLUSIVE if calibration.backend_accepts("count_host_time") else FORWARD_ONLY
+    assert prov["clock"] == expected_clock and expected_clock in prov["method"]
+    assert {"python", "torch", "transformers"} <= set(prov["versions"])
+    assert set(prov["load"]) == {"loadavg_before", "loadavg_after", "sweep_wall_s", "process_cpu_s", "cpu_per_wall"}
+    # up_to(2, 16, 2): decode B=1, 2 at context 16; prefill chunk 16 at starts 0 and 8; mixed (1 decode, chunk
+    # 16): 5 points of 2 repeats each.
+    assert prov["sweep"] == {"max_batch": 2, "max_context": 16, "repeats": 2, "kv_blocks_needed": 5}
+    assert prov["spread"]["points"] == 5
+    with out.with_suffix(".samples.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 10 and {r["group"] for r in rows} == {"decode", "prefill", "mixed"}
+    assert out.with_suffix(".png").is_file()
+    capsys.readouterr()
+
+    assert main(["fidelity", "--profile", str(out), "--model", "tiny-llama", "--device", "cpu", "--policy", "fcfs",
+                 "--max-requests", "3", "--out", str(tmp_path / "fid")]) == 0
+    assert "(cpu, 1 thread)" in capsys.readouterr().out  # the profile's threads, not torch's default
+    report = (tmp_path / "fid" / "fidelity.md").read_text()
+    assert "first 3 requests" in report
+    assert f"| fcfs | {expected_clock} (engine clock) |" in report
+    other = FORWARD_ONLY if expected_clock == HOST_INCLUSIVE else HOST_INCLUSIVE
+    assert f"| fcfs | {other} |" in report and "MISMATCH" not in report
