@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servegym.evaluation.executor import Interrupted, JobFailed, RunStore
+from servegym.evaluation.executor import PROCESSES, Executor, Interrupted, JobFailed, RunStore
 from servegym.evaluation.grid import TaskResult, run_grid, run_task, tasks
 from servegym.evaluation.report import markdown_summary, summarize_results, write_reports
 from servegym.evaluation.spec import (
@@ -38,13 +38,16 @@ def default_experiment() -> Experiment:
 
 
 def compare(experiment: Experiment, out: Path, workers: int | None = None, progress: bool = True,
-            plots: bool = True, resume: bool = True) -> tuple[list[TaskResult], dict[str, Path]]:
+            plots: bool = True, resume: bool = True,
+            executor: Executor = PROCESSES) -> tuple[list[TaskResult], dict[str, Path]]:
     """Run ``experiment`` and write ``results.csv``, ``summary.md`` and (``plots``) the PNG figures.
 
     Each finished run is kept in ``out/runs/`` as it finishes; with ``resume`` (the default) runs already there
     are not run again. Reports from an earlier call are removed first and written atomically at the end; when
     Ctrl-C or a failed run stops the grid, the reports cover the finished runs and say they are partial, and
     the exception (:class:`~servegym.evaluation.executor.Interrupted` or ``JobFailed``) propagates.
+    ``executor`` says where the runs go: worker processes on this machine (the default) or Ray tasks
+    (``Executor("ray", address)``), with the same results.
     """
     out.mkdir(parents=True, exist_ok=True)
     store = RunStore(out / "runs")
@@ -53,7 +56,7 @@ def compare(experiment: Experiment, out: Path, workers: int | None = None, progr
     for stale in ("results.csv", "summary.md"):
         (out / stale).unlink(missing_ok=True)
     try:
-        results = run_grid(experiment, workers=workers, progress=progress, store=store)
+        results = run_grid(experiment, workers=workers, progress=progress, store=store, executor=executor)
     except (Interrupted, JobFailed) as stop:
         write_reports(experiment, [stop.results[i] for i in sorted(stop.results)], out,
                       partial=len(stop.results))
@@ -69,6 +72,7 @@ def compare(experiment: Experiment, out: Path, workers: int | None = None, progr
 
 __all__ = [
     "DEFAULT_EXPERIMENT",
+    "Executor",
     "Experiment",
     "ExperimentError",
     "PolicySpec",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from servegym.envs.tasks import TEST_SEEDS, get_task
-from servegym.evaluation.executor import RunStore, run_stored
+from servegym.evaluation.executor import PROCESSES, Executor, RunStore, run_stored
 from servegym.evaluation.leaderboard import markdown
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import EpisodeResult, make_env, run_episode
@@ -179,8 +179,10 @@ def run_job(job: BenchJob) -> BenchRow:
 
 
 def run_bench(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[int] = TEST_SEEDS,
-              workers: int | None = None, progress: bool = False, store: RunStore | None = None) -> list[BenchRow]:
-    """Run every (task, entry, seed) episode, in ``workers`` processes (default: all cores).
+              workers: int | None = None, progress: bool = False, store: RunStore | None = None,
+              executor: Executor = PROCESSES) -> list[BenchRow]:
+    """Run every (task, entry, seed) episode, in ``workers`` processes (default: all cores), or as Ray tasks
+    with a Ray ``executor``.
 
     Rows come back in (task, entry, seed) order whatever the worker count, and each episode depends only on its
     job, so the rows are identical for any ``workers``. With a ``store``, episodes already in it are not run
@@ -190,7 +192,8 @@ def run_bench(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[in
     todo = make_jobs(tasks, entries, seeds)
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    return run_stored(run_job, todo, workers, store, _describe, _bar(len(todo)) if progress else None)
+    return run_stored(run_job, todo, workers, store, _describe, _bar(len(todo)) if progress else None,
+                      executor)
 
 
 def _describe(job: BenchJob) -> str:

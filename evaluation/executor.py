@@ -7,6 +7,8 @@
   pipe, so the parent knows which job died with it, reports that one as failed and starts a fresh worker.
 * **A run store** (:class:`RunStore`) keeps each finished result on disk as it arrives, so a re-run of the same
   command runs only what is missing.
+* **Where the jobs run** (:class:`Executor`): this machine's worker processes, or Ray tasks on a Ray cluster
+  (:mod:`servegym.evaluation.ray_executor`), with the same results, store, Ctrl-C and failure behaviour.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pickle
 import signal
 import traceback
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,33 @@ class JobFailed(RuntimeError):
     def __init__(self, message: str, results: dict[int, Any]) -> None:
         super().__init__(message)
         self.results = results
+
+
+EXECUTORS = ("process", "ray")
+
+
+@dataclass(frozen=True)
+class Executor:
+    """Where a grid's jobs run. ``Executor()`` is this machine's worker processes."""
+
+    kind: str = "process"
+    """``process``: worker processes on this machine; ``ray``: Ray tasks (extra ``scale``)."""
+    address: str | None = None
+    """With ``ray``: the Ray cluster to join (``HOST:6379``, ``ray://HOST:10001`` or ``auto``). None joins the
+    cluster in ``RAY_ADDRESS`` if set, else starts a local Ray instance for the run and stops it afterwards."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}; got {self.kind!r}")
+        if self.address is not None and self.kind != "ray":
+            raise ValueError(f"address {self.address!r} names a Ray cluster; it needs executor 'ray', not "
+                             f"{self.kind!r}")
+        if self.address is not None and not self.address.strip():
+            raise ValueError("a Ray address must not be empty")
+
+
+PROCESSES = Executor()
+"""The default: worker processes on this machine."""
 
 
 class RunStore:
@@ -98,7 +128,7 @@ def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int,
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     results: dict[int, Any] = {}
-    with _InterruptOnTerm(), _RestoreSigint():
+    with InterruptOnTerm(), RestoreSigint():
         if workers == 1:
             _run_inline(fn, jobs, results, on_result, describe)
         else:
@@ -107,15 +137,15 @@ def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int,
 
 
 def run_stored(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int | None, store: RunStore | None,
-               describe: Callable[[Any], str] = repr, bar: Any = None) -> list[Any]:
-    """:func:`run_jobs` over the jobs ``store`` does not hold yet, saving each result as it finishes; results
-    come back in job order. ``bar`` (a tqdm-like progress bar) advances per job and starts at the stored ones.
-    An :class:`Interrupted` or :class:`JobFailed` carries every finished result, stored ones included, by job
-    index."""
+               describe: Callable[[Any], str] = repr, bar: Any = None, executor: Executor = PROCESSES) -> list[Any]:
+    """:func:`run_jobs` (or, for a Ray ``executor``, Ray tasks) over the jobs ``store`` does not hold yet, saving
+    each result as it finishes; results come back in job order. ``workers`` caps the jobs running at once
+    (default: all cores here; with Ray, every core of the cluster). ``bar`` (a tqdm-like progress bar) advances
+    per job and starts at the stored ones. An :class:`Interrupted` or :class:`JobFailed` carries every finished
+    result, stored ones included, by job index. Nothing starts (no Ray either) when the store holds every job."""
     have = {i: r for i, job in enumerate(jobs) if store is not None and (r := store.get(job)) is not None}
     missing_index = [i for i in range(len(jobs)) if i not in have]
     missing = [jobs[i] for i in missing_index]
-    workers = max(1, min(workers or os.cpu_count() or 1, len(missing) or 1))
     if bar is not None:
         bar.update(len(have))
 
@@ -126,7 +156,7 @@ def run_stored(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int | Non
             bar.update(1)
 
     try:
-        fresh = run_jobs(fn, missing, workers, finished, describe) if missing else []
+        fresh = _run_missing(fn, missing, workers, finished, describe, executor) if missing else []
     except (Interrupted, JobFailed) as stop:
         stop.results = {**have, **{missing_index[i]: r for i, r in stop.results.items()}}
         raise
@@ -135,6 +165,16 @@ def run_stored(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int | Non
             bar.close()
     done = {**have, **dict(zip(missing_index, fresh, strict=True))}
     return [done[i] for i in range(len(jobs))]
+
+
+def _run_missing(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int | None,
+                 on_result: Callable[[int, Any], None], describe: Callable[[Any], str],
+                 executor: Executor) -> list[Any]:
+    if executor.kind == "ray":
+        from servegym.evaluation.ray_executor import run_ray_jobs
+
+        return run_ray_jobs(fn, jobs, workers, on_result, describe, executor.address)
+    return run_jobs(fn, jobs, max(1, min(workers or os.cpu_count() or 1, len(jobs))), on_result, describe)
 
 
 def _run_inline(fn: Callable[[Any], Any], jobs: Sequence[Any], results: dict[int, Any],
@@ -261,7 +301,7 @@ class _Pool:
             worker.conn.close()
 
 
-class _RestoreSigint:
+class RestoreSigint:
     """Put the caller's SIGINT handler back when the jobs end (the pool sets the default one while it stops, so
     that a second Ctrl-C kills at once; a notebook should not keep that afterwards)."""
 
@@ -274,7 +314,7 @@ class _RestoreSigint:
                 signal.signal(signal.SIGINT, self.previous)
 
 
-class _InterruptOnTerm:
+class InterruptOnTerm:
     """Within the block, SIGTERM raises KeyboardInterrupt (in the main thread), so it stops jobs as Ctrl-C does."""
 
     def __enter__(self) -> None:

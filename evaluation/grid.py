@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from servegym.engine import STEP_INDEX
-from servegym.evaluation.executor import RunStore, run_stored
+from servegym.evaluation.executor import PROCESSES, Executor, RunStore, run_stored
 from servegym.evaluation.spec import Experiment, PolicySpec, WorkloadSpec
 from servegym.metrics import inter_token_latencies, summarize
 from servegym.policies import make_policy
@@ -88,15 +88,16 @@ def run_task(task: Task) -> TaskResult:
 
 
 def run_grid(experiment: Experiment, workers: int | None = None, progress: bool = True,
-             store: RunStore | None = None) -> list[TaskResult]:
+             store: RunStore | None = None, executor: Executor = PROCESSES) -> list[TaskResult]:
     """Run the whole grid; results come back sorted by (workload, policy, seed) whatever the worker order.
 
     With a ``store``, runs already in it are not run again and each new one is saved as it finishes. Ctrl-C
     raises :class:`~servegym.evaluation.executor.Interrupted` with the finished runs (already stored).
+    ``executor`` says where the runs go (worker processes here, or Ray tasks).
     """
     todo = tasks(experiment)
     bar = _bar(len(todo), experiment.name) if progress else None
-    return run_stored(run_task, todo, workers, store, _describe, bar)
+    return run_stored(run_task, todo, workers, store, _describe, bar, executor)
 
 
 def _describe(task: Task) -> str:

@@ -10,9 +10,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from servegym.backends import load_profile, shipped_profiles
-from servegym.cli_args import json_object, non_negative_int, positive_int, writable_dir
+from servegym.cli_args import (
+    add_executor_args,
+    executor_from_args,
+    json_object,
+    non_negative_int,
+    positive_int,
+    writable_dir,
+)
 from servegym.cli_bench import add_bench_parser
 from servegym.cli_profile import add_profile_parser
+from servegym.cli_real import add_real_backend_parsers
 from servegym.cli_tasks import add_tasks_parser
 from servegym.engine import EngineConfig
 from servegym.engine.config import LENGTH_MODES
@@ -114,6 +122,7 @@ def _with_tuned(experiment, paths):
 def cmd_compare(args: argparse.Namespace) -> int:
     from servegym.evaluation import compare, default_experiment, load_experiment
 
+    executor = executor_from_args(args)
     experiment = load_experiment(args.experiment) if args.experiment else default_experiment()
     if args.seeds is not None:
         experiment = experiment.with_seeds(args.seeds)
@@ -123,9 +132,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     runs = len(experiment.policies) * len(experiment.workloads) * len(experiment.seeds)
     kept = "" if args.fresh or not (out / "runs").is_dir() else " (finished runs in runs/ are not run again)"
     print(f"servegym compare: {experiment.name}: {len(experiment.policies)} policies x {len(experiment.workloads)} "
-          f"workloads x {len(experiment.seeds)} seeds = {runs} runs -> {out}{kept}")
+          f"workloads x {len(experiment.seeds)} seeds = {runs} runs{' as Ray tasks' if executor.kind == 'ray' else ''} "
+          f"-> {out}{kept}")
     _, paths = compare(experiment, out, workers=args.workers, progress=not args.quiet, plots=not args.no_plots,
-                       resume=not args.fresh)
+                       resume=not args.fresh, executor=executor)
     print(paths["summary"].read_text())
     for name, path in paths.items():
         print(f"wrote {name}: {path}")
@@ -144,6 +154,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from servegym.evaluation import compare, load_experiment
     from servegym.evaluation.reproduction import write_reproduction
 
+    executor = executor_from_args(args)
     results_dir = Path("docs/results") if args.update_docs else Path(args.out) / "results"
     doc = Path("docs/REPRODUCTION.md") if args.update_docs else Path(args.out) / "REPRODUCTION.md"
     if args.from_results:
@@ -170,82 +181,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                                  f"needs at least {MIN_VERDICT_SEEDS}")
             continue
         print(f"servegym reproduce: {name} ({len(experiment.seeds)} seeds) -> {results_dir / name}")
-        results[name], _ = compare(experiment, results_dir / name, workers=args.workers, progress=not args.quiet)
+        results[name], _ = compare(experiment, results_dir / name, workers=args.workers, progress=not args.quiet,
+                                   executor=executor)
         seeds[name] = len(experiment.seeds)
     claims = write_reproduction(results, seeds, doc)
     for c in claims:
         print(f"[{c.verdict}] {c.paper}: {c.claim}")
     print(f"wrote {doc}" + ("" if args.update_docs else " (pass --update-docs to refresh docs/ instead)"))
     return 0
-
-
-def _backend_options(args: argparse.Namespace) -> dict:
-    options = {"model": args.model}
-    if args.device:
-        options["device"] = args.device
-    if args.dtype:
-        options["dtype"] = args.dtype
-    return options
-
-
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    import time
-
-    from servegym.backends.calibration import SweepPlan, calibrate, plot_fit
-    from servegym.backends.torch_backend import TorchBackend
-
-    if args.backend != "torch":
-        raise ValueError("only the torch backend can be calibrated (the calibrated one is the fit)")
-    start = time.perf_counter()
-    backend = TorchBackend(num_kv_blocks=args.kv_blocks, block_size=args.block_size, **_backend_options(args))
-    load = time.perf_counter() - start
-    out = Path(args.out)
-    name = args.name or out.stem
-    plan = SweepPlan(repeats=args.repeats)
-    print(f"servegym calibrate: {backend.model_name} on {backend.device} ({backend.dtype}), {plan.repeats} repeats")
-    profile, samples = calibrate(backend, name, plan, load_seconds=load,
-                                 progress=None if args.quiet else lambda text: print(f"  {text}", flush=True))
-    profile.save(out)
-    plot = Path(args.plot) if args.plot else out.with_suffix(".png")
-    plot_fit(profile, samples, plot)
-    lat = profile.latency
-    print(f"l_min {lat.l_min_s * 1e3:.2f} ms, B0 {lat.saturation_batch}, alpha {lat.alpha_s * 1e3:.3f} ms/request, "
-          f"prefill {lat.prefill_s_per_token * 1e6:.1f} us/token, attention {lat.prefill_s_per_token_context:.2e} "
-          f"s/token^2, decode context {lat.decode_s_per_context_token:.2e} s/token")
-    for group, err in profile.provenance["fit_error"].items():
-        print(f"  fit {group}: RMSE {err['rmse_ms']:.2f} ms, mean |rel err| {err['mean_abs_rel_error']:.1%} "
-              f"({err['samples']} samples)")
-    print(f"wrote {out} and {plot}")
-    return 0
-
-
-def cmd_fidelity(args: argparse.Namespace) -> int:
-    from servegym.evaluation.fidelity import fidelity, fidelity_table, write_fidelity_csv
-
-    rows, timings = [], []
-    for policy in args.policy:
-        print(f"servegym fidelity: {policy} on {args.workload}, real backend vs profile {args.profile}", flush=True)
-        policy_rows, timing = fidelity(policy, make_workload(args.workload), args.profile, seed=args.seed,
-                                       backend_options=_backend_options(args))
-        rows += policy_rows
-        timings.append(f"{policy}: {timing.describe()}")
-    table = fidelity_table(rows)
-    print(table)
-    print("\n".join(timings))
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_fidelity_csv(rows, out / "fidelity.csv")
-        (out / "fidelity.md").write_text(table + "\n\n" + "\n".join(f"- {t}" for t in timings) + "\n")
-        print(f"wrote {out / 'fidelity.csv'} and {out / 'fidelity.md'}")
-    return 0
-
-
-def _model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="small-llama", help="preset (small-llama, tiny-llama, llama-3.2-3b) "
-                        "or a local Hugging Face checkpoint folder")
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default by device)")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -269,13 +212,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     cfg = TuneConfig(policy=args.policy, workload=workload, objective=args.objective, trials=args.trials,
                      seeds=args.seeds, eval_seeds=args.eval_seeds, storage=args.storage, study_name=study,
                      pruner=args.pruner, sampler_seed=seed, max_steps=args.max_steps, env=env)
-    print(f"servegym tune: study {cfg.name} at {cfg.storage_url()}: {cfg.trials} trials of {cfg.seeds} episodes, "
+    print(f"servegym tune: study {cfg.name} at {cfg.storage_label()}: {cfg.trials} trials of {cfg.seeds} episodes, "
           f"sampler seed {seed}", flush=True)
     try:
         study = tune(cfg, progress=not args.quiet)
     except TuningInterrupted as stop:
         print(f"servegym tune: stopped by {stop}; the finished trials are kept in study {cfg.name} at "
-              f"{cfg.storage_url()} (run again to resume, --trials 0 to report)", file=sys.stderr)
+              f"{cfg.storage_label()} (run again to resume, --trials 0 to report)", file=sys.stderr)
         return stop.exit_status
     if args.no_report:
         return 0
@@ -367,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("experiment", nargs="?", default=None,
                       help="experiment YAML (default: the built-in default experiment)")
     comp.add_argument("--seeds", type=positive_int, default=None, help="override the number of seeds")
-    comp.add_argument("--workers", type=positive_int, default=None, help="worker processes (default: all cores)")
+    comp.add_argument("--workers", type=positive_int, default=None,
+                      help="runs at once (default: all cores; with --executor ray, all the cluster's)")
+    add_executor_args(comp)
     comp.add_argument("--out", default=None, help="output folder (default: results/<experiment name>)")
     comp.add_argument("--no-plots", action="store_true")
     comp.add_argument("--params", nargs="+", default=None,
@@ -387,28 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--results", default=None,
                      help="with --from-results: the folder holding <experiment>/results.csv (default: the output's)")
     rep.add_argument("--seeds", type=positive_int, default=None, help="override every experiment's seed count")
-    rep.add_argument("--workers", type=positive_int, default=None)
+    rep.add_argument("--workers", type=positive_int, default=None,
+                     help="runs at once (default: all cores; with --executor ray, all the cluster's)")
+    add_executor_args(rep)
     rep.add_argument("--quiet", action="store_true")
     rep.set_defaults(func=cmd_reproduce)
-    cal = sub.add_parser("calibrate", help="sweep a real model and fit a calibrated profile")
-    cal.add_argument("--backend", default="torch", choices=["torch"])
-    _model_args(cal)
-    cal.add_argument("--kv-blocks", type=int, default=8192)
-    cal.add_argument("--block-size", type=int, default=16)
-    cal.add_argument("--repeats", type=int, default=3)
-    cal.add_argument("--name", default=None, help="profile name (default: the output file's stem)")
-    cal.add_argument("--out", required=True, help="profile JSON to write")
-    cal.add_argument("--plot", default=None, help="PNG of measured vs fitted latency (default: next to --out)")
-    cal.add_argument("--quiet", action="store_true")
-    cal.set_defaults(func=cmd_calibrate)
-    fid = sub.add_parser("fidelity", help="the same seeded workload on the real and the calibrated backend")
-    fid.add_argument("--profile", required=True, help="the calibrated profile to check (name or JSON path)")
-    fid.add_argument("--workload", default="cpu-fidelity", choices=sorted(WORKLOADS))
-    fid.add_argument("--policy", nargs="+", default=["fcfs", "twp", "flow-control"])
-    fid.add_argument("--seed", type=int, default=0)
-    fid.add_argument("--out", default=None, help="folder for fidelity.csv and fidelity.md")
-    _model_args(fid)
-    fid.set_defaults(func=cmd_fidelity)
+    add_real_backend_parsers(sub)
     tun = sub.add_parser("tune", help="Optuna study over a policy's search space")
     tun.add_argument("--policy", required=True, choices=sorted(n for n, c in POLICIES.items() if c.search_space))
     tun.add_argument("--workload", default="burst", choices=sorted(WORKLOADS))

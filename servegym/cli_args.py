@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from servegym.evaluation.executor import EXECUTORS, Executor
+
 
 def positive_int(text: str) -> int:
     """An argparse type: a whole number >= 1."""
@@ -55,3 +57,27 @@ def json_object(flag: str, text: str | None) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"{flag} must be a JSON object, got {text!r}")
     return value
+
+
+def add_executor_args(parser: argparse.ArgumentParser) -> None:
+    """``--executor`` and ``--address``, for the commands that run a grid (compare, bench, reproduce)."""
+    parser.add_argument("--executor", choices=EXECUTORS, default="process",
+                        help="where the runs go: worker processes on this machine, or Ray tasks on a Ray cluster "
+                             "(pip install 'servegym[scale]'); the results are the same")
+    parser.add_argument("--address", default=None,
+                        help="with --executor ray: the Ray cluster to join (HOST:6379, ray://HOST:10001 or auto; "
+                             "default: $RAY_ADDRESS, else a local Ray instance for this command)")
+
+
+def executor_from_args(args: argparse.Namespace) -> Executor:
+    """The executor ``--executor``/``--address`` ask for, checked before any work starts (Ray is installed)."""
+    if args.address is not None and args.executor != "ray":
+        raise ValueError(f"--address {args.address} names a Ray cluster: it needs --executor ray")
+    if args.executor == "ray":
+        from servegym.evaluation.ray_executor import MissingRayError, require_ray
+
+        try:
+            require_ray()
+        except MissingRayError as err:
+            raise ValueError(str(err)) from None
+    return Executor(args.executor, args.address)

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from servegym.cli_args import positive_int, writable_dir
+from servegym.cli_args import add_executor_args, executor_from_args, positive_int, writable_dir
 from servegym.envs.tasks import TASKS, TEST_SEEDS
 from servegym.evaluation.bench import DEFAULT_POLICIES, make_entries, make_jobs, run_bench, write_leaderboard
 from servegym.evaluation.executor import Interrupted, JobFailed, RunStore
@@ -30,6 +30,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     # Everything is checked before the first episode: a typo should not cost a run.
+    executor = executor_from_args(args)
     tasks = args.tasks or list(TASKS)
     if args.seeds is not None and args.seeds > len(TEST_SEEDS):
         raise ValueError(f"--seeds {args.seeds}: there are only {len(TEST_SEEDS)} test seeds")
@@ -38,16 +39,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     jobs = make_jobs(tasks, entries, seeds)
     out = Path(args.out)
     writable_dir(out)
-    workers = min(args.workers or os.cpu_count() or 1, len(jobs))
+    if executor.kind == "ray":
+        where = f"as Ray tasks{f' ({args.workers} at a time)' if args.workers else ''}"
+    else:
+        where = f"on {min(args.workers or os.cpu_count() or 1, len(jobs))} workers"
     print(f"servegym bench: {len(tasks)} tasks, {len(entries)} policies, {len(seeds)} seeds: {len(jobs)} "
-          f"episodes on {workers} workers", flush=True)
+          f"episodes {where}", flush=True)
     for stale in ("leaderboard.csv", "leaderboard.md"):  # never mistaken for this run's results
         (out / stale).unlink(missing_ok=True)
     store = RunStore(out / "runs")
     if args.fresh:
         store.clear()
     try:
-        rows = run_bench(tasks, entries, seeds, workers=workers, progress=not args.quiet, store=store)
+        rows = run_bench(tasks, entries, seeds, workers=args.workers, progress=not args.quiet, store=store,
+                         executor=executor)
     except (Interrupted, JobFailed) as stop:
         done = [stop.results[i] for i in sorted(stop.results)]
         if done:
@@ -75,7 +80,9 @@ def add_bench_parser(sub: Any) -> None:
                        help="servegym train run folders: each adds 'rl:<run name>'")
     bench.add_argument("--seeds", type=positive_int, default=None,
                        help=f"use the first N test seeds (default: all {len(TEST_SEEDS)})")
-    bench.add_argument("--workers", type=positive_int, default=None, help="worker processes (default: all cores)")
+    bench.add_argument("--workers", type=positive_int, default=None,
+                       help="episodes at once (default: all cores; with --executor ray, all the cluster's)")
+    add_executor_args(bench)
     bench.add_argument("--out", default="bench", help="folder for leaderboard.csv and leaderboard.md")
     bench.add_argument("--fresh", action="store_true",
                        help="forget the episodes kept in <out>/runs (default: resume, running only what is missing)")

@@ -68,7 +68,7 @@ def report(cfg: TuneConfig, study: optuna.Study, out: Path) -> dict[str, Any]:
     target = f"task {cfg.env['task']}" if cfg.env.get("task") else cfg.workload
     lines = [
         f"# Tuning {cfg.policy} on {target}", "",
-        f"Study `{cfg.name}` in `{cfg.storage_url()}`; objective **{cfg.objective}**: {objective.description}.",
+        f"Study `{cfg.name}` in `{cfg.storage_label()}`; objective **{cfg.objective}**: {objective.description}.",
         f"Trials: {counts}; wall time per completed trial: {np.mean(walls):.2f} s (mean over {len(walls)})"
         if walls else f"Trials: {counts}.",
         f"Each trial averages {cfg.seeds} episodes on tuning seeds {TUNING_SEED_BASE}.."

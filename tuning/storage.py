@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import socket
@@ -30,6 +31,30 @@ def worker_id() -> str:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+def public_url(url: str) -> str:
+    """The URL with its password masked (``***``), for messages and reports."""
+    if "@" not in url or url.startswith("journal:"):
+        return url
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def with_driver(url: str) -> str:
+    """A ``postgresql://`` URL with the driver named that is installed: psycopg2 (the ``scale`` extra's) or
+    psycopg 3. SQLAlchemy's default differs by version (2.0: psycopg2, 2.1: psycopg 3); other URLs are as given."""
+    if not url.startswith("postgresql://"):
+        return url
+    for driver in ("psycopg2", "psycopg"):
+        if importlib.util.find_spec(driver) is not None:
+            return f"postgresql+{driver}://" + url.removeprefix("postgresql://")
+    raise TuningError(f"storage {public_url(url)!r} needs a PostgreSQL driver: pip install 'servegym[scale]'")
 
 
 def storage_path(url: str) -> Path | None:
@@ -63,20 +88,20 @@ def make_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
 
             path = Path(url.removeprefix("journal:"))
             if not path.name:
-                raise TuningError(f"storage {url!r} names no file; expected {URL_FORMS}")
+                raise TuningError(f"storage {public_url(url)!r} names no file; expected {URL_FORMS}")
             path.parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(str(path)))
         path = storage_path(url)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-        return _rdb_storage(url, heartbeat_s)
+        return _rdb_storage(with_driver(url), heartbeat_s)
     except TuningError:
         raise
     except Exception as err:  # SQLAlchemy, drivers and journal replay raise many kinds
         from sqlalchemy.exc import ArgumentError
 
         hint = f"; expected {URL_FORMS}" if isinstance(err, ArgumentError) else ""
-        raise TuningError(f"cannot open Optuna storage {url!r} ({_first_line(err)}){hint}") from None
+        raise TuningError(f"cannot open Optuna storage {public_url(url)!r} ({_first_line(err)}){hint}") from None
 
 
 def _rdb_storage(url: str, heartbeat_s: int | None, attempts: int = 5) -> optuna.storages.RDBStorage:

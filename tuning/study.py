@@ -17,7 +17,14 @@ from servegym.policies import POLICIES, make_policy
 from servegym.runner import make_env, run_episode
 from servegym.tuning.objectives import Objective, get_objective
 from servegym.tuning.stopping import StopOnSignals, TuningInterrupted
-from servegym.tuning.storage import TuningError, fail_stale_trials, make_storage, storage_path, worker_id
+from servegym.tuning.storage import (
+    TuningError,
+    fail_stale_trials,
+    make_storage,
+    public_url,
+    storage_path,
+    worker_id,
+)
 from servegym.workloads import Workload, make_workload
 
 if TYPE_CHECKING:
@@ -75,6 +82,10 @@ class TuneConfig:
 
     def storage_url(self) -> str:
         return self.storage or f"sqlite:///studies/{self.name}.db"
+
+    def storage_label(self) -> str:
+        """The storage URL with any password masked, for messages and reports."""
+        return public_url(self.storage_url())
 
 
 def evaluate(policy: str, params: dict[str, Any], workload: Workload, seeds: list[int], max_steps: int,
@@ -140,7 +151,7 @@ def _check_identity(study: optuna.Study, cfg: TuneConfig) -> None:
             study.set_user_attr(key, wanted[key])
     recorded = {key: study.user_attrs[key] for key in IDENTITY}  # read back: a racing first worker may have won
     if recorded != wanted:
-        raise TuningError(f"study {cfg.name!r} in {cfg.storage_url()} holds trials of {_describe(recorded)}, "
+        raise TuningError(f"study {cfg.name!r} in {cfg.storage_label()} holds trials of {_describe(recorded)}, "
                           f"not of {_describe(wanted)}; choose another --study name")
 
 
@@ -158,7 +169,7 @@ def _check_legacy_params(study: optuna.Study, cfg: TuneConfig) -> None:
     finally:
         optuna.logging.set_verbosity(verbosity)
     if not held & own:
-        raise TuningError(f"study {cfg.name!r} in {cfg.storage_url()} holds trials over {sorted(held)}, not over "
+        raise TuningError(f"study {cfg.name!r} in {cfg.storage_label()} holds trials over {sorted(held)}, not over "
                           f"policy {cfg.policy!r}'s {sorted(own)}; choose another --study name")
 
 
@@ -174,7 +185,7 @@ def load_study(cfg: TuneConfig, create: bool = True) -> optuna.Study:
     """
     import optuna
 
-    url = cfg.storage_url()
+    url, shown = cfg.storage_url(), cfg.storage_label()
     path = storage_path(url)
     if not create and path is not None and not path.is_file():
         raise TuningError(f"no study storage at {path}; run some trials first (--trials N)")
@@ -192,10 +203,10 @@ def load_study(cfg: TuneConfig, create: bool = True) -> optuna.Study:
                                       pruner=_pruner(cfg.pruner))
     except KeyError as err:
         if create:
-            raise TuningError(f"cannot read study {cfg.name!r} from {url} (KeyError: {err})") from None
-        raise TuningError(f"no study {cfg.name!r} in {url}; run some trials first (--trials N)") from None
+            raise TuningError(f"cannot read study {cfg.name!r} from {shown} (KeyError: {err})") from None
+        raise TuningError(f"no study {cfg.name!r} in {shown}; run some trials first (--trials N)") from None
     except Exception as err:  # a storage that opened but cannot be read: corrupt tables, say
-        raise TuningError(f"cannot read study {cfg.name!r} from {url} ({type(err).__name__}: {err})") from None
+        raise TuningError(f"cannot read study {cfg.name!r} from {shown} ({type(err).__name__}: {err})") from None
     _check_identity(study, cfg)
     fail_stale_trials(study, storage)
     return study

@@ -1,0 +1,215 @@
+"""Grids as Ray tasks (``--executor ray``): the process pool's results, run store, failures and Ctrl-C.
+
+One local Ray instance serves the module (the commands join it, as they would join a cluster by address); the
+slow test at the end lets a command start and stop its own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from servegym.cli import main
+from servegym.evaluation import ray_executor
+from servegym.evaluation.executor import Executor, Interrupted, JobFailed, RunStore, run_stored
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = """
+name: ray-grid
+seeds: 3
+max_steps: 400
+engine: {length_mode: predicted}
+policies: [fcfs, sarathi]
+workloads: [medium, low]
+"""
+RAY = Executor("ray")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    sigterm = signal.getsignal(signal.SIGTERM)  # ray.init replaces it; the rest of the suite gets it back
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+    signal.signal(signal.SIGTERM, sigterm)
+
+
+@pytest.fixture
+def ray_calls(monkeypatch) -> list[int]:
+    """The number of jobs each call handed to Ray (proof that a run went through Ray, and how much of it)."""
+    calls: list[int] = []
+    real = ray_executor.run_ray_jobs
+
+    def spy(fn, jobs, *args, **kwargs):
+        calls.append(len(jobs))
+        return real(fn, jobs, *args, **kwargs)
+
+    monkeypatch.setattr(ray_executor, "run_ray_jobs", spy)
+    return calls
+
+
+def jobs_that(fail: int | None = None, die: int | None = None, sleep_from: int | None = None):
+    """A job for Ray workers (a closure, so it travels by value): x -> x * x, except that ``fail`` raises,
+    ``die`` kills its worker and jobs from ``sleep_from`` on sleep a minute."""
+
+    def job(x: int) -> int:
+        if x == fail:
+            raise ArithmeticError(f"{x} is bad")
+        if x == die:
+            os._exit(1)
+        if sleep_from is not None and x >= sleep_from:
+            time.sleep(60)
+        return x * x
+
+    return job
+
+
+def compare_args(tmp_path: Path, out: str, *extra: str) -> list[str]:
+    spec = tmp_path / "grid.yaml"
+    spec.write_text(GRID)
+    return ["compare", str(spec), "--out", str(tmp_path / out), "--workers", "2", "--no-plots", "--quiet", *extra]
+
+
+def test_compare_on_ray_gives_the_process_pools_results(tmp_path, local_ray, ray_calls):
+    assert main(compare_args(tmp_path, "pool")) == 0
+    assert ray_calls == []
+    assert main(compare_args(tmp_path, "ray", "--executor", "ray")) == 0
+    assert ray_calls == [12]
+    for name in ("results.csv", "summary.md"):
+        assert (tmp_path / "ray" / name).read_text() == (tmp_path / "pool" / name).read_text()
+
+
+def test_bench_on_ray_gives_the_process_pools_leaderboard(tmp_path, local_ray, ray_calls):
+    argv = ["bench", "--tasks", "memory-tight", "--policies", "random", "fcfs", "--seeds", "2", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "pool")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "ray"), "--executor", "ray"]) == 0
+    assert ray_calls == [4]
+    board = (tmp_path / "ray" / "leaderboard.csv").read_text()
+    assert board == (tmp_path / "pool" / "leaderboard.csv").read_text() and board.count("\n") == 5
+
+
+def test_a_ray_grid_resumes_from_its_run_store(tmp_path, local_ray, ray_calls):
+    argv = compare_args(tmp_path, "out", "--executor", "ray")
+    assert main(argv) == 0
+    first = (tmp_path / "out" / "results.csv").read_text()
+    runs = sorted((tmp_path / "out" / "runs").glob("*.pkl"))
+    assert len(runs) == 12  # each result was stored
+    for path in runs[:3]:
+        path.unlink()
+    assert main(argv) == 0
+    assert ray_calls == [12, 3]  # only the missing runs went to Ray
+    assert (tmp_path / "out" / "results.csv").read_text() == first
+    assert main(argv) == 0
+    assert ray_calls == [12, 3]  # nothing missing: Ray is not even asked
+
+
+def test_a_failing_job_costs_itself_and_is_reported_as_in_the_pool(tmp_path, local_ray):
+    store = RunStore(tmp_path / "runs")
+    with pytest.raises(JobFailed, match=r"1 of 4 jobs failed; the first: job 4 raised:(.|\n)*ArithmeticError: 4 is bad"
+                       ) as caught:
+        run_stored(jobs_that(fail=4), [0, 1, 4, 5], None, store, lambda x: f"job {x}", executor=RAY)
+    assert caught.value.results == {0: 0, 1: 1, 3: 25}
+    assert len(store) == 3 and store.get(5) == 25
+
+
+def test_a_dead_ray_worker_costs_its_own_job(local_ray):
+    with pytest.raises(JobFailed, match="job 3: its Ray worker died") as caught:
+        ray_executor.run_ray_jobs(jobs_that(die=3), [1, 2, 3, 4], describe=lambda x: f"job {x}")
+    assert caught.value.results == {0: 1, 1: 4, 3: 16}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_cancels_the_ray_tasks_and_keeps_what_finished(sig, tmp_path, local_ray):
+    store = RunStore(tmp_path / "runs")
+
+    def interrupt_after_first_result() -> None:
+        deadline = time.monotonic() + 60
+        while len(store) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), sig)  # handled in the main thread: Ctrl-C, or SIGTERM that stops jobs as Ctrl-C does
+
+    previous = signal.getsignal(signal.SIGINT)
+    threading.Thread(target=interrupt_after_first_result, daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(Interrupted) as caught:
+            run_stored(jobs_that(sleep_from=1), [0, 1, 2, 3], None, store, executor=RAY)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert time.monotonic() - started < 30 and caught.value.results == {0: 0} and store.get(0) == 0
+    deadline = time.monotonic() + 20  # cancelled tasks give their CPUs back; sleeping ones would hold them 60 s
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == 2
+
+
+@pytest.mark.parametrize("command", [["compare"], ["bench"], ["reproduce"]])
+def test_missing_ray_is_one_clear_line_before_any_work(command, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    monkeypatch.chdir(tmp_path)
+    assert main([*command, "--executor", "ray", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == "servegym: error: --executor ray needs Ray: pip install 'servegym[scale]'\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["compare"], ["bench"], ["reproduce"]])
+def test_an_address_needs_the_ray_executor(command, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main([*command, "--address", "head:6379", "--out", str(tmp_path / "out")]) == 2
+    assert "--address head:6379 names a Ray cluster: it needs --executor ray" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_executor_choices_are_checked():
+    with pytest.raises(ValueError, match="executor must be one of process, ray; got 'dask'"):
+        Executor("dask")
+    with pytest.raises(ValueError, match="needs executor 'ray'"):
+        Executor("process", "head:6379")
+    with pytest.raises(ValueError, match="must not be empty"):
+        Executor("ray", " ")
+
+
+def _session(sid: int) -> list[str]:
+    """Live processes of a session: the command, and the Ray daemons and workers it started (workers sit in
+    process groups of their own, not in the command's)."""
+    out = subprocess.run(["ps", "-eww", "-o", "sid=,pid=,stat=,args="], capture_output=True, text=True,
+                         check=True).stdout
+    rows = [line.split(maxsplit=3) for line in out.splitlines()]
+    return [" ".join(row) for row in rows if int(row[0]) == sid and not row[2].startswith("Z")]
+
+
+@pytest.mark.slow
+def test_a_command_starts_its_own_ray_and_ctrl_c_stops_it_with_partial_results(tmp_path):
+    spec = tmp_path / "grid.yaml"
+    spec.write_text(GRID.replace("seeds: 3", "seeds: 40").replace("max_steps: 400", "max_steps: 3000"))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "servegym.cli", "compare", str(spec), "--out", str(out), "--workers", "2",
+           "--no-plots", "--quiet", "--executor", "ray"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    runs = out / "runs"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not runs.is_dir() or len(list(runs.glob("*.pkl"))) < 2):
+        time.sleep(0.05)
+    assert proc.poll() is None, "the grid finished before it could be interrupted"
+    assert any("raylet" in row for row in _session(proc.pid))  # the check at the end can see Ray's processes
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err, err
+    kept = len(list(runs.glob("*.pkl")))
+    assert 2 <= kept < 160
+    assert (out / "summary.md").read_text().startswith("> **PARTIAL RESULTS**")
+    deadline = time.monotonic() + 20  # the Ray instance the command started went with it
+    while _session(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _session(proc.pid) == []
