@@ -72,8 +72,8 @@ class Plan(NamedTuple):
     Few chunks are planned in plain lists (numpy's per-call cost would dominate), many in arrays.
     """
 
-    decoding: np.ndarray
-    """Boolean per running row: decodes one token this iteration."""
+    decoding: np.ndarray | slice
+    """The running rows that decode one token this iteration: a boolean mask, or a slice of the table's head."""
     prefill_rows: np.ndarray
     """Prefilling rows that ingest a chunk (a head of them in table order, until the token budget runs out)."""
     waiting_rows: np.ndarray
@@ -287,7 +287,6 @@ class Engine:
                                      target, rid, log.num_output_tokens[rid], -1, target)
             self.num_running += 1
             self.num_prefilling += 1
-            self._phases = None
             self.token_load += int(log.output_hi[rid] - log.num_generated_at_preemption[rid])
             log.state[rid] = State.PREFILLING
             if math.isnan(log.admit_s[rid]):
@@ -303,11 +302,12 @@ class Engine:
     def _plan(self) -> tuple[Plan | None, int]:
         """Decide this iteration's tokens; return the plan and the KV blocks it needs."""
         n, run, bs = self.num_running, self._run, self.block_size
-        # A decoding row needs a new block when its KV count is a multiple of the block size. Every row gains
-        # one token per iteration unless it prefills, so counting rows by (KV - step) mod block size makes that
-        # count a lookup; the prefilling rows are corrected below.
+        # A decoding row needs a new block when its KV count is a multiple of the block size. Decoding rows
+        # gain one token per iteration, so counting them by (KV - step) mod block size makes that count a
+        # lookup, kept as rows start decoding and rebuilt only after rows leave.
         if self._phases is None:
-            self._phases = np.bincount((run[:n, KV] - self.step_index) % bs, minlength=bs)
+            kv = run[:n, KV] if self.num_prefilling == 0 else run[:n, KV][run[:n, PREFILL_LEFT] == 0]
+            self._phases = np.bincount((kv - self.step_index) % bs, minlength=bs)
         need = int(self._phases[-self.step_index % bs])
         if self.num_prefilling == 0:
             return None, need
@@ -330,15 +330,17 @@ class Engine:
             want = np.minimum(rests, limit)
             before = np.cumsum(want) - want
             head = int(np.searchsorted(before, budget))  # rows whose chunk starts within the budget
-        tail = pre_rows[head:]
-        need = -int(np.count_nonzero(run[tail, KV] % bs == 0)) if tail.size else 0  # they gain no token
+        tail, need = pre_rows[head:], 0
+        # Decoding rows: a slice when the prefilling rows are the table's tail (the newest admissions).
+        first = left.size - pre_rows.size
+        decoding = slice(0, first) if pre_rows[0] == first else left == 0
         if head > SMALL_HEAD:  # many chunks (a small C): in numpy
             chunk = np.minimum(budget - before[:head], want[:head])
             done = chunk == rests[:head]
             new = chunk + done
             kv = run[pre_rows[:head], KV]
-            need += int((num_blocks(kv + new, bs) - num_blocks(kv, bs) - (kv % bs == 0)).sum())
-            return Plan(left == 0, pre_rows[:head], tail, chunk, done, new), need
+            need += int((num_blocks(kv + new, bs) - num_blocks(kv, bs)).sum())
+            return Plan(decoding, pre_rows[:head], tail, chunk, done, new), need
         chunks, completes, new_tokens, wanted = [], [], [], 0
         for row, rest in zip(pre_rows[:head].tolist(), rests[:head].tolist(), strict=True):
             if wanted >= budget:
@@ -351,12 +353,10 @@ class Engine:
             completes.append(done_row)
             new_tokens.append(tokens + done_row)
             kv_row = int(run[row, KV])
-            need += -(-(kv_row + tokens + done_row) // bs) - -(-kv_row // bs) - (kv_row % bs == 0)
+            need += -(-(kv_row + tokens + done_row) // bs) - -(-kv_row // bs)
         if len(chunks) < head:  # the budget ran out within the first SMALL_HEAD rows
-            rest_rows = pre_rows[len(chunks) : head]
-            need -= int(np.count_nonzero(run[rest_rows, KV] % bs == 0))
             tail = pre_rows[len(chunks):]
-        return Plan(left == 0, pre_rows[: len(chunks)], tail, chunks, completes, new_tokens), need
+        return Plan(decoding, pre_rows[: len(chunks)], tail, chunks, completes, new_tokens), need
 
     def _execute(self, plan: Plan | None, need: int) -> tuple[int, int, int]:
         n, run = self.num_running, self._run
@@ -416,23 +416,18 @@ class Engine:
         first_tokens = 0
         if undo.size:  # rows given the table-wide token that they did not get
             run[undo, KV : GEN + 1] -= 1
-        if plan.waiting_rows.size:
-            self._phases = None  # their phases all moved; recounted at the next plan
         if not isinstance(plan.chunk, list):
             return self._advance_many(plan)
-        phases = self._phases
         for row, tokens, done, new in zip(plan.prefill_rows.tolist(), plan.chunk, plan.completes, plan.new_tokens,
                                           strict=True):
-            kv = int(run[row, KV]) - 1
-            run[row, KV] = kv + new
+            kv = int(run[row, KV]) - 1 + new
+            run[row, KV] = kv
             run[row, PREFILL_LEFT] -= tokens
-            if new != 1 and phases is not None:  # its block phase moved against the rows that gained one
-                phases[(kv - step) % bs] -= 1
-                phases[(kv + new - step - 1) % bs] += 1
             if not done:
                 run[row, GEN] -= 1
                 continue
             first_tokens += 1
+            self._phases[(kv - step - 1) % bs] += 1  # a decoding row from now on
             run[row, SEG] = step
             rid = int(run[row, REQ])
             log.state[rid] = State.DECODING
@@ -449,9 +444,10 @@ class Engine:
         run[rows, KV] += plan.new_tokens - 1
         run[rows, PREFILL_LEFT] -= chunk
         run[rows[~done], GEN] -= 1
-        self._phases = None
         started = rows[done]
         if started.size:
+            self._phases += np.bincount((run[started, KV] - self.step_index - 1) % self.block_size,
+                                        minlength=self.block_size)
             run[started, SEG] = self.step_index
             ids = run[started, REQ]
             log.state[ids] = State.DECODING
@@ -547,10 +543,10 @@ class Engine:
             raise AssertionError("prefilling count drifted")
         if np.any(rows[:, GEN] > rows[:, OUT]):
             raise AssertionError("a request generated past its output length")
-        if self._phases is not None and not np.array_equal(
-            self._phases, np.bincount((rows[:, KV] - self.step_index) % bs, minlength=bs)
-        ):
-            raise AssertionError("the KV block phases drifted from the running table")
         decoding = rows[:, PREFILL_LEFT] == 0
+        if self._phases is not None and not np.array_equal(
+            self._phases, np.bincount((rows[decoding, KV] - self.step_index) % bs, minlength=bs)
+        ):
+            raise AssertionError("the KV block phases of the decoding rows drifted from the running table")
         if decoding.any() and self._finish_countdown > int((rows[decoding, OUT] - rows[decoding, GEN]).min()):
             raise AssertionError("the finish countdown overshoots a decoding request's remaining tokens")
