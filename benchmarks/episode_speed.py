@@ -6,7 +6,8 @@ Each policy plays one seeded episode of each workload through ``gym.make`` (Gymn
 its own ``act``; the figure is the best of ``--repeats`` runs. Printed per (workload, policy): steps, wall
 time, microseconds per step, the ratio to a CartPole-v1 step measured in the same process, and requests
 simulated per second. ``azure-5000`` replays the first 5,000 requests of the bundled Azure code trace (the
-size the issue's Vidur comparison used); trace parsing is timed apart, once, cold.
+size the issue's Vidur comparison used); trace parsing is timed apart, once, cold. For that replay the last
+column compares the wall time with Vidur's, measured at ``VIDUR_AZURE_5000_S`` on this machine class (issue 15).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from servegym.runner import make_env
 from servegym.workloads import TraceWorkload, bundled_trace, make_workload
 
 WORKLOADS = ("azure-5000", "medium", "burst")
+VIDUR_AZURE_5000_S = 37.0
+"""Vidur's simulation time for the same 5,000 Azure code requests on a 2-core machine of this class (issue 15)."""
 
 
 def workload(name: str):
@@ -69,14 +72,15 @@ def main() -> None:
     cart = min(cartpole_us() for _ in range(args.repeats))
     print(f"CartPole-v1: {cart:.2f} us/step")
     print(f"{'workload':<12} {'policy':<13} {'steps':>7} {'wall s':>8} {'us/step':>8} {'x CartPole':>10} "
-          f"{'requests/s':>11}")
+          f"{'requests/s':>11} {'vs Vidur':>9}")
     for name in args.workloads:
         for policy in args.policies:
             runs = [episode(policy, name) for _ in range(args.repeats)]
             steps, wall, requests = min(runs, key=lambda r: r[1])
             us = wall / steps * 1e6
+            vidur = f"{VIDUR_AZURE_5000_S / wall:>8.0f}x" if name == "azure-5000" else ""
             print(f"{name:<12} {policy:<13} {steps:>7} {wall:>8.3f} {us:>8.1f} {us / cart:>10.2f} "
-                  f"{requests / wall:>11.0f}")
+                  f"{requests / wall:>11.0f} {vidur:>9}")
 
 
 if __name__ == "__main__":

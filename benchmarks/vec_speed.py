@@ -1,11 +1,12 @@
-"""``gym.make_vec`` throughput with the Dict observation and with it flattened, next to CartPole-v1.
+"""``gym.make_vec`` throughput with the Dict observation, with it flattened and with ``flat_obs=True``, next to
+CartPole-v1.
 
 Usage: python benchmarks/vec_speed.py [--num-envs 4] [--steps 4000]
 
 The Dict observation (``engine``, ``queue``, ``running``, ``pool``: 983 floats at the defaults, mostly zero
 padding) is stacked key by key in a vector env; ``gymnasium.wrappers.FlattenObservation`` turns it into one
-float32 vector, which stacks in one copy. Both run in ``sync`` mode with random admit-all actions on the
-``relaxed`` task (autoreset on).
+float32 vector, which stacks in one copy; ``flat_obs=True`` has the env build that vector itself. All run in
+``sync`` mode with admit-all actions on the ``relaxed`` task (autoreset on).
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def main() -> None:
     cart_rate = rate(cart, args.steps, np.zeros(n, dtype=np.int64))
     print(f"CartPole-v1 x{n} (sync): {cart_rate:10.0f} env steps/s")
     admit = np.ones((n, 32), dtype=np.int64)
-    for label, wrappers in (("Dict", ()), ("flat", (FlattenObservation,))):
-        env = gym.make_vec(servegym.ENV_ID, num_envs=n, vectorization_mode="sync", wrappers=wrappers, task="relaxed")
+    for label, wrappers, flat in (("Dict", (), False), ("FlattenObservation", (FlattenObservation,), False),
+                                  ("flat_obs=True", (), True)):
+        env = gym.make_vec(servegym.ENV_ID, num_envs=n, vectorization_mode="sync", wrappers=wrappers, task="relaxed",
+                           flat_obs=flat)
         value = rate(env, args.steps, admit)
         print(f"servegym relaxed x{n} (sync, {label} obs): {value:10.0f} env steps/s, {cart_rate / value:.1f}x "
               "slower than CartPole")

@@ -143,11 +143,22 @@ def running_matrix(obs: dict[str, np.ndarray]) -> np.ndarray:
 
 
 class ObservationEncoder:
-    """Builds observations from an engine; caches the static part of the queue window between changes."""
+    """Builds observations from an engine; caches the static part of the queue window between changes.
 
-    def __init__(self, queue_window: int, running_slots: int) -> None:
+    Every observation is one fresh float32 buffer in ``gymnasium.spaces.flatten``'s layout of the Dict space
+    (keys in sorted order: engine, pool, queue, running): ``flat=True`` returns the buffer itself, otherwise a
+    dict of views into it. One allocation per step either way, and a flat observation costs nothing extra.
+    """
+
+    def __init__(self, queue_window: int, running_slots: int, num_containers: int = 1, flat: bool = False) -> None:
         self.queue_window = queue_window
         self.running_slots = running_slots
+        self.flat = flat
+        sizes = {"engine": len(ENGINE_FEATURES), "pool": num_containers * len(POOL_FEATURES),
+                 "queue": queue_window * len(QUEUE_FEATURES), "running": running_slots * len(RUNNING_FEATURES)}
+        bounds = np.cumsum([0, *sizes.values()]).tolist()
+        self._slices = {key: slice(a, b) for key, a, b in zip(sizes, bounds, bounds[1:], strict=False)}
+        self.size = bounds[-1]
         self._version = -1
         self._queue_static = np.zeros((queue_window, len(QUEUE_FEATURES)), dtype=np.float32)
         self._arrival = np.zeros(0)
@@ -163,31 +174,32 @@ class ObservationEncoder:
         self._chunk = engine.config.prefill_chunk_tokens
         self._budget = engine.config.max_num_batched_tokens
 
-    def encode(self, cluster: Cluster) -> dict[str, np.ndarray]:
+    def encode(self, cluster: Cluster) -> dict[str, np.ndarray] | np.ndarray:
         engine = cluster.engine
         if engine.waiting_version != self._version or engine.container != self._container:
             self._refresh_queue(engine)
+        buf = np.zeros(self.size, dtype=np.float32)
+        parts = {key: buf[where] for key, where in self._slices.items()}
+        queue = parts["queue"].reshape(self.queue_window, len(QUEUE_FEATURES))
+        queue[:] = self._queue_static
         k = self._arrival.size
-        queue = self._queue_static.copy()
         if k:
             queue[:k, _WAIT_S] = engine.clock - self._arrival
             queue[:k, _WAIT_STEPS] = engine.step_index - self._enqueue
-        n = engine.num_running
-        running = np.zeros((self.running_slots, len(RUNNING_FEATURES)), dtype=np.float32)
-        engine.copy_running_into(running)
+        engine.copy_running_into(parts["running"].reshape(self.running_slots, len(RUNNING_FEATURES)))
         last = engine.last
         # In ENGINE_SCHEMA's order (tests/test_env_api.py checks each value by name).
-        vector = np.array((
-            engine.itl_last, engine.itl_smoothed, self._baseline, n, engine.num_prefilling, engine.token_load,
-            engine.waiting.size, 1.0 - engine.num_used_blocks / engine.num_kv_blocks, engine.kv_free_delta,
-            self._capacity, engine.block_size, last.num_preemptions, last.num_admitted, last.num_finished,
-            self._length_mode, self._chunk, self._budget,
-        ), dtype=np.float32)
-        return {"engine": vector, "queue": queue.reshape(-1), "running": running.reshape(-1),
-                "pool": self._pool(cluster)}
+        parts["engine"][:] = (
+            engine.itl_last, engine.itl_smoothed, self._baseline, engine.num_running, engine.num_prefilling,
+            engine.token_load, engine.waiting.size, 1.0 - engine.num_used_blocks / engine.num_kv_blocks,
+            engine.kv_free_delta, self._capacity, engine.block_size, last.num_preemptions, last.num_admitted,
+            last.num_finished, self._length_mode, self._chunk, self._budget,
+        )
+        self._pool(cluster, parts["pool"])
+        return buf if self.flat else parts
 
     @staticmethod
-    def _pool(cluster: Cluster) -> np.ndarray:
+    def _pool(cluster: Cluster, pool: np.ndarray) -> None:
         now, values = cluster.time, []
         for e in cluster.engines:
             busy = e.waiting.size or e.num_running
@@ -196,9 +208,8 @@ class ObservationEncoder:
                 warmth = 0.0
             values += (0.0, warmth, 0.0 if busy else now - e.idle_since, e.waiting.size, e.num_running,
                        1.0 - e.num_used_blocks / e.num_kv_blocks)
-        pool = np.array(values, dtype=np.float32)
+        pool[:] = values
         pool[cluster.deciding * len(POOL_FEATURES) + POOL_INDEX["deciding"]] = 1.0
-        return pool
 
     def _refresh_queue(self, engine: Engine) -> None:
         log = engine.log

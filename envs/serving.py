@@ -63,7 +63,9 @@ class ServingEnv(gym.Env):
     ## Observation Space
 
     A `Dict` of flat float32 boxes (SB3 `MultiInputPolicy`); `queue_matrix(obs)` and `running_matrix(obs)`
-    give row views. Rows beyond the live count are zero.
+    give row views. Rows beyond the live count are zero. With `flat_obs=True`, one float32 `Box` instead:
+    `gymnasium.spaces.flatten` of the Dict (keys in sorted order: engine, pool, queue, running), built in place
+    at no extra cost, for `MlpPolicy` and cheap stacking in vector envs.
 
     Shapes: `engine` `({engine},)`, `queue` `(W * {queue},)`, `running` `(max_num_seqs * {running},)`, `pool`
     `(num_containers * {pool},)`. Every feature, from `servegym.envs.observation.SCHEMA`:
@@ -133,6 +135,7 @@ class ServingEnv(gym.Env):
     | `max_steps` | `None` | truncate after this many steps |
     | `idle_guard_steps` | `None` | truncate after this many consecutive stalled steps (see Episode End) |
     | `decision_steps` | `False` | one `step` runs through iterations with no admission decision to make (see Episode End) |
+    | `flat_obs` | `False` | one float32 `Box`, `spaces.flatten` of the Dict (no extra cost; stacks cheaply in vector envs) |
     | `truncation_penalty_s` | `60.0` | latency charged per unserved request when `max_steps` or the guard truncates |
     | `latency_noise_cv` | `None` | override the profile's multiplicative latency noise |
     | `strict_actions` | `False` | raise on admits of empty slots instead of counting them |
@@ -164,6 +167,7 @@ class ServingEnv(gym.Env):
         idle_guard_steps: int | None = None,
         truncation_penalty_s: float = TRUNCATION_PENALTY_S,
         decision_steps: bool = False,
+        flat_obs: bool = False,
     ) -> None:
         engine = _config("engine", engine, EngineConfig)
         pool = _config("pool", pool, PoolConfig)
@@ -173,7 +177,8 @@ class ServingEnv(gym.Env):
             raise TypeError(f"profile must be a shipped name, a JSON path or a Profile, got {profile!r}")
         if latency_noise_cv is not None:
             non_negative_number("latency_noise_cv", latency_noise_cv)
-        for name, value in (("strict_actions", strict_actions), ("decision_steps", decision_steps)):
+        for name, value in (("strict_actions", strict_actions), ("decision_steps", decision_steps),
+                            ("flat_obs", flat_obs)):
             boolean(name, value)
         if not isinstance(reward, str):
             raise TypeError(f"reward must be a string, one of {sorted(REWARDS)}, got {reward!r}")
@@ -225,8 +230,12 @@ class ServingEnv(gym.Env):
         self.decision_steps = decision_steps
         slots = self.engine_config.max_num_seqs
         self.action_space = spaces.MultiDiscrete(np.full(queue_window, queue_window + 1, dtype=np.int64))
-        self.observation_space = observation_space(queue_window, slots, n)
-        self._encoder = ObservationEncoder(queue_window, slots)
+        self.dict_observation_space = observation_space(queue_window, slots, n)
+        """The Dict space; with ``flat_obs`` the observation is ``spaces.flatten`` of it (hand-coded policies
+        read ``spaces.unflatten(env.unwrapped.dict_observation_space, obs)``)."""
+        self.observation_space = spaces.flatten_space(self.dict_observation_space) if flat_obs \
+            else self.dict_observation_space
+        self._encoder = ObservationEncoder(queue_window, slots, n, flat=flat_obs)
         self._invalid = 0
         self._stepped = False
         self._num_steps = 0
