@@ -124,7 +124,7 @@ class TorchBackend:
         if threads:
             torch.set_num_threads(threads)
         self._torch = torch
-        self.torch_device = _resolve_device(torch, device)
+        self.torch_device = resolve_device(torch, device)
         self.device = str(self.torch_device)
         capability = torch.cuda.get_device_capability(self.torch_device) if self.is_cuda else None
         self.dtype = dtype or default_dtype(self.torch_device.type, capability)
@@ -341,14 +341,19 @@ class TorchBackend:
                 self.last_logits[rid] = logits[row].float().cpu().numpy()
 
 
-def _resolve_device(torch: ModuleType, device: str | None) -> torch.device:
-    """``device`` (default: ``cuda`` when available, else ``cpu``), with the CUDA index made explicit."""
-    resolved = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+def resolve_device(torch: ModuleType, device: str | None) -> torch.device:
+    """``device`` (default: ``cuda`` when available, else ``cpu``) checked, with the CUDA index made explicit."""
+    try:
+        resolved = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        resolved = None
+    if resolved is None or resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for CUDA, but torch sees no CUDA device")
         if resolved.index is None:
             resolved = torch.device("cuda", torch.cuda.current_device())
-    elif resolved.type != "cpu":
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        elif resolved.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return resolved

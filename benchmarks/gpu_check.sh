@@ -10,10 +10,13 @@
 #
 # On a CUDA machine it runs, each stage under its own time budget (about 8 minutes in all on one H100):
 #   1. nvidia-smi and library versions;
-#   2. servegym calibrate: decode batches up to 128 at contexts up to 1,024 tokens, 3 repeats;
-#   3. servegym fidelity: FCFS on the cpu-fidelity workload, real backend vs the profile just fitted;
-# and writes profile.json, calibration.png, profile.samples.csv, fidelity.md/.csv, nvidia-smi.txt,
-# gpu_usage.csv, versions.txt, timing.tsv, one log per stage and README.md (the summary) to the report folder.
+#   2. host syncs: one mixed prefill + decode step, after a warm-up step, with the model's forward pass under
+#      torch.cuda.set_sync_debug_mode("error"); the stage fails if anything in it synchronises with the host;
+#   3. servegym calibrate: decode batches up to 128 at contexts up to 1,024 tokens, 3 repeats;
+#   4. servegym fidelity: FCFS on the cpu-fidelity workload, real backend vs the profile just fitted;
+# and writes host_syncs.txt, profile.json, calibration.png, profile.samples.csv, fidelity.md/.csv,
+# nvidia-smi.txt, gpu_usage.csv, versions.txt, timing.tsv, one log per stage and README.md (the summary) to the
+# report folder.
 #
 # Without CUDA it says so, runs a tiny CPU fallback (tiny-llama, a two-batch sweep, a six-request fidelity
 # run; well under a minute) so that CI exercises the script, and exits 0 if the fallback passed. The exit
@@ -58,7 +61,7 @@ if "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else
     MODEL=${CHECKPOINT:-llama-3.2-3b}
     CALIBRATE=(--device cuda --max-batch 128 --max-context 1024 --repeats 3)
     FIDELITY=(--device cuda --workload cpu-fidelity --policy fcfs)
-    BUDGETS=(60 270 150)
+    BUDGETS=(60 270 150 90)
 else
     MODE=cpu-fallback
     MODEL=tiny-llama
@@ -105,7 +108,60 @@ print("servegym commit", commit or "unknown", f"({dirty} files changed)" if dirt
 EOF
 cp "$REPORT/versions.log" "$REPORT/versions.txt"
 
-# 2. Calibrate; 3. fidelity against the profile just fitted.
+# 2. Host syncs in the forward pass (the CPU profiler test sees only CPU ops; this sees what waits for the GPU).
+if [ "$MODE" = cuda ]; then
+    stage host_syncs "${BUDGETS[3]}" "$PYTHON" - "$MODEL" "$REPORT/host_syncs.txt" << 'EOF'
+import sys
+import traceback
+
+import numpy as np
+import torch
+
+from servegym.backends.base import EMPTY, StepBatch
+from servegym.backends.torch_backend import TorchBackend
+
+model, report = sys.argv[1], sys.argv[2]
+backend = TorchBackend(model, device="cuda", num_kv_blocks=256)
+decodes, prompts = np.arange(8), 32 * np.arange(1, 9)  # eight requests of 32 ... 256 prompt tokens
+backend.execute(StepBatch(EMPTY, EMPTY, decodes, np.zeros(8, dtype=np.int64), prompts, prompts))
+
+
+def mixed(start: int, context: np.ndarray) -> StepBatch:
+    """The eight decodes plus prompt tokens start ... start + 63 of request 8 (128 tokens in all)."""
+    return StepBatch(decodes, context, np.array([8]), np.array([start]), np.array([64]), np.array([128]))
+
+
+backend.execute(mixed(0, prompts))  # the warm-up step
+# Only the forward pass is checked: the step syncs by design outside it (the one host-to-device copy of its
+# index buffer, the synchronize that times the forward pass, reading the sampled tokens back).
+backend.model.register_forward_pre_hook(lambda module, args: torch.cuda.set_sync_debug_mode("error"))
+backend.model.register_forward_hook(lambda module, args, output: torch.cuda.set_sync_debug_mode("default"))
+try:
+    backend.execute(mixed(64, prompts + 1))
+    found = None
+except RuntimeError as err:
+    if "synchronizing" not in str(err):
+        raise
+    found = err
+finally:
+    torch.cuda.set_sync_debug_mode("default")
+lines = [f"model {backend.model_name} on {backend.device} ({torch.cuda.get_device_name(backend.torch_device)}), "
+         f"{backend.dtype}, attention kernel {backend.attention}",
+         "step: 8 decodes (33 to 257 cached tokens each) and a 64-token prefill chunk at offset 64, after one "
+         "warm-up step; the forward pass under torch.cuda.set_sync_debug_mode('error')"]
+if found is None:
+    lines.append("host syncs in the forward pass: none")
+else:
+    lines += ["host syncs in the forward pass: YES, the first one raised:", f"  {found}", "  at (innermost last):",
+              *traceback.format_list(traceback.extract_tb(found.__traceback__)[-6:])]
+with open(report, "w") as handle:
+    handle.write("\n".join(line.rstrip("\n") for line in lines) + "\n")
+print(*lines, sep="\n")
+sys.exit(found is not None)
+EOF
+fi
+
+# 3. Calibrate; 4. fidelity against the profile just fitted.
 if stage calibrate "${BUDGETS[1]}" "${SERVEGYM[@]}" calibrate --model "$MODEL" "${CALIBRATE[@]}" \
         --out "$REPORT/profile.json" --plot "$REPORT/calibration.png"; then
     stage profile "${BUDGETS[0]}" "${SERVEGYM[@]}" profile show "$REPORT/profile.json"
@@ -136,6 +192,14 @@ TOTAL=$(($(date +%s) - STARTED))
     echo
     echo "Files: profile.json (calibrated profile with provenance), calibration.png, profile.samples.csv,"
     echo "fidelity.md and fidelity.csv, nvidia-smi.txt, versions.txt, timing.tsv, and one log per stage."
+    if [ "$MODE" = cuda ]; then
+        echo
+        echo "## Host syncs in the forward pass"
+        echo
+        echo '```'
+        cat "$REPORT/host_syncs.txt" 2> /dev/null || echo "no result: see host_syncs.log"
+        echo '```'
+    fi
     if [ -f "$REPORT/profile.log" ]; then
         echo
         echo "## Profile"

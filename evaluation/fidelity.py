@@ -11,16 +11,19 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from servegym.backends import LatencyModel, load_profile, step_latency
-from servegym.backends.calibration import FORWARD_ONLY, HOST_INCLUSIVE, backend_clock, clock_option
+from servegym.backends.calibration_provenance import FORWARD_ONLY, HOST_INCLUSIVE, backend_clock, clock_option
 from servegym.engine import STEP_INDEX, EpisodeLog
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
 from servegym.workloads import RequestSpec, Workload
+
+if TYPE_CHECKING:
+    from servegym.backends.torch_backend import TorchBackend
 
 FIDELITY_METRICS = (
     ("ttft_p50", "TTFT P50 (s)"), ("ttft_p99", "TTFT P99 (s)"), ("e2e_p50", "E2E P50 (s)"),
@@ -75,9 +78,9 @@ class RealTiming:
     overhead_ms_mean: float
     """Host work per step outside the model's forward pass: packing, index copies, sampling, bookkeeping."""
     residuals: tuple[StepResidual, ...]
-    clock: str = FORWARD_ONLY
+    clock: str
     """The clock the engine ran on, so the clock of the real run's episode metrics."""
-    clocks: tuple[StepClock, ...] = ()
+    clocks: tuple[StepClock, ...]
     """Per-step latency forward-only and host-inclusive."""
     profile_clock: str | None = None
     """The clock the profile was fitted on (None: not recorded)."""
@@ -109,7 +112,7 @@ def fidelity(policy_name: str, workload: Workload, profile: str, seed: int = 0,
     """Run one seeded episode on both backends; return per-metric rows and the real run's timing breakdown.
 
     ``clock`` (``host-inclusive`` or ``forward-only``) is the real backend's; by default the one the profile
-    records, when the backend can time it."""
+    records (the backend's own default when the profile records none)."""
     from servegym.backends.torch_backend import TorchBackend
 
     prof = load_profile(profile)
@@ -117,7 +120,7 @@ def fidelity(policy_name: str, workload: Workload, profile: str, seed: int = 0,
     engine = {"num_kv_blocks": prof.num_kv_blocks, "block_size": prof.block_size, **(engine or {})}
     summaries = {}
     real = TorchBackend(**{"num_kv_blocks": engine["num_kv_blocks"], "block_size": engine["block_size"],
-                           **clock_option(clock or profile_clock, strict=clock is not None),
+                           **clock_option(clock or profile_clock),
                            **(backend_options or {})})
     for name, backend in (("torch", real), ("calibrated", None)):
         policy = make_policy(policy_name)
@@ -132,7 +135,8 @@ def fidelity(policy_name: str, workload: Workload, profile: str, seed: int = 0,
     return rows, timing
 
 
-def real_timing(backend: Any, residuals: tuple[StepResidual, ...], profile_clock: str | None = None) -> RealTiming:
+def real_timing(backend: TorchBackend, residuals: tuple[StepResidual, ...],
+                profile_clock: str | None = None) -> RealTiming:
     """The timing breakdown of a real backend's run from its per-step ``forward_s`` and ``overhead_s``."""
     forward, overhead = np.asarray(backend.forward_s, dtype=float), np.asarray(backend.overhead_s, dtype=float)
     clocks = (StepClock.of(FORWARD_ONLY, forward), StepClock.of(HOST_INCLUSIVE, forward + overhead))

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from servegym.backends import load_profile
-from servegym.backends.calibration import (
-    CLOCKS,
+from servegym.backends.calibration import calibrate, plot_fit, write_samples_csv
+from servegym.backends.calibration_provenance import CLOCKS, clock_option, point_spreads, spread_warning
+from servegym.backends.calibration_sweep import (
     CPU_MAX_BATCH,
     CPU_MAX_CONTEXT,
     CUDA_MAX_BATCH,
@@ -30,7 +31,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def resolve_device(text: str | None) -> str:
-    """``text`` checked (cpu, cuda or cuda:N, and CUDA present), or the default: cuda when available."""
+    """``text`` checked by the backend's own rules (cpu, cuda or cuda:N, and that device present), or the
+    default: cuda when available."""
+    from servegym.backends.torch_backend import resolve_device as check
     from servegym.backends.torch_model import MissingExtraError, require_torch
 
     try:
@@ -40,16 +43,9 @@ def resolve_device(text: str | None) -> str:
     if text is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        device = torch.device(text)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {text!r}")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {text}: CUDA is not available on this machine (torch {torch.__version__})")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        check(torch, text)
+    except ValueError as err:
+        raise ValueError(f"--{err}") from None
     return text
 
 
@@ -67,16 +63,6 @@ def _backend_options(args: argparse.Namespace, device: str, threads: int | None)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from servegym.backends.calibration import (
-        backend_accepts,
-        calibrate,
-        clock_option,
-        plot_fit,
-        point_spreads,
-        spread_warning,
-        write_samples_csv,
-    )
-
     if args.backend != "torch":
         raise ValueError("only the torch backend can be calibrated (the calibrated one is the fit)")
     device = resolve_device(args.device)
@@ -86,12 +72,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if max_context < args.block_size:
         raise ValueError(f"--max-context {max_context} is shorter than one KV block (--block-size {args.block_size})")
     plan = SweepPlan.up_to(max_batch, max_context, args.repeats)
-    options = {**clock_option(args.clock), **_backend_options(args, device, args.threads)}
-    if backend_accepts("max_batch_tokens"):
-        options["max_batch_tokens"] = plan.max_step_tokens()  # CUDA memory is profiled for the largest step
+    options = {**clock_option(args.clock), **_backend_options(args, device, args.threads),
+               "max_batch_tokens": plan.max_step_tokens()}  # CUDA memory is profiled for the largest step
     if args.kv_blocks:
         kv_blocks = args.kv_blocks
-    elif cuda and backend_accepts("memory_utilization"):
+    elif cuda:
         kv_blocks = None  # as many as fit in device memory: the profile's KV capacity is the GPU's
     else:
         kv_blocks = max(DEFAULT_KV_BLOCKS, plan.kv_blocks_needed(args.block_size))
@@ -109,14 +94,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     backend = TorchBackend(num_kv_blocks=kv_blocks, block_size=args.block_size, **options)
     build = time.perf_counter() - start
-    # A checkpoint's load is a cold start; a preset's random initialisation is not (None), unless the backend
-    # predates that distinction (no cold_start_s), when the build time stands in.
-    load = getattr(backend, "cold_start_s", build)
     print(f"servegym calibrate: {backend.model_name} on {backend.device} ({backend.dtype}), "
           f"{_threads(torch.get_num_threads())}, built in {build:.1f} s; decode batches up to {max(plan.batches)} at "
           f"contexts {list(plan.contexts)}, prefill chunks up to {max(plan.chunks)}, {plan.repeats} repeats; "
           f"{backend.num_kv_blocks} KV blocks of {args.block_size} tokens", flush=True)
-    profile, samples = calibrate(backend, args.name or out.stem, plan, load_seconds=load, build_seconds=build,
+    # A checkpoint's load is a cold start; a preset's random initialisation is not (None).
+    profile, samples = calibrate(backend, args.name or out.stem, plan, load_seconds=backend.cold_start_s,
+                                 build_seconds=build,
                                  progress=None if args.quiet else lambda text: print(f"  {text}", flush=True))
     profile.save(out)
     plot_fit(profile, samples, plot)

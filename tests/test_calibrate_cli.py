@@ -13,19 +13,19 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from servegym.backends import calibration
-from servegym.backends.calibration import (
+from servegym.backends.calibration_fit import Sample
+from servegym.backends.calibration_provenance import (
     FORWARD_ONLY,
     HOST_INCLUSIVE,
-    Sample,
-    SweepPlan,
     backend_clock,
     clock_option,
     cpu_model,
+    device_name,
     point_spreads,
     spread_summary,
     spread_warning,
 )
+from servegym.backends.calibration_sweep import SweepPlan
 from servegym.cli import main
 from servegym.evaluation.fidelity import FirstRequests, real_timing, timing_table
 from tests.conftest import fixed
@@ -77,7 +77,7 @@ def test_a_sweep_that_overflows_the_cache_is_refused_before_it_starts():
 def test_the_kv_estimate_is_exactly_what_the_decode_sweep_holds():
     pytest.importorskip("transformers")
     from servegym.backends.base import StepBatch
-    from servegym.backends.calibration import Sweeper
+    from servegym.backends.calibration_sweep import Sweeper
     from servegym.backends.torch_backend import TorchBackend
 
     plan = SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=2)
@@ -154,24 +154,17 @@ def test_a_cuda_device_is_named_by_its_own_index(monkeypatch):
     torch = pytest.importorskip("torch")
     asked = []
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: asked.append(device) or "Fake GPU")
-    assert calibration.device_name("cuda:1") == "Fake GPU"
+    assert device_name(torch.device("cuda:1")) == "Fake GPU"
     assert asked == [torch.device("cuda:1")] and asked[0].index == 1
 
 
 def test_the_clock_a_backend_reports():
     assert backend_clock(SimpleNamespace(count_host_time=True)) == HOST_INCLUSIVE
     assert backend_clock(SimpleNamespace(count_host_time=False)) == FORWARD_ONLY
-    assert backend_clock(SimpleNamespace()) == FORWARD_ONLY  # a backend from before the option
 
 
-def test_choosing_a_clock_works_with_and_without_the_backend_option(monkeypatch):
-    assert clock_option(None) == {}
-    monkeypatch.setattr(calibration, "backend_accepts", lambda option: False)
-    assert clock_option(FORWARD_ONLY) == {}  # all such a backend does
-    with pytest.raises(ValueError, match="forward pass only"):
-        clock_option(HOST_INCLUSIVE)
-    assert clock_option(HOST_INCLUSIVE, strict=False) == {}
-    monkeypatch.setattr(calibration, "backend_accepts", lambda option: option == "count_host_time")
+def test_choosing_a_clock():
+    assert clock_option(None) == {}  # the backend's default
     assert clock_option(HOST_INCLUSIVE) == {"count_host_time": True}
     assert clock_option(FORWARD_ONLY) == {"count_host_time": False}
     with pytest.raises(ValueError, match="clock must be one of"):
@@ -195,8 +188,9 @@ def test_fidelity_reports_both_clocks_and_marks_the_engines():
     assert "| fcfs | host-inclusive (engine clock) | 4 | 26.00 | 26.00 | 40.70 |" in table
     assert "| fcfs | forward-only | 4 | 25.00 | 25.00 | 39.70 |" in table
     assert "MISMATCH" in timing.describe()  # fitted forward-only, run host-inclusive
-    old = real_timing(SimpleNamespace(forward_s=fake.forward_s, overhead_s=fake.overhead_s), (), FORWARD_ONLY)
-    assert old.clock == FORWARD_ONLY and "MISMATCH" not in old.describe()
+    forward_only = real_timing(SimpleNamespace(forward_s=fake.forward_s, overhead_s=fake.overhead_s,
+                                               count_host_time=False), (), FORWARD_ONLY)
+    assert forward_only.clock == FORWARD_ONLY and "MISMATCH" not in forward_only.describe()
 
 
 def test_first_requests_keeps_the_head_of_each_episode():
@@ -247,7 +241,7 @@ def test_cuda_without_cuda_is_a_clear_error(no_model_build, tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     assert main(["calibrate", "--device", "cuda", "--out", str(tmp_path / "p.json")]) == 2
-    assert "CUDA is not available on this machine" in capsys.readouterr().err
+    assert "torch sees no CUDA device" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -260,8 +254,7 @@ def test_calibrate_then_fidelity_on_the_tiny_model(tmp_path, capsys):
     prov = json.loads(out.read_text())["provenance"]
     assert (prov["device"], prov["dtype"], prov["threads"]) == ("cpu", "float32", 1)
     assert prov["hardware"].startswith("CPU: ") and prov["hardware"].endswith(", 1 thread")
-    expected_clock = HOST_INCLUSIVE if calibration.backend_accepts("count_host_time") else FORWARD_ONLY
-    assert prov["clock"] == expected_clock and expected_clock in prov["method"]
+    assert prov["clock"] == HOST_INCLUSIVE and HOST_INCLUSIVE in prov["method"]  # the backend's default
     assert {"python", "torch", "transformers"} <= set(prov["versions"])
     assert set(prov["load"]) == {"loadavg_before", "loadavg_after", "sweep_wall_s", "process_cpu_s", "cpu_per_wall"}
     # up_to(2, 16, 2): decode B=1, 2 at context 16; prefill chunk 16 at starts 0 and 8; mixed (1 decode, chunk
@@ -279,6 +272,5 @@ def test_calibrate_then_fidelity_on_the_tiny_model(tmp_path, capsys):
     assert "(cpu, 1 thread)" in capsys.readouterr().out  # the profile's threads, not torch's default
     report = (tmp_path / "fid" / "fidelity.md").read_text()
     assert "first 3 requests" in report
-    assert f"| fcfs | {expected_clock} (engine clock) |" in report
-    other = FORWARD_ONLY if expected_clock == HOST_INCLUSIVE else HOST_INCLUSIVE
-    assert f"| fcfs | {other} |" in report and "MISMATCH" not in report
+    assert f"| fcfs | {HOST_INCLUSIVE} (engine clock) |" in report
+    assert f"| fcfs | {FORWARD_ONLY} |" in report and "MISMATCH" not in report

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from servegym.backends.base import StepBatch  # noqa: E402
-from servegym.backends.torch_backend import TorchBackend, _resolve_device, default_dtype  # noqa: E402
+from servegym.backends.torch_backend import TorchBackend, default_dtype, resolve_device  # noqa: E402
 from servegym.backends.torch_model import build_preset  # noqa: E402
 
 EMPTY = np.zeros(0, dtype=np.int64)
@@ -29,18 +29,23 @@ def test_default_dtype_is_float16_where_bfloat16_is_not_native(device_type, capa
 
 def fake_torch(cuda_available: bool, current: int = 0) -> SimpleNamespace:
     return SimpleNamespace(device=torch.device, cuda=SimpleNamespace(is_available=lambda: cuda_available,
-                                                                     current_device=lambda: current))
+                                                                     current_device=lambda: current,
+                                                                     device_count=lambda: 4))
 
 
 def test_device_resolution_makes_the_cuda_index_explicit():
-    assert _resolve_device(fake_torch(True, current=1), "cuda") == torch.device("cuda", 1)
-    assert _resolve_device(fake_torch(True, current=1), "cuda:3") == torch.device("cuda", 3)
-    assert _resolve_device(fake_torch(True, current=2), None) == torch.device("cuda", 2)
-    assert _resolve_device(fake_torch(False), None) == torch.device("cpu")
+    assert resolve_device(fake_torch(True, current=1), "cuda") == torch.device("cuda", 1)
+    assert resolve_device(fake_torch(True, current=1), "cuda:3") == torch.device("cuda", 3)
+    assert resolve_device(fake_torch(True, current=2), None) == torch.device("cuda", 2)
+    assert resolve_device(fake_torch(False), None) == torch.device("cpu")
     with pytest.raises(ValueError, match="torch sees no CUDA device"):
-        _resolve_device(fake_torch(False), "cuda")
+        resolve_device(fake_torch(False), "cuda")
     with pytest.raises(ValueError, match="device must be"):
-        _resolve_device(fake_torch(False), "meta")
+        resolve_device(fake_torch(False), "meta")
+    with pytest.raises(ValueError, match="device must be"):
+        resolve_device(fake_torch(False), "tpu")
+    with pytest.raises(ValueError, match="has 4 CUDA device"):
+        resolve_device(fake_torch(True), "cuda:4")
 
 
 class Float32Allocations(TorchDispatchMode):

@@ -15,7 +15,7 @@ from gymnasium.utils.env_checker import check_env  # noqa: E402
 
 from servegym.backends import LatencyModel, load_profile, step_latency  # noqa: E402
 from servegym.backends.base import StepBatch  # noqa: E402
-from servegym.backends.calibration import Sample, fit_latency_model  # noqa: E402
+from servegym.backends.calibration_fit import Sample, fit_latency_model  # noqa: E402
 from servegym.backends.torch_backend import TorchBackend  # noqa: E402
 from servegym.policies import make_policy  # noqa: E402
 from servegym.runner import make_env, run_episode  # noqa: E402
@@ -164,7 +164,8 @@ def test_shipped_cpu_profile_round_trips_and_carries_provenance(tmp_path):
 
 @pytest.mark.slow
 def test_calibrate_and_fidelity_commands_run_end_to_end(tmp_path, capsys):
-    from servegym.backends.calibration import SweepPlan, calibrate
+    from servegym.backends.calibration import calibrate
+    from servegym.backends.calibration_sweep import SweepPlan
     from servegym.evaluation.fidelity import fidelity, fidelity_table
 
     backend = TorchBackend("tiny-llama", num_kv_blocks=1024)

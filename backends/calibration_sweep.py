@@ -1,0 +1,182 @@
+"""The sweep of a calibration: which steps it times (:class:`SweepPlan`) and how it drives a backend to time
+them (:class:`Sweeper`, hand-made batches, no engine)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from servegym.backends.base import EMPTY, Backend, StepBatch
+from servegym.backends.calibration_fit import Sample
+
+CPU_MAX_BATCH, CPU_MAX_CONTEXT = 64, 512
+"""The CPU sweep's default reach: about a minute of small-llama on 2 cores."""
+CUDA_MAX_BATCH, CUDA_MAX_CONTEXT = 256, 2048
+"""The GPU sweep's default reach. 256 requests of 2,048 tokens hold about 60 GB of KV for Llama-3.2-3B in
+16 bits, which fits an 80 GB H100 beside the 6.4 GB of weights; 4,096 tokens would need 120 GB."""
+WARMUP_CHUNK = 64
+"""Prompt tokens of the untimed warm-up prefills that precede every sweep."""
+UNTIMED_ROWS, UNTIMED_TOKENS = 16, 512
+"""The untimed prefills that fill the cache before a timed step run at most this many requests of at most this
+many tokens per step."""
+
+
+def _ladder(first: int, factor: int, top: int) -> tuple[int, ...]:
+    """``first, first * factor, ...`` while below ``top``, then ``top`` itself."""
+    steps, value = [], first
+    while value < top:
+        steps.append(value)
+        value *= factor
+    return (*steps, top)
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What a calibration times, each point ``repeats`` times: decode-only steps of every batch size at every
+    per-request context, single prefill chunks at every start offset, and mixed steps (decode batch, prefill
+    chunk) whose decodes hold ``mixed_context`` tokens each. The defaults are the CPU sweep
+    (``SweepPlan.up_to(64, 512)``)."""
+
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    contexts: tuple[int, ...] = (32, 128, 512)
+    chunks: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    chunk_starts: tuple[int, ...] = (0, 256)
+    mixed: tuple[tuple[int, int], ...] = ((8, 64), (8, 256), (32, 64), (32, 256))
+    mixed_context: int = 128
+    repeats: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("batches", "contexts", "chunks"):
+            values = getattr(self, name)
+            if not values or min(values) < 1:
+                raise ValueError(f"SweepPlan.{name} must be a non-empty tuple of values >= 1, got {values}")
+        if not self.chunk_starts or min(self.chunk_starts) < 0:
+            raise ValueError(f"SweepPlan.chunk_starts must be non-empty and >= 0, got {self.chunk_starts}")
+        if any(min(pair) < 1 for pair in self.mixed):
+            raise ValueError(f"SweepPlan.mixed pairs (decode batch, chunk) must be >= 1, got {self.mixed}")
+        if self.mixed_context < 1 or self.repeats < 1:
+            raise ValueError(f"SweepPlan.mixed_context and repeats must be >= 1, got {self.mixed_context} and "
+                             f"{self.repeats}")
+
+    @classmethod
+    def up_to(cls, max_batch: int, max_context: int, repeats: int = 3) -> SweepPlan:
+        """Batches 1, 2, 4, ... up to ``max_batch``; contexts 32, 128, 512, ... up to ``max_context``; chunks
+        16, 32, ... up to ``max_context`` at starts 0 and ``max_context / 2``; mixed steps of ``max_batch / 8``
+        and ``max_batch / 2`` decodes with chunks of 64 and 256 tokens (each capped at ``max_context``)."""
+        if max_batch < 1 or max_context < 1:
+            raise ValueError(f"max_batch and max_context must be >= 1, got {max_batch} and {max_context}")
+        mixed_batches = sorted({max(1, max_batch // 8), max(1, max_batch // 2)})
+        mixed_chunks = sorted({min(64, max_context), min(256, max_context)})
+        return cls(batches=_ladder(1, 2, max_batch), contexts=_ladder(32, 4, max_context),
+                   chunks=_ladder(16, 2, max_context), chunk_starts=tuple(sorted({0, max_context // 2})),
+                   mixed=tuple(itertools.product(mixed_batches, mixed_chunks)),
+                   mixed_context=min(128, max_context), repeats=repeats)
+
+    def kv_blocks_needed(self, block_size: int) -> int:
+        """KV blocks the sweep holds at its peak: the decode phase keeps ``max(batches)`` requests of the
+        longest context, the first of which grows by one token per timed decode step."""
+        decode = max(self.batches) * _blocks(max(self.contexts) + 1 + len(self.batches) * self.repeats, block_size)
+        prefill = _blocks(max(self.chunk_starts) + max(self.chunks) + 1, block_size)
+        mixed = max((batch * _blocks(self.mixed_context + 1 + self.repeats, block_size) + _blocks(chunk + 1,
+                     block_size) for batch, chunk in self.mixed), default=0)
+        return max(decode, prefill, mixed, _blocks(WARMUP_CHUNK + 1, block_size))
+
+    def max_step_tokens(self) -> int:
+        """Tokens of the sweep's largest step, timed or not (what a CUDA backend must profile memory for)."""
+        rows = max(*self.batches, *(batch for batch, _ in self.mixed))
+        tokens = max(*self.contexts, *self.chunk_starts, *((self.mixed_context,) if self.mixed else ()))
+        untimed = min(UNTIMED_ROWS, rows) * min(UNTIMED_TOKENS, tokens)
+        return max(untimed, *self.chunks, *(batch + chunk for batch, chunk in self.mixed), WARMUP_CHUNK)
+
+    def check_fits(self, num_kv_blocks: int, block_size: int) -> None:
+        """Raise a clear error when the sweep would overflow a cache of ``num_kv_blocks``."""
+        need = self.kv_blocks_needed(block_size)
+        if need > num_kv_blocks:
+            raise ValueError(f"the sweep needs {need} KV blocks of {block_size} tokens ({max(self.batches)} requests "
+                             f"of up to {max(self.contexts)} tokens) but the cache has {num_kv_blocks}: lower "
+                             "--max-batch or --max-context, or raise --kv-blocks (or free device memory)")
+
+
+def point_label(group: str, s: Sample) -> str:
+    """The sweep point a sample of ``group`` (``decode``, ``prefill`` or ``mixed``) timed, in words."""
+    if group == "decode":
+        return f"decode B={s.decode} context={round(s.context / s.decode) - 1}"
+    if group == "prefill":
+        return f"prefill chunk={s.chunk} start={s.chunk_start}"
+    return f"{group} B={s.decode} chunk={s.chunk}"
+
+
+class Sweeper:
+    """Drives a backend with hand-made batches (no engine) and times them."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._next_id = 0
+
+    def _new_ids(self, n: int) -> np.ndarray:
+        ids = np.arange(self._next_id, self._next_id + n)
+        self._next_id += n
+        return ids
+
+    def _prefill(self, ids: np.ndarray, tokens: int, target: int | None = None) -> None:
+        """Ingest ``tokens`` prompt tokens of requests ``ids`` (whose prompts are ``target`` long) untimed, at most
+        UNTIMED_ROWS requests of UNTIMED_TOKENS tokens per step."""
+        for part in np.array_split(ids, -(-ids.size // UNTIMED_ROWS)):
+            done = 0
+            while done < tokens:
+                step = min(UNTIMED_TOKENS, tokens - done)
+                self.backend.execute(StepBatch(EMPTY, EMPTY, part, np.full(part.size, done),
+                                               np.full(part.size, step), np.full(part.size, target or tokens)))
+                done += step
+
+    def decode(self, plan: SweepPlan, progress: Callable[[str], object] | None = None) -> list[Sample]:
+        samples = []
+        for context in plan.contexts:
+            ids = self._new_ids(max(plan.batches))
+            self._prefill(ids, context)
+            for batch in plan.batches:
+                chosen = ids[:batch]
+                for _ in range(plan.repeats):
+                    seconds = self.backend.execute(StepBatch(chosen, EMPTY, EMPTY, EMPTY, EMPTY, EMPTY))
+                    samples.append(Sample(batch, float(batch * (context + 1)), 0, 0, seconds))
+                if progress:
+                    progress(point_label("decode", samples[-1]))
+            self.backend.release(ids)
+        return samples
+
+    def prefill(self, plan: SweepPlan, progress: Callable[[str], object] | None = None) -> list[Sample]:
+        samples = []
+        for start in plan.chunk_starts:
+            for chunk in plan.chunks:
+                for _ in range(plan.repeats):
+                    rid = self._new_ids(1)
+                    if start:
+                        self._prefill(rid, start, start + chunk)
+                    seconds = self.backend.execute(StepBatch(EMPTY, EMPTY, rid, np.array([start]), np.array([chunk]),
+                                                             np.array([start + chunk])))
+                    samples.append(Sample(0, 0.0, chunk, start, seconds))
+                    self.backend.release(rid)
+                if progress:
+                    progress(point_label("prefill", samples[-1]))
+        return samples
+
+    def mixed(self, plan: SweepPlan) -> list[Sample]:
+        samples, context = [], plan.mixed_context
+        for batch, chunk in plan.mixed:
+            ids = self._new_ids(batch)
+            self._prefill(ids, context)
+            for _ in range(plan.repeats):
+                rid = self._new_ids(1)
+                seconds = self.backend.execute(StepBatch(ids, EMPTY, rid, np.array([0]), np.array([chunk]),
+                                                         np.array([chunk])))
+                samples.append(Sample(batch, float(batch * (context + 1)), chunk, 0, seconds))
+                self.backend.release(rid)
+            self.backend.release(ids)
+        return samples
