@@ -16,6 +16,7 @@ import pytest
 
 from servegym.backends import LatencyModel, Profile, TokenLatencyModel
 from servegym.engine import State
+from servegym.engine.log import STEP_FIELDS
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
 from servegym.workloads import Choice, MarkovModulated, Poisson, SyntheticWorkload
@@ -89,6 +90,23 @@ def test_chunked_admission_reserves_the_first_chunk_rounded_up():
     assert (info["num_admitted"], info["num_refused"], info["num_preemptions"]) == (2, 1, 0)
     assert engine.num_used_blocks == 6
     assert engine.running[:, 1].tolist() == [40, 41]  # KV tokens after the iteration
+
+
+@pytest.mark.parametrize(("requests", "chunk"), [(3, 32), (20, 4)])
+def test_chunks_stop_where_the_token_budget_is_spent_exactly(requests, chunk):
+    # A budget of 64 tokens and no decoding rows: 64 / chunk rows get a full chunk each, spending the budget
+    # exactly; the rest get none (not an empty chunk, which would still count as a prefilling row and cost
+    # host time in the latency model). (3, 32): 2 rows get chunks, planned row by row; (20, 4): 16 rows, more
+    # than SMALL_HEAD, planned in numpy.
+    env = env_for([0.0] * requests, [100] * requests, [2] * requests, prefill_chunk_tokens=chunk,
+                  max_num_batched_tokens=64, max_num_seqs=32)
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(admit_all(env))
+    fed = 64 // chunk
+    assert (info["num_admitted"], info["num_prefill_tokens"]) == (min(requests, 32), 64)
+    step = env.unwrapped.cluster.log.steps()[-1]
+    assert step[STEP_FIELDS.index("num_prefill_seqs")] == fed
+    assert env.unwrapped.engine.running[:, 1].tolist() == [chunk] * fed + [0] * (requests - fed)
 
 
 def test_admission_stops_at_the_first_request_that_does_not_fit():
