@@ -6,9 +6,11 @@
 #   CHECKPOINT, or $SERVEGYM_CHECKPOINT: a local Hugging Face checkpoint folder to load; default: the
 #       llama-3.2-3b preset (the TWP paper's architecture, seeded random weights, nothing downloaded).
 #   $SERVEGYM_REPORT_DIR: the report folder (default: out/gpu_check).
-#   $PYTHON: the interpreter servegym is installed in (default: python3).
+#   $PYTHON: the interpreter servegym is installed in (default: the repository's .venv/bin/python when it
+#       exists, else python3); it must import servegym, torch and transformers.
 #
-# On a CUDA machine it runs, each stage under its own time budget (about 8 minutes in all on one H100):
+# On a CUDA machine it runs, each stage under its own time budget (480 s in all: it fits in 8 minutes on one
+# H100-class GPU, stages that overrun are cut and reported):
 #   1. nvidia-smi and library versions;
 #   2. host syncs: one mixed prefill + decode step, after a warm-up step, with the model's forward pass under
 #      torch.cuda.set_sync_debug_mode("error"); the stage fails if anything in it synchronises with the host;
@@ -24,9 +26,17 @@
 set -uo pipefail
 
 REPORT=${SERVEGYM_REPORT_DIR:-out/gpu_check}
-PYTHON=${PYTHON:-python3}
 CHECKPOINT=${1:-${SERVEGYM_CHECKPOINT:-}}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [ -z "${PYTHON:-}" ]; then
+    PYTHON=python3
+    [ -x "$REPO/.venv/bin/python" ] && PYTHON=$REPO/.venv/bin/python
+fi
+if ! "$PYTHON" -c 'import servegym, torch, transformers' 2> /dev/null; then
+    echo "gpu_check: $PYTHON cannot import servegym, torch and transformers: install the project" \
+         "(README, Quick start) or point PYTHON at the interpreter that has them" >&2
+    exit 2
+fi
 SERVEGYM=("$PYTHON" -m servegym.cli)
 STARTED=$(date +%s)
 FAILED=0
@@ -61,7 +71,7 @@ if "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else
     MODEL=${CHECKPOINT:-llama-3.2-3b}
     CALIBRATE=(--device cuda --max-batch 128 --max-context 1024 --repeats 3)
     FIDELITY=(--device cuda --workload cpu-fidelity --policy fcfs)
-    BUDGETS=(60 270 150 90)
+    BUDGETS=(30 240 120 60)  # versions and profile; calibrate; fidelity; host syncs: 480 s in all
 else
     MODE=cpu-fallback
     MODEL=tiny-llama
@@ -190,8 +200,7 @@ TOTAL=$(($(date +%s) - STARTED))
         echo "| $name | $status | $seconds | $budget |"
     done
     echo
-    echo "Files: profile.json (calibrated profile with provenance), calibration.png, profile.samples.csv,"
-    echo "fidelity.md and fidelity.csv, nvidia-smi.txt, versions.txt, timing.tsv, and one log per stage."
+    echo "Files in this folder: $(cd "$REPORT" && ls | grep -v '^README.md$' | tr '\n' ' ')"
     if [ "$MODE" = cuda ]; then
         echo
         echo "## Host syncs in the forward pass"
@@ -217,6 +226,9 @@ TOTAL=$(($(date +%s) - STARTED))
 } > "$REPORT/README.md"
 
 echo "gpu_check: $MODE finished in $TOTAL s; report in $REPORT/README.md"
+if [ "$FAILED" -ne 0 ]; then
+    echo "gpu_check: FAILED: a stage failed or ran out of time (see $REPORT/timing.tsv and its log)."
+fi
 if [ "$MODE" != cuda ]; then
     echo "gpu_check: no CUDA device: the CUDA path was not run (CPU fallback only)."
 fi

@@ -74,7 +74,7 @@ TASKS: dict[str, Task] = {
     for task in (
         Task("relaxed", "a control task: Poisson 16 req/s, under half the A100's capacity; every sensible policy "
              "scores the same, so a learner must simply not get in the way", workload="low", engine=PREDICTED),
-        Task("memory-tight", "1-2k-token prompts on an A40's 53k KV tokens at 7 req/s: FCFS preempts about 150 "
+        Task("memory-tight", "200-2000-token prompts on an A40's 53k KV tokens at 7 req/s: FCFS preempts about 150 "
              "times an episode; the order of admission decides who recomputes", workload="tight-memory",
              profile="a40-llama2-7b", engine=PREDICTED),
         Task("long-context", "random 120 s windows of the Azure code trace (median prompt 1.5k, p99 7.4k tokens) "
@@ -85,8 +85,8 @@ TASKS: dict[str, Task] = {
              workload="burst", engine=PREDICTED,
              pool={"num_containers": 4, "keep_alive_s": 2.0, "start_cold": True}),
         Task("slo-goodput", "Poisson 47 req/s, 1.35x the A100's capacity; the reward counts requests that meet "
-             "TTFT <= 2 s and TPOT <= 0.2 s, so some requests must be sacrificed for others", workload="high",
-             engine=PREDICTED, reward="slo_goodput"),
+             "TTFT <= 2 s and mean ITL (TPOT) <= 0.2 s, so some requests must be sacrificed for others",
+             workload="high", engine=PREDICTED, reward="slo_goodput"),
         Task("mixture", "each episode is drawn from relaxed, memory-tight or long-context: one policy for "
              "different GPUs, loads and lengths (generalisation)", components=("relaxed", "memory-tight",
                                                                               "long-context")),

@@ -81,8 +81,8 @@ def markdown_summary(experiment: Experiment, results: list[TaskResult]) -> str:
     lines = [f"# {experiment.name}", ""]
     if experiment.description:
         lines += [experiment.description.strip(), ""]
-    profile = experiment.profile or "each workload's own (`servegym workloads`)"
-    lines += [f"Profile `{profile}`; {seeds} seeds per cell; mean ± 95% confidence half-width "
+    profile = f"`{experiment.profile}`" if experiment.profile else "each workload's own (`servegym workloads`)"
+    lines += [f"Profile {profile}; {seeds} seed{'s' * (seeds != 1)} per cell; mean ± 95% confidence half-width "
               f"(Student t, n = {seeds}). Engine overrides: `{experiment.engine or {}}`; pool: "
               f"`{experiment.pool or {}}`.", ""]
     header = "| policy | " + " | ".join(h for _, h, _, _ in TABLE_COLUMNS) + " |"

@@ -321,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="forget the runs kept in <out>/runs (default: resume, running only what is missing)")
     comp.add_argument("--quiet", action="store_true", help="no progress bar")
     comp.set_defaults(func=cmd_compare)
-    rep = sub.add_parser("reproduce", help="run the papers' experiments and write docs/REPRODUCTION.md")
+    rep = sub.add_parser("reproduce", help="run the papers' experiments and write reproduce/REPRODUCTION.md "
+                         "(docs/ with --update-docs)")
     rep.add_argument("--experiments", default="experiments", help="folder with the paper experiment files")
     rep.add_argument("--out", default="reproduce",
                      help="output folder: results/<experiment>/ and REPRODUCTION.md (default: reproduce)")

@@ -173,7 +173,8 @@ def _model_args(parser: argparse.ArgumentParser, clock_default: str) -> None:
 def add_real_backend_parsers(sub: Any) -> None:
     """Add ``servegym calibrate`` and ``servegym fidelity`` to ``sub`` (the ``add_subparsers()`` result)."""
     cal = sub.add_parser("calibrate", help="sweep a real model and fit a calibrated profile")
-    cal.add_argument("--backend", default="torch", choices=["torch"])
+    cal.add_argument("--backend", default="torch", choices=["torch"],
+                     help="the backend to sweep: the real one (the calibrated backend is the fit)")
     _model_args(cal, "the backend's")
     cal.add_argument("--threads", type=positive_int, default=None,
                      help="torch CPU threads (default: torch's choice; 1 is steadiest on a shared machine)")
@@ -182,7 +183,8 @@ def add_real_backend_parsers(sub: Any) -> None:
     cal.add_argument("--max-context", type=positive_int, default=None,
                      help=f"longest per-request context and prefill chunk swept, in tokens (default "
                           f"{CUDA_MAX_CONTEXT} on CUDA, {CPU_MAX_CONTEXT} on CPU)")
-    cal.add_argument("--repeats", type=positive_int, default=3, help="timings per sweep point (median fitted)")
+    cal.add_argument("--repeats", type=positive_int, default=3,
+                     help="timings per sweep point, the median fitted (default: 3)")
     cal.add_argument("--kv-blocks", type=positive_int, default=None,
                      help="KV cache blocks, the profile's KV capacity (default: on CUDA as many as fit in device "
                           f"memory; on CPU {DEFAULT_KV_BLOCKS}, or what the sweep needs if more)")
@@ -194,13 +196,15 @@ def add_real_backend_parsers(sub: Any) -> None:
     cal.set_defaults(func=cmd_calibrate)
     fid = sub.add_parser("fidelity", help="the same seeded workload on the real and the calibrated backend")
     fid.add_argument("--profile", required=True, help="the calibrated profile to check (name or JSON path)")
-    fid.add_argument("--workload", default="cpu-fidelity", choices=sorted(WORKLOADS))
+    fid.add_argument("--workload", default="cpu-fidelity", choices=sorted(WORKLOADS), metavar="WORKLOAD",
+                     help="a named workload (default: cpu-fidelity)")
     fid.add_argument("--max-requests", type=positive_int, default=None,
                      help="only the workload's first N requests (a short run)")
-    fid.add_argument("--policy", nargs="+", default=["fcfs", "twp", "flow-control"])
+    fid.add_argument("--policy", nargs="+", default=["fcfs", "twp", "flow-control"],
+                     help="policies to run on both backends (default: fcfs twp flow-control)")
     fid.add_argument("--seed", type=int, default=0)
     fid.add_argument("--threads", type=positive_int, default=None,
                      help="torch CPU threads (default: those the profile was calibrated with)")
-    fid.add_argument("--out", default=None, help="folder for fidelity.csv and fidelity.md")
+    fid.add_argument("--out", default=None, help="folder for fidelity.csv and fidelity.md (default: print only)")
     _model_args(fid, "the one the profile was fitted on, when recorded")
     fid.set_defaults(func=cmd_fidelity)

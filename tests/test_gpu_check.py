@@ -21,8 +21,12 @@ def test_gpu_check_cpu_fallback_writes_a_report_that_says_cuda_did_not_run(tmp_p
     if shutil.which("timeout") is None:
         pytest.skip("the script budgets its stages with coreutils' timeout")
     report = tmp_path / "report"
-    # CUDA_VISIBLE_DEVICES="" hides any GPU, so the fallback runs on every machine.
-    env = {**os.environ, "PYTHON": sys.executable, "SERVEGYM_REPORT_DIR": str(report), "CUDA_VISIBLE_DEVICES": ""}
+    # CUDA_VISIBLE_DEVICES="" hides any GPU, so the fallback runs on every machine. Run from the repository's
+    # own .venv (as in CI and the README), the script must find that interpreter by itself.
+    env = {**os.environ, "SERVEGYM_REPORT_DIR": str(report), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("PYTHON", None)
+    if Path(sys.executable).parent != SCRIPT.parents[1] / ".venv" / "bin":
+        env["PYTHON"] = sys.executable
     done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=300,
                           cwd=SCRIPT.parents[1])
     assert done.returncode == 0, done.stdout + done.stderr
@@ -47,3 +51,14 @@ def test_gpu_check_refuses_a_folder_that_is_not_a_checkpoint(tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "is not a checkpoint folder (no config.json)" in done.stderr
+
+
+def test_gpu_check_says_which_interpreter_lacks_servegym(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 1\n")  # an interpreter that cannot import anything
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "SERVEGYM_REPORT_DIR": str(tmp_path / "report")}
+    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"{fake} cannot import servegym, torch and transformers" in done.stderr
+    assert not (tmp_path / "report").exists()  # nothing ran, so no report that could be mistaken for one
