@@ -29,9 +29,10 @@ def unsupported_attention(config: Any) -> str | None:
     if getattr(config, "is_decoder", None) is False:
         return f"a bidirectional encoder ({config.model_type} with is_decoder=False), not a causal decoder"
     layer_types = getattr(config, "layer_types", None) or []
-    sliding = [i for i, kind in enumerate(layer_types) if "sliding" in str(kind) or "chunked" in str(kind)]
-    if sliding:
-        return f"sliding-window attention (layer_types: layers {sliding[:4]}{'...' if len(sliding) > 4 else ''})"
+    for feature, word in (("sliding-window attention", "sliding"), ("chunked local attention", "chunked")):
+        layers = [i for i, kind in enumerate(layer_types) if word in str(kind)]
+        if layers:
+            return f"{feature} (layer_types: layers {layers[:4]}{'...' if len(layers) > 4 else ''})"
     window = getattr(config, "sliding_window", None)
     if window is not None and getattr(config, "use_sliding_window", True) and not layer_types:
         return f"sliding-window attention (sliding_window={window})"

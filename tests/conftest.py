@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -46,3 +48,13 @@ def flat_profile(alpha_s: float = 0.0, saturation_batch: int = 10**6, num_kv_blo
                            prefill_s_per_token=prefill_s_per_token)
     return Profile("test", latency, num_kv_blocks, block_size, 0.0,
                    {"hardware": "none", "model": "none", "method": "test fixture", "date": "2026-11-29"})
+
+
+def live_processes(column: str, value: int) -> list[str]:
+    """Live processes whose ``ps`` column (``pgid``: process group, ``sid``: session) is ``value``; zombies,
+    already dead and waiting to be reaped, are left out. A command's Ray workers sit in process groups of their
+    own but in its session."""
+    out = subprocess.run(["ps", "-eww", "-o", f"{column}=,pid=,stat=,args="], capture_output=True, text=True,
+                         check=True).stdout
+    rows = [line.split(maxsplit=3) for line in out.splitlines()]
+    return [" ".join(row) for row in rows if int(row[0]) == value and not row[2].startswith("Z")]

@@ -52,6 +52,11 @@ def test_limits_off_the_ladder_are_swept_themselves():
     assert plan.contexts == (32, 128, 300)
     assert plan.chunks == (16, 32, 64, 128, 256, 300)
     assert plan.chunk_starts == (0, 150)
+    # Below 128 tokens the mixed steps' decode context and chunks are capped at the limit; max_batch / 8 rounds
+    # down to 0, so the smaller mixed batch is 1.
+    small = SweepPlan.up_to(6, 100)
+    assert (small.batches, small.contexts, small.chunks) == ((1, 2, 4, 6), (32, 100), (16, 32, 64, 100))
+    assert small.mixed == ((1, 64), (1, 100), (3, 64), (3, 100)) and small.mixed_context == 100
 
 
 def test_kv_blocks_needed_by_hand():
@@ -114,12 +119,13 @@ def _repeats(sample: Sample, times: list[float]) -> list[Sample]:
 def test_spread_is_max_minus_min_over_the_median_and_warns_on_the_noisy_points():
     samples = {"decode": _repeats(Sample(1, 33.0, 0, 0, 0), [1.0, 1.1, 1.2])  # (1.2-1.0)/1.1 = 18.2%
                + _repeats(Sample(4, 132.0, 0, 0, 0), [1.0, 2.0, 3.0]),  # (3-1)/2 = 100%
-               "prefill": _repeats(Sample(0, 0.0, 64, 256, 0), [0.5, 0.5, 0.6])}  # 0.1/0.5 = 20%
+               "prefill": _repeats(Sample(0, 0.0, 64, 256, 0), [1.0, 1.25, 1.25])}  # 0.25/1.25 = 20% exactly
     points = {p.label: p for p in point_spreads(samples)}
     assert set(points) == {"decode B=1 context=32", "decode B=4 context=32", "prefill chunk=64 start=256"}
     assert points["decode B=1 context=32"].relative_spread == pytest.approx(0.2 / 1.1)
     assert points["decode B=4 context=32"].median_s == 2.0
     assert points["decode B=4 context=32"].relative_spread == pytest.approx(1.0)
+    assert points["prefill chunk=64 start=256"].relative_spread == 0.2  # binary fractions: no rounding below 20%
     # The median of 18.2%, 20% and 100% is 20%: not above the 20% threshold, so no warning ...
     assert spread_warning(list(points.values())) is None
     # ... but with a 15% threshold it warns, naming the two points above 15%, noisiest first.
@@ -128,7 +134,7 @@ def test_spread_is_max_minus_min_over_the_median_and_warns_on_the_noisy_points()
     assert text.index("decode B=4 context=32 100%") < text.index("prefill chunk=64 start=256 20%")
     summary = spread_summary(list(points.values()))
     assert summary["median"] == pytest.approx(0.2) and summary["max"] == pytest.approx(1.0)
-    assert list(summary["above_threshold"]) == ["decode B=4 context=32"]
+    assert summary["above_threshold"] == {"decode B=4 context=32": 1.0}  # the point at exactly 20% is not above
 
 
 def test_a_single_repeat_has_no_spread_and_no_warning():

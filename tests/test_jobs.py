@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from servegym.cli import main
-from servegym.evaluation.executor import Interrupted, JobFailed, RunStore, run_jobs
+from servegym.evaluation.executor import Interrupted, JobFailed, RunStore, run_jobs, run_stored
+from tests.conftest import live_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,6 +74,22 @@ def test_run_store_round_trip_and_torn_files(tmp_path):
     assert len(store) == 0
 
 
+def test_run_stored_runs_only_the_missing_jobs_and_stores_each_under_its_own_job(tmp_path):
+    store = RunStore(tmp_path)
+    store.put(1, 100)  # job 1's result from an earlier run (not 1 * 1, so a re-run would show)
+    assert run_stored(square_or_die, [0, 1, 2, 5], 1, store) == [0, 100, 4, 25]
+    assert [store.get(x) for x in (0, 1, 2, 5)] == [0, 100, 4, 25] and len(store) == 4
+
+
+def test_a_failure_after_a_resume_reports_stored_and_fresh_results_by_job_index(tmp_path):
+    store = RunStore(tmp_path)
+    store.put(1, 100)
+    # Jobs 0, 4, 5 run (4 raises); their indices in the job list are 0, 2 and 3, not 0, 1, 2.
+    with pytest.raises(JobFailed, match="1 of 3 jobs failed") as caught:
+        run_stored(square_or_die, [0, 1, 4, 5], 1, store, describe=lambda x: f"job {x}")
+    assert caught.value.results == {0: 0, 1: 100, 3: 25}
+
+
 EXPERIMENT = """
 name: sigint
 seeds: 8
@@ -81,14 +98,6 @@ engine: {length_mode: predicted}
 policies: [fcfs, sarathi]
 workloads: [medium]
 """
-
-
-def _group(pgid: int) -> list[str]:
-    """Live processes of a process group (zombies, already dead and waiting for init to reap them, excluded)."""
-    out = subprocess.run(["ps", "-e", "-o", "pgid=,pid=,stat=,args="], capture_output=True, text=True,
-                         check=True).stdout
-    rows = [line.split(maxsplit=3) for line in out.splitlines()]
-    return [" ".join(row) for row in rows if int(row[0]) == pgid and not row[2].startswith("Z")]
 
 
 @pytest.mark.slow
@@ -110,7 +119,7 @@ def test_sigint_stops_compare_within_two_seconds_and_the_rerun_finishes_only_the
     _, err = proc.communicate(timeout=30)
     assert time.monotonic() - sent < 2.0
     assert proc.returncode == 130 and "interrupted" in err
-    assert _group(proc.pid) == []  # no worker outlives the parent
+    assert live_processes("pgid", proc.pid) == []  # no worker outlives the parent
     kept = {p.name: p.stat().st_mtime_ns for p in runs.glob("*.pkl")}
     assert 2 <= len(kept) < 16
     assert (out / "summary.md").read_text().startswith("> **PARTIAL RESULTS**")

@@ -6,6 +6,7 @@ slow test at the end lets a command start and stop its own.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ import ray
 from servegym.cli import main
 from servegym.evaluation import ray_executor
 from servegym.evaluation.executor import Executor, Interrupted, JobFailed, RunStore, run_stored
+from tests.conftest import live_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = """
@@ -126,6 +128,17 @@ def test_a_dead_ray_worker_costs_its_own_job(local_ray):
     assert caught.value.results == {0: 1, 1: 4, 3: 16}
 
 
+def test_workers_runs_at_most_that_many_ray_tasks_at_once(local_ray):
+    def timed(x: int) -> tuple[float, float]:
+        start = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of this machine
+        time.sleep(0.3)
+        return start, time.monotonic()
+
+    spans = ray_executor.run_ray_jobs(timed, [0, 1, 2, 3], workers=1)
+    # One at a time: each task starts after the one before it ended, though Ray has 2 CPUs for two at once.
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_cancels_the_ray_tasks_and_keeps_what_finished(sig, tmp_path, local_ray):
     store = RunStore(tmp_path / "runs")
@@ -178,15 +191,6 @@ def test_executor_choices_are_checked():
         Executor("ray", " ")
 
 
-def _session(sid: int) -> list[str]:
-    """Live processes of a session: the command, and the Ray daemons and workers it started (workers sit in
-    process groups of their own, not in the command's)."""
-    out = subprocess.run(["ps", "-eww", "-o", "sid=,pid=,stat=,args="], capture_output=True, text=True,
-                         check=True).stdout
-    rows = [line.split(maxsplit=3) for line in out.splitlines()]
-    return [" ".join(row) for row in rows if int(row[0]) == sid and not row[2].startswith("Z")]
-
-
 @pytest.mark.slow
 def test_a_command_starts_its_own_ray_and_ctrl_c_stops_it_with_partial_results(tmp_path):
     spec = tmp_path / "grid.yaml"
@@ -202,7 +206,8 @@ def test_a_command_starts_its_own_ray_and_ctrl_c_stops_it_with_partial_results(t
     while time.monotonic() < deadline and (not runs.is_dir() or len(list(runs.glob("*.pkl"))) < 2):
         time.sleep(0.05)
     assert proc.poll() is None, "the grid finished before it could be interrupted"
-    assert any("raylet" in row for row in _session(proc.pid))  # the check at the end can see Ray's processes
+    # The check at the end can see Ray's processes.
+    assert any("raylet" in row for row in live_processes("sid", proc.pid))
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err, err
@@ -210,6 +215,6 @@ def test_a_command_starts_its_own_ray_and_ctrl_c_stops_it_with_partial_results(t
     assert 2 <= kept < 160
     assert (out / "summary.md").read_text().startswith("> **PARTIAL RESULTS**")
     deadline = time.monotonic() + 20  # the Ray instance the command started went with it
-    while _session(proc.pid) and time.monotonic() < deadline:
+    while live_processes("sid", proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _session(proc.pid) == []
+    assert live_processes("sid", proc.pid) == []

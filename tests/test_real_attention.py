@@ -67,11 +67,28 @@ def test_padded_plan_splits_long_chunks_into_query_tiles():
 
 
 def test_grouped_plan_keeps_decode_apart_and_groups_similar_contexts():
-    decode = [Row(i, 1, ctx, [i]) for i, ctx in enumerate([44, 10, 40, 12, 41, 43, 42])]
-    prefill = [Row(7, 5, 5, [9])]
+    decode = [Row(i, 1, ctx, [i]) for i, ctx in enumerate([44, 10, 40, 31, 12, 41, 43, 42])]
+    prefill = [Row(8, 5, 5, [9])]
     groups = attention._groups(decode + prefill, 16)
-    # Sorted contexts 10, 12 | 40..44: 1.5 x 10 + 16 = 31 closes the first group; the next holds at most 4 rows.
-    assert [[r.context_len for r in g] for g in groups] == [[10, 12], [40, 41, 42, 43], [44], [5]]
+    # Sorted contexts 10, 12, 31 | 40..44: the first group takes contexts up to 1.5 x 10 + 16 = 31, the limit
+    # itself included; the next holds at most 4 rows.
+    assert [[r.context_len for r in g] for g in groups] == [[10, 12, 31], [40, 41, 42, 43], [44], [5]]
+
+
+def test_grouped_plan_maps_tokens_through_calls_of_different_widths():
+    # Block size 16. Packed: a decode (token 0, context 10), a 2-token chunk at context 40 (tokens 1, 2), a
+    # 3-token prompt (tokens 3..5) and a 2-token chunk at context 5 (tokens 6, 7). Groups: the decode; the
+    # contexts 3 and 5 (5 <= 1.5 x 3 + 16); then context 40.
+    rows = [Row(0, 1, 10, [0]), Row(1, 2, 40, [1, 2, 3]), Row(3, 3, 3, [4]), Row(6, 2, 5, [5])]
+    plan = plan_step(rows, 16, "grouped")
+    assert [(c.rows, c.queries, c.context, c.blocks) for c in plan.calls] == [(1, 1, 10, 1), (2, 3, 5, 1),
+                                                                              (1, 2, 40, 3)]
+    # The middle call pads the 2-token row to 3 queries (positions 3, 4, then 0 for the pad).
+    assert plan.arrays["query_index1"].tolist() == [3, 4, 5, 6, 7, 0]
+    assert plan.arrays["query_position1"].tolist() == [0, 1, 2, 3, 4, 0]
+    assert plan.arrays["table1"].tolist() == [4, 5] and plan.arrays["table2"].tolist() == [1, 2, 3]
+    # Outputs concatenate as call 0 (1 row), call 1 (2 x 3 rows, from 1), call 2 (2 rows, from 1 + 6 = 7).
+    assert plan.arrays["output_index"].tolist() == [0, 7, 8, 1, 2, 3, 4, 5]
 
 
 def test_to_device_copies_one_buffer():

@@ -35,12 +35,18 @@ def test_blocks_fill_utilization_times_total_less_peak_used():
     assert blocks_that_fit(100_000, 95_000, 0.9, 4620) == 0  # the budget is already spent
     # An H100's 80 GiB at 0.9, 10 GiB used at peak: 62 GiB / 1.75 MiB = 36,278.9 blocks of the 3B model.
     assert blocks_that_fit(80 * GIB, 10 * GIB, 0.9, LLAMA_3B_BLOCK) == 36_278
-    with pytest.raises(ValueError, match="utilization"):
-        blocks_that_fit(100, 0, 1.5, 1)
+    # Utilization 1 is the whole device: 100,000 - 30,000 = 70,000 bytes, 15 blocks (69,300).
+    assert blocks_that_fit(100_000, 30_000, 1.0, 4620) == 15
+    for bad in (1.5, 0.0):
+        with pytest.raises(ValueError, match="utilization"):
+            blocks_that_fit(100, 0, bad, 1)
 
 
 def test_a_cache_that_does_not_fit_names_the_gib_needed_and_available():
     check_fits(5851, LLAMA_3B_BLOCK, 10 * GIB, "cuda:0")  # 5,851 x 1.75 MiB = 9.9993 GiB fits
+    check_fits(3, 4620, 13_860, "cpu")  # exactly the bytes available fits
+    with pytest.raises(KVCapacityError, match="ask for at most 2 blocks"):
+        check_fits(3, 4620, 13_859, "cpu")
     with pytest.raises(KVCapacityError, match=r"8192 blocks needs 14.00 GiB but cuda:0 has 10.00 GiB available; "
                                               r"ask for at most 5851 blocks"):
         check_fits(8192, LLAMA_3B_BLOCK, 10 * GIB, "cuda:0")

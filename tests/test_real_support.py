@@ -3,6 +3,8 @@ supported architectures load and match their own stock attention."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from servegym.backends.base import StepBatch  # noqa: E402
-from servegym.backends.support import UnsupportedModelError  # noqa: E402
+from servegym.backends.support import UnsupportedModelError, unsupported_attention  # noqa: E402
 from servegym.backends.torch_backend import TorchBackend  # noqa: E402
 from tests.test_torch_backend import reference_logits  # noqa: E402
 
@@ -58,6 +60,24 @@ def test_unsupported_attention_is_refused_at_load(tmp_path, case):
     path = save_tiny(tmp_path / case, config, model_class)
     with pytest.raises(UnsupportedModelError, match=feature):
         TorchBackend(str(path), num_kv_blocks=16)
+
+
+def config(**attributes):
+    """A config as the check reads it: attributes looked up with getattr, nothing else."""
+    return SimpleNamespace(model_type="custom", **attributes)
+
+
+def test_the_config_check_reads_layer_types_and_the_window_flag():
+    # Chunked local layers are refused by their layer types alone (no attention_chunk_size here).
+    chunked = config(layer_types=["full_attention", "chunked_attention", "full_attention", "chunked_attention"])
+    assert unsupported_attention(chunked) == "chunked local attention (layer_types: layers [1, 3])"
+    # A window is refused when the config does not switch it off and names no layer types ...
+    assert unsupported_attention(config(sliding_window=4096)) == "sliding-window attention (sliding_window=4096)"
+    assert unsupported_attention(config(sliding_window=4096, use_sliding_window=True)) is not None
+    # ... but not when use_sliding_window is False (Qwen2 checkpoints' config.json files set a window beside
+    # use_sliding_window: false), nor when layer types say every layer is full attention.
+    assert unsupported_attention(config(sliding_window=32768, use_sliding_window=False)) is None
+    assert unsupported_attention(config(sliding_window=4096, layer_types=["full_attention"] * 2)) is None
 
 
 SUPPORTED = {

@@ -144,7 +144,12 @@ def test_a_postgresql_url_gets_an_installed_driver_or_one_clear_line(monkeypatch
     # SQLAlchemy 2.1 reads postgresql:// as psycopg 3, 2.0 as psycopg2; the scale extra installs psycopg2.
     assert storage_module.with_driver("postgresql://u@h/db") == "postgresql+psycopg2://u@h/db"
     assert storage_module.with_driver("postgresql+psycopg://u@h/db") == "postgresql+psycopg://u@h/db"
-    monkeypatch.setattr(storage_module.importlib.util, "find_spec", lambda name: None)
+    installed = {"psycopg", "psycopg2"}
+    monkeypatch.setattr(storage_module.importlib.util, "find_spec", lambda name: name if name in installed else None)
+    assert storage_module.with_driver("postgresql://u@h/db") == "postgresql+psycopg2://u@h/db"  # both: the extra's
+    installed.remove("psycopg2")
+    assert storage_module.with_driver("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"  # psycopg 3 alone
+    installed.clear()
     with pytest.raises(TuningError, match=r"^storage 'postgresql://u:\*\*\*@h/db' needs a PostgreSQL driver: "
                                           r"pip install 'servegym\[scale\]'$"):
         make_storage("postgresql://u:secret@h/db")

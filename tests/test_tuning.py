@@ -221,6 +221,14 @@ def test_bad_storage_and_trial_counts_give_one_clear_line(tmp_path, capsys, setu
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_a_storage_that_cannot_be_opened_is_named_with_its_password_masked():
+    with pytest.raises(TuningError) as caught:
+        make_storage("postgresql+nosuchdriver://u:s3cret@h/db")  # no such SQLAlchemy dialect: fails offline
+    message = str(caught.value)
+    assert message.startswith("cannot open Optuna storage 'postgresql+nosuchdriver://u:***@h/db' (NoSuchModuleError")
+    assert "s3cret" not in message
+
+
 def test_no_completed_trial_to_report_is_a_clear_error(tmp_path, capsys, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
