@@ -76,8 +76,8 @@ class Plan(NamedTuple):
     """The running rows that decode one token this iteration: a boolean mask, or a slice of the table's head."""
     prefill_rows: np.ndarray
     """Prefilling rows that ingest a chunk (a head of them in table order, until the token budget runs out)."""
-    waiting_rows: np.ndarray
-    """The other prefilling rows: no token budget was left for them."""
+    unscheduled_rows: np.ndarray
+    """The other prefilling rows: no token budget was left for them this iteration."""
     chunk: list[int] | np.ndarray
     """Prompt tokens each of ``prefill_rows`` ingests (lists up to ``SMALL_HEAD`` rows, arrays beyond)."""
     completes: list[bool] | np.ndarray
@@ -322,7 +322,7 @@ class Engine:
 
     def _chunks(self, left: np.ndarray, pre_rows: np.ndarray, budget: int) -> tuple[Plan, int]:
         """Give prefilling rows chunks in table order until the token budget runs out: a head of rows gets
-        tokens, the tail none. Returns the plan and the correction to the all-rows-decode block count."""
+        tokens, the tail none. Returns the plan and the KV blocks the chunks need."""
         run, bs, limit = self._run, self.block_size, self.config.prefill_chunk_tokens
         rests = left[pre_rows]
         head = pre_rows.size
@@ -382,15 +382,15 @@ class Engine:
         self.num_used_blocks += need
         # Every row as if it decoded; prefilling rows are corrected below. Rows left without prefill budget
         # usually form the table's tail (the newest admissions), which then is simply skipped.
-        waiting = EMPTY if plan is None else plan.waiting_rows
-        if waiting.size and waiting[0] == n - waiting.size:
-            run[: waiting[0], KV : GEN + 1] += 1
-            waiting = EMPTY
+        unscheduled = EMPTY if plan is None else plan.unscheduled_rows
+        if unscheduled.size and unscheduled[0] == n - unscheduled.size:
+            run[: unscheduled[0], KV : GEN + 1] += 1
+            unscheduled = EMPTY
         else:
             run[:n, KV : GEN + 1] += 1
         self._finish_countdown -= 1
         if plan is not None:
-            decode_tokens += self._advance_prefills(plan, waiting)
+            decode_tokens += self._advance_prefills(plan, unscheduled)
         self.token_load -= decode_tokens
         if self._finish_countdown <= 0:
             # Only decoding rows can finish; prefilling rows still have their output ahead of them.
@@ -492,20 +492,15 @@ class Engine:
 
     def _remove_rows(self, rows: np.ndarray) -> None:
         n, run, bs = self.num_running, self._run, self.block_size
+        self.num_used_blocks -= int(num_blocks(run[rows, KV], bs).sum())
+        self.token_load -= int((run[rows, HI] - run[rows, GEN]).sum())
         if rows.size == 1:  # the common case: shift the rows below up by one
-            row = int(rows[0])
-            self.num_used_blocks -= -(-int(run[row, KV]) // bs)
-            self.token_load -= int(run[row, HI] - run[row, GEN])
-            run[row : n - 1] = run[row + 1 : n]
-            self.num_running = n - 1
+            run[rows[0] : n - 1] = run[rows[0] + 1 : n]
         else:
-            self.num_used_blocks -= int(num_blocks(run[rows, KV], bs).sum())
-            self.token_load -= int((run[rows, HI] - run[rows, GEN]).sum())
             keep = np.ones(n, dtype=bool)
             keep[rows] = False
-            kept = run[:n][keep]
-            run[: kept.shape[0]] = kept
-            self.num_running = kept.shape[0]
+            run[: n - rows.size] = run[:n][keep]
+        self.num_running = n - rows.size
         self._phases = None
 
     def _idle(self, next_arrival_s: float) -> None:
