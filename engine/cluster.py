@@ -190,40 +190,39 @@ class Cluster:
             return 0, 0, 0.0
         stop = int(np.searchsorted(log.arrival_s, self.time, side="right"))
         ids = np.arange(self._next_arrival, stop)
-        if len(self.engines) == 1:  # every arrival goes to the one engine; _pick's cold check is the same for all
-            self._pick(int(ids[0]))
-            if self.engines[0].ready_at > self.time:
-                log.cold_start[ids] = True
-                log.load_wait_s[ids] = self.engines[0].ready_at - self.time
-            rejected, lag = self.engines[0].receive(ids, self.time)
+        if len(self.engines) == 1:  # the common case: no routing decision to make
+            self._load_if_cold(self.engines[0])
+            groups = [(0, ids)]
         else:
-            targets = np.array([self._pick(int(rid)) for rid in ids])
-            rejected, lag = 0, 0.0
-            for c in np.unique(targets):
-                refused, waited = self.engines[c].receive(ids[targets == c], self.time)
-                rejected += refused
-                lag += waited
+            targets = np.array([self._pick() for _ in range(ids.size)])
+            groups = [(int(c), ids[targets == c]) for c in np.unique(targets)]
+        rejected, lag = 0, 0.0
+        for c, routed in groups:
+            engine = self.engines[c]
+            if engine.ready_at > self.time:  # they wait for the model to load
+                log.cold_start[routed] = True
+                log.load_wait_s[routed] = engine.ready_at - self.time
+            refused, waited = engine.receive(routed, self.time)
+            rejected += refused
+            lag += waited
         self._num_in_system += ids.size - rejected
         self._next_arrival = stop
         self.num_rejected += rejected
         return ids.size, rejected, lag
 
-    def _pick(self, rid: int) -> int:
+    def _pick(self) -> int:
+        """Route one arrival: the router's choice among the containers, which starts loading if cold."""
         engines, now = self.engines, self.time
-        if len(engines) == 1:
-            c = 0
-        else:
-            load = np.array([e.waiting.size + e.num_running for e in engines], dtype=np.int64)
-            holds = np.array([not self.is_cold(e, now) for e in engines])
-            c = self._route(load, holds, self._route_turn)
-            self._route_turn += 1
-        engine = engines[c]
-        if self.is_cold(engine, now):
-            engine.ready_at = now + self.cold_start_s
-        if engine.ready_at > now:
-            self.log.cold_start[rid] = True
-            self.log.load_wait_s[rid] = engine.ready_at - now
+        load = np.array([e.waiting.size + e.num_running for e in engines], dtype=np.int64)
+        holds = np.array([not self.is_cold(e, now) for e in engines])
+        c = self._route(load, holds, self._route_turn)
+        self._route_turn += 1
+        self._load_if_cold(engines[c])
         return c
+
+    def _load_if_cold(self, engine: Engine) -> None:
+        if self.is_cold(engine, self.time):
+            engine.ready_at = self.time + self.cold_start_s
 
     def is_cold(self, engine: Engine, now: float) -> bool:
         """Cold: never loaded, or idle for longer than the keep-alive (and not loading)."""
