@@ -200,12 +200,14 @@ class TokenWindowPacing(Policy):
         kv_free = engine_feature(obs, "kv_free_frac")
         slots = free_slots(obs)
 
+        token_load_after, admitted, skip = token_load, [], set()
         forced = np.flatnonzero(queue[:, _Q["wait_steps"]] > p.max_wait_steps)
-        forced = forced[np.argsort(-queue[forced, _Q["wait_steps"]], kind="stable")][: max(slots, 0)]
-        admitted = forced.tolist()
-        skip = set(admitted)
-        token_load_after = token_load + float(want[forced].sum())
-        kv_free -= float(blocks[forced].sum())
+        if forced.size:  # rarely: most steps force nothing
+            forced = forced[np.argsort(-queue[forced, _Q["wait_steps"]], kind="stable")][: max(slots, 0)]
+            admitted = forced.tolist()
+            skip = set(admitted)
+            token_load_after += float(want[forced].sum())
+            kv_free -= float(blocks[forced].sum())
         for i in self._rank(queue, want, mean_remaining):
             if len(admitted) >= slots:
                 break
