@@ -32,6 +32,40 @@ EMPTY = np.zeros(0, dtype=np.int64)
 EMPTY.flags.writeable = False
 
 
+class BatchTotals(NamedTuple):
+    """What a latency model needs of a :class:`StepBatch`: its sizes and sums, no per-request arrays."""
+
+    num_decodes: int
+    decode_context: float
+    """KV tokens the decodes read (the sum of ``decode_context``)."""
+    num_prefills: int
+    prefill_tokens: float
+    """Prompt tokens the chunks ingest (the sum of ``prefill_len``)."""
+    prefill_pairs: float
+    """(query, key) pairs of the causal chunks: token j of a chunk sees ``start + j + 1`` tokens."""
+    num_completes: int
+    """Chunks that complete their prefill (and so sample a first token)."""
+
+
+def batch_totals(batch: StepBatch) -> BatchTotals:
+    """The sizes and sums of ``batch``. Every term is an integer or a half-integer far below 2**53, so the sums
+    are exact in any order (a compiled engine that adds them row by row gets the same floats)."""
+    decodes, prefills = batch.decode_ids.size, batch.prefill_ids.size
+    context = float(batch.decode_context.sum()) if decodes else 0.0
+    if not prefills:
+        return BatchTotals(decodes, context, 0, 0.0, 0.0, 0)
+    length, start = batch.prefill_len, batch.prefill_start
+    completes = int(np.count_nonzero(start + length == batch.prefill_target))
+    return BatchTotals(decodes, context, prefills, float(length.sum()), prefill_attention_work(start, length),
+                       completes)
+
+
+def prefill_attention_work(start: np.ndarray, length: np.ndarray) -> float:
+    """Sum over chunk tokens of their attention context: token j of a chunk sees ``start + j + 1`` tokens
+    (the (query, key) pairs of causal chunks)."""
+    return float(np.dot(length, start + (length + 1) * 0.5))
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Executes iterations and reports how long each took.
@@ -56,3 +90,8 @@ class Backend(Protocol):
 
     def release(self, request_ids: np.ndarray) -> None:
         """Forget the cache of finished or preempted requests."""
+
+
+# A backend whose latency depends only on a batch's sizes and sums may also define
+# ``execute_totals(totals: BatchTotals) -> float``, equal to ``execute`` of any batch with those totals; the
+# compiled engine then times iterations without building the batch's arrays.

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from servegym.backends.base import StepBatch
+from servegym.backends.base import BatchTotals, StepBatch, batch_totals
 from servegym.backends.profile import LatencyModel, Profile
 
 
@@ -37,7 +37,11 @@ class CalibratedBackend:
         self._rng = rng
 
     def execute(self, batch: StepBatch) -> float:
-        latency = self.model.iteration_s(batch)
+        return self.execute_totals(batch_totals(batch))
+
+    def execute_totals(self, totals: BatchTotals) -> float:
+        """:meth:`execute` from the batch's totals alone (the compiled engine builds no arrays)."""
+        latency = self.model.totals_s(totals)
         if self._sigma:
             if self._rng is None:
                 raise RuntimeError("CalibratedBackend.execute called before reset(rng)")

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from servegym.backends.base import prefill_attention_work
 from servegym.backends.calibrated import step_latency
 from servegym.backends.profile import LatencyModel
-from servegym.backends.token_model import prefill_attention_work
 
 
 @dataclass(frozen=True)

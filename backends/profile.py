@@ -9,8 +9,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from servegym.backends.base import StepBatch
-from servegym.backends.token_model import ProfileValueError, TokenLatencyModel, prefill_attention_work
+from servegym.backends.base import BatchTotals, StepBatch, batch_totals
+from servegym.backends.token_model import ProfileValueError, TokenLatencyModel
 
 SCHEMA_VERSIONS = (1, 2)
 """Schema 1: the batch-keyed model (:class:`LatencyModel`); schema 2: the token-keyed
@@ -67,14 +67,13 @@ class LatencyModel:
         )
 
     def iteration_s(self, batch: StepBatch) -> float:
-        prefill_tokens = prefill_attention = decode_context = 0.0
-        if batch.prefill_len.size:
-            prefill_tokens = float(batch.prefill_len.sum())
-            if self.prefill_s_per_token_context:
-                prefill_attention = prefill_attention_work(batch.prefill_start, batch.prefill_len)
-        if self.decode_s_per_context_token and batch.decode_context.size:
-            decode_context = float(batch.decode_context.sum())
-        return self.step_s(batch.decode_ids.size, prefill_tokens, prefill_attention, decode_context)
+        return self.totals_s(batch_totals(batch))
+
+    def totals_s(self, t: BatchTotals) -> float:
+        """:meth:`iteration_s` of any batch with these totals."""
+        attention = t.prefill_pairs if self.prefill_s_per_token_context else 0.0
+        context = t.decode_context if self.decode_s_per_context_token else 0.0
+        return self.step_s(t.num_decodes, t.prefill_tokens, attention, context)
 
     def decode_s(self, batch: int, context: float = 0.0) -> float:
         """An iteration of ``batch`` decoding requests, each holding ``context`` KV tokens."""

@@ -25,9 +25,7 @@ import itertools
 import math
 from dataclasses import dataclass, field, fields
 
-import numpy as np
-
-from servegym.backends.base import StepBatch
+from servegym.backends.base import BatchTotals, StepBatch, batch_totals
 
 
 class ProfileValueError(ValueError):
@@ -143,15 +141,15 @@ class TokenLatencyModel:
         return total
 
     def iteration_s(self, batch: StepBatch) -> float:
-        decodes = batch.decode_ids.size
-        prefills = batch.prefill_ids.size
-        context = float(batch.decode_context.sum()) if decodes else 0.0
-        if not prefills:
-            return self.total_s(decodes, decodes, context, 0.0, decodes)
-        tokens = decodes + float(batch.prefill_len.sum())
-        pairs = prefill_attention_work(batch.prefill_start, batch.prefill_len)
-        completes = int(np.count_nonzero(batch.prefill_start + batch.prefill_len == batch.prefill_target))
-        return self.total_s(decodes + prefills, tokens, context, pairs, decodes + completes)
+        return self.totals_s(batch_totals(batch))
+
+    def totals_s(self, t: BatchTotals) -> float:
+        """:meth:`iteration_s` of any batch with these totals."""
+        decodes = t.num_decodes
+        if not t.num_prefills:
+            return self.total_s(decodes, decodes, t.decode_context, 0.0, decodes)
+        return self.total_s(decodes + t.num_prefills, decodes + t.prefill_tokens, t.decode_context, t.prefill_pairs,
+                            decodes + t.num_completes)
 
     # ------------------------------------------------------------------ summaries
     def decode_s(self, batch: int, context: float = 0.0) -> float:
@@ -180,8 +178,3 @@ class TokenLatencyModel:
 TERMS = ("cpu", "linear", "allreduce", "decode_attention", "prefill_attention", "lm_head")
 """The named terms of :meth:`TokenLatencyModel.terms`, in the profile's order."""
 
-
-def prefill_attention_work(start: np.ndarray, length: np.ndarray) -> float:
-    """Sum over chunk tokens of their attention context: token j of a chunk sees ``start + j + 1`` tokens
-    (the (query, key) pairs of causal chunks)."""
-    return float(np.dot(length, start + (length + 1) * 0.5))
