@@ -1,8 +1,9 @@
 """The gym-free simulator core: request lifecycle, paged KV accounting, chunked prefill, preemption."""
 
 from servegym.engine.cluster import Cluster, ClusterStep, PoolConfig, length_intervals
+from servegym.engine.compiled import CompiledEngine, compiled_available, engine_class
 from servegym.engine.config import EngineConfig, LengthMode, PreemptionRule
-from servegym.engine.engine import RUNNING_OBS_COLUMNS, Col, Engine, Plan, StepOutcome
+from servegym.engine.engine import RUNNING_OBS_COLUMNS, Col, Engine, EngineBase, Plan, StepOutcome
 from servegym.engine.log import STEP_FIELDS, STEP_INDEX, EpisodeLog, RejectReason, State, StepRow
 from servegym.engine.routing import Router
 
@@ -13,7 +14,9 @@ __all__ = [
     "Cluster",
     "ClusterStep",
     "Col",
+    "CompiledEngine",
     "Engine",
+    "EngineBase",
     "EngineConfig",
     "EpisodeLog",
     "LengthMode",
@@ -25,5 +28,7 @@ __all__ = [
     "State",
     "StepOutcome",
     "StepRow",
+    "compiled_available",
+    "engine_class",
     "length_intervals",
 ]

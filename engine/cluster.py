@@ -15,8 +15,9 @@ from typing import NamedTuple
 import numpy as np
 
 from servegym.backends.base import Backend
+from servegym.engine.compiled import engine_class
 from servegym.engine.config import EngineConfig, LengthMode, as_enum
-from servegym.engine.engine import Engine, StepOutcome
+from servegym.engine.engine import EngineBase, StepOutcome
 from servegym.engine.log import EpisodeLog
 from servegym.engine.routing import ROUTERS, Router
 from servegym.engine.validation import boolean, in_range, optional, positive_int, positive_number
@@ -66,16 +67,21 @@ class ClusterStep(NamedTuple):
 
 
 class Cluster:
-    """Containers fed by one workload through a router."""
+    """Containers fed by one workload through a router.
+
+    ``engine`` picks the engine implementation (see :func:`servegym.engine.compiled.engine_class`): ``"python"``,
+    ``"compiled"``, or ``None``/``"auto"`` for the compiled one when it was built. Results are the same.
+    """
 
     def __init__(self, config: EngineConfig, pool: PoolConfig, backends: list[Backend], workload: Workload,
-                 cold_start_s: float = 0.0) -> None:
+                 cold_start_s: float = 0.0, engine: str | None = None) -> None:
         if len(backends) != pool.num_containers:
             raise ValueError(f"need one backend per container: {len(backends)} for {pool.num_containers}")
         self.config = config
         self.pool = pool
         self.workload = workload
-        self.engines = [Engine(config, backend, container=c) for c, backend in enumerate(backends)]
+        engine_type = engine_class(engine)
+        self.engines = [engine_type(config, backend, container=c) for c, backend in enumerate(backends)]
         base = pool.cold_start_s if pool.cold_start_s is not None else cold_start_s
         self.cold_start_s = base * pool.cold_start_scale
         if self.cold_start_s > MAX_POOL_SECONDS:
@@ -133,7 +139,7 @@ class Cluster:
             self.check_invariants()
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> EngineBase:
         """The container whose decision is due."""
         return self.engines[self.deciding]
 
@@ -220,11 +226,11 @@ class Cluster:
         self._load_if_cold(engines[c])
         return c
 
-    def _load_if_cold(self, engine: Engine) -> None:
+    def _load_if_cold(self, engine: EngineBase) -> None:
         if self.is_cold(engine, self.time):
             engine.ready_at = self.time + self.cold_start_s
 
-    def is_cold(self, engine: Engine, now: float) -> bool:
+    def is_cold(self, engine: EngineBase, now: float) -> bool:
         """Cold: never loaded, or idle for longer than the keep-alive (and not loading)."""
         if engine.ready_at == math.inf:
             return True

@@ -92,8 +92,13 @@ SMALL_HEAD = 8
 dominate); more, in numpy."""
 
 
-class Engine:
-    """One container's continuous-batching LLM serving engine over a paged KV cache.
+class EngineBase:
+    """One container's continuous-batching LLM serving engine over a paged KV cache: what every implementation of
+    its iteration shares (construction, episodes, arrivals, views, checks).
+
+    Two implementations provide ``step``: :class:`Engine` in Python, the specification, and
+    :class:`~servegym.engine.compiled.CompiledEngine`, the same iteration compiled. Use either through a
+    :class:`~servegym.engine.Cluster`, which picks one (see :func:`~servegym.engine.compiled.engine_class`).
 
     The engine serves the requests routed to it (:meth:`receive`); a :class:`~servegym.engine.Cluster`
     owns the workload, the routing and the event clock across containers.
@@ -211,8 +216,11 @@ class Engine:
         if self.clock < now:  # the engine sat idle until now
             self.clock = now
         self.num_arrived += ids.size
-        log.container[ids] = self.container
-        never_fits = log.num_prompt_tokens[ids] + log.num_output_tokens[ids] > self.num_kv_blocks * self.block_size
+        # ids ascend; consecutive ones (every arrival batch of a one-container pool) index as a slice, far cheaper
+        # than a list of indexes.
+        where = slice(int(ids[0]), int(ids[-1]) + 1) if ids.size and ids[-1] - ids[0] == ids.size - 1 else ids
+        log.container[where] = self.container
+        never_fits = log.num_prompt_tokens[where] + log.num_output_tokens[where] > self.num_kv_blocks * self.block_size
         rejected = int(np.count_nonzero(never_fits))
         if rejected:
             bad = ids[never_fits]
@@ -220,13 +228,50 @@ class Engine:
             log.reject_reason[bad] = RejectReason.EXCEEDS_KV_CAPACITY
             log.finish_s[bad] = log.arrival_s[bad]
             self.num_rejected += rejected
-            ids = ids[~never_fits]
+            ids = where = ids[~never_fits]
         if ids.size:
-            log.state[ids] = State.WAITING
-            log.enqueue_step[ids] = self.step_index
+            log.state[where] = State.WAITING
+            log.enqueue_step[where] = self.step_index
             self.waiting = np.concatenate([self.waiting, ids])
             self.waiting_version += 1
-        return rejected, float((now - log.arrival_s[ids]).sum())
+        return rejected, float((now - log.arrival_s[where]).sum())
+
+
+    # ------------------------------------------------------------------ checks
+    def check_invariants(self) -> None:
+        """Raise AssertionError if this engine's queue, running table or KV accounting is inconsistent."""
+        log, n, bs = self.log, self.num_running, self.block_size
+        rows = self._run[:n]
+        held = int(num_blocks(rows[:, KV], bs).sum())
+        if held != self.num_used_blocks or not 0 <= self.num_used_blocks <= self.num_kv_blocks:
+            raise AssertionError(f"KV accounting broken: rows hold {held}, used={self.num_used_blocks}")
+        if np.unique(self.waiting).size != self.waiting.size:
+            raise AssertionError("a request is queued twice")
+        states = log.state[self.waiting]
+        if not np.all((states == State.WAITING) | (states == State.PREEMPTED)):
+            raise AssertionError("a queued request is not waiting")
+        run_states = log.state[rows[:, REQ]]
+        if not np.all((run_states == State.PREFILLING) | (run_states == State.DECODING)):
+            raise AssertionError("a running request is not prefilling or decoding")
+        if int((rows[:, HI] - rows[:, GEN]).sum()) != self.token_load:
+            raise AssertionError("token load drifted")
+        if int(np.count_nonzero(rows[:, PREFILL_LEFT])) != self.num_prefilling:
+            raise AssertionError("prefilling count drifted")
+        if np.any(rows[:, GEN] > rows[:, OUT]):
+            raise AssertionError("a request generated past its output length")
+        decoding = rows[:, PREFILL_LEFT] == 0
+        if self._phases is not None and not np.array_equal(
+            self._phases, np.bincount((rows[decoding, KV] - self.step_index) % bs, minlength=bs)
+        ):
+            raise AssertionError("the KV block phases of the decoding rows drifted from the running table")
+        if decoding.any() and self._finish_countdown > int((rows[decoding, OUT] - rows[decoding, GEN]).min()):
+            raise AssertionError("the finish countdown overshoots a decoding request's remaining tokens")
+
+
+
+class Engine(EngineBase):
+    """The engine's iteration in Python and numpy: the specification of what one ``step`` does (the compiled
+    engine reproduces it float for float)."""
 
     # ------------------------------------------------------------------ step
     def step(self, admit: np.ndarray, next_arrival_s: float = math.inf) -> StepOutcome:
@@ -515,33 +560,3 @@ class Engine:
         self.clock += dt
         self.last_dt = dt
         self._num_prefill_seqs = 0
-
-    # ------------------------------------------------------------------ checks
-    def check_invariants(self) -> None:
-        """Raise AssertionError if this engine's queue, running table or KV accounting is inconsistent."""
-        log, n, bs = self.log, self.num_running, self.block_size
-        rows = self._run[:n]
-        held = int(num_blocks(rows[:, KV], bs).sum())
-        if held != self.num_used_blocks or not 0 <= self.num_used_blocks <= self.num_kv_blocks:
-            raise AssertionError(f"KV accounting broken: rows hold {held}, used={self.num_used_blocks}")
-        if np.unique(self.waiting).size != self.waiting.size:
-            raise AssertionError("a request is queued twice")
-        states = log.state[self.waiting]
-        if not np.all((states == State.WAITING) | (states == State.PREEMPTED)):
-            raise AssertionError("a queued request is not waiting")
-        run_states = log.state[rows[:, REQ]]
-        if not np.all((run_states == State.PREFILLING) | (run_states == State.DECODING)):
-            raise AssertionError("a running request is not prefilling or decoding")
-        if int((rows[:, HI] - rows[:, GEN]).sum()) != self.token_load:
-            raise AssertionError("token load drifted")
-        if int(np.count_nonzero(rows[:, PREFILL_LEFT])) != self.num_prefilling:
-            raise AssertionError("prefilling count drifted")
-        if np.any(rows[:, GEN] > rows[:, OUT]):
-            raise AssertionError("a request generated past its output length")
-        decoding = rows[:, PREFILL_LEFT] == 0
-        if self._phases is not None and not np.array_equal(
-            self._phases, np.bincount((rows[decoding, KV] - self.step_index) % bs, minlength=bs)
-        ):
-            raise AssertionError("the KV block phases of the decoding rows drifted from the running table")
-        if decoding.any() and self._finish_countdown > int((rows[decoding, OUT] - rows[decoding, GEN]).min()):
-            raise AssertionError("the finish countdown overshoots a decoding request's remaining tokens")

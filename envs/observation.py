@@ -8,8 +8,9 @@ import numpy as np
 from gymnasium import spaces
 
 from servegym.engine.cluster import Cluster
+from servegym.engine.compiled import CORE
 from servegym.engine.config import LengthMode
-from servegym.engine.engine import RUNNING_OBS_COLUMNS, Engine
+from servegym.engine.engine import RUNNING_OBS_COLUMNS, EngineBase
 
 BIG = 1e9
 """Upper bound of unbounded counts, tokens and seconds (finite, so that checkers and normalisers accept it)."""
@@ -92,6 +93,9 @@ RUNNING_INDEX = {name: i for i, name in enumerate(RUNNING_FEATURES)}
 _WAIT_S, _WAIT_STEPS = QUEUE_INDEX["wait_s"], QUEUE_INDEX["wait_steps"]
 if RUNNING_FEATURES != RUNNING_OBS_COLUMNS:
     raise ImportError("RUNNING_SCHEMA must name the engine's observable running columns in order")
+_COMPILED_LAYOUT = (ENGINE_FEATURES, (_WAIT_S, _WAIT_STEPS, len(QUEUE_FEATURES)))
+if CORE is not None and (CORE.ENGINE_FEATURES, CORE.QUEUE_WAITS) != _COMPILED_LAYOUT:
+    raise ImportError("the observation schema changed: update Core.observe in servegym/engine/_core.pyx")
 LENGTH_MODE_CODE = {mode: float(code) for code, mode in enumerate(LengthMode)}
 """The ``length_mode`` feature's value for each :class:`LengthMode`."""
 
@@ -148,6 +152,8 @@ class ObservationEncoder:
     Every observation is one fresh float32 buffer in ``gymnasium.spaces.flatten``'s layout of the Dict space
     (keys in sorted order: engine, pool, queue, running): ``flat=True`` returns the buffer itself, otherwise a
     dict of views into it. One allocation per step either way, and a flat observation costs nothing extra.
+    The buffer starts as a copy of a template that holds the queue window's cached columns; each step writes
+    only what changes (waits, running rows, the engine and pool vectors).
     """
 
     def __init__(self, queue_window: int, running_slots: int, num_containers: int = 1, flat: bool = False) -> None:
@@ -158,14 +164,17 @@ class ObservationEncoder:
                  "queue": queue_window * len(QUEUE_FEATURES), "running": running_slots * len(RUNNING_FEATURES)}
         bounds = np.cumsum([0, *sizes.values()]).tolist()
         self._slices = {key: slice(a, b) for key, a, b in zip(sizes, bounds, bounds[1:], strict=False)}
+        self._engine_end, self._pool_end, self._queue_end = bounds[1:4]
         self.size = bounds[-1]
         self._version = -1
-        self._queue_static = np.zeros((queue_window, len(QUEUE_FEATURES)), dtype=np.float32)
+        self._template = np.zeros(self.size, dtype=np.float32)
+        self._queue_static = self._template[self._slices["queue"]].reshape(queue_window, len(QUEUE_FEATURES))
         self._arrival = np.zeros(0)
         self._enqueue = np.zeros(0)
 
-    def reset(self, engine: Engine) -> None:
+    def reset(self, engine: EngineBase) -> None:
         """Start an episode: forget the cached queue and read the per-episode constants."""
+        self._observe = getattr(engine, "observe", None)  # a compiled engine writes its part itself
         self._version = -1
         self._container = -1
         self._baseline = engine.backend.baseline_step_s or 0.0
@@ -178,40 +187,53 @@ class ObservationEncoder:
         engine = cluster.engine
         if engine.waiting_version != self._version or engine.container != self._container:
             self._refresh_queue(engine)
-        buf = np.zeros(self.size, dtype=np.float32)
-        parts = {key: buf[where] for key, where in self._slices.items()}
-        queue = parts["queue"].reshape(self.queue_window, len(QUEUE_FEATURES))
-        queue[:] = self._queue_static
+        buf = self._template.copy()
+        engine_end, pool_end, queue_end = self._engine_end, self._pool_end, self._queue_end
+        if self._observe is not None:
+            engine.observe(buf, pool_end, queue_end, self._arrival, self._enqueue, self._baseline, self._capacity,
+                           self._length_mode)
+        else:
+            self._write_engine(engine, buf)
+        buf[engine_end:pool_end] = self._pool(cluster)
+        if self.flat:
+            return buf
+        return {"engine": buf[:engine_end], "pool": buf[engine_end:pool_end], "queue": buf[pool_end:queue_end],
+                "running": buf[queue_end:]}
+
+    def _write_engine(self, engine: EngineBase, buf: np.ndarray) -> None:
+        """Write ``obs["engine"]``, the queue rows' waits and ``obs["running"]`` (a compiled engine's ``observe``
+        writes the same values)."""
+        pool_end, queue_end = self._pool_end, self._queue_end
         k = self._arrival.size
-        if k:
-            queue[:k, _WAIT_S] = engine.clock - self._arrival
-            queue[:k, _WAIT_STEPS] = engine.step_index - self._enqueue
-        engine.copy_running_into(parts["running"].reshape(self.running_slots, len(RUNNING_FEATURES)))
+        if k:  # columns of the first k queue rows, as strided slices of the flat buffer
+            width = len(QUEUE_FEATURES)
+            buf[pool_end + _WAIT_S : pool_end + k * width : width] = engine.clock - self._arrival
+            buf[pool_end + _WAIT_STEPS : pool_end + k * width : width] = engine.step_index - self._enqueue
+        if engine.num_running:
+            engine.copy_running_into(buf[queue_end:].reshape(self.running_slots, len(RUNNING_FEATURES)))
         last = engine.last
         # In ENGINE_SCHEMA's order (tests/test_env_api.py checks each value by name).
-        parts["engine"][:] = (
+        buf[: self._engine_end] = (
             engine.itl_last, engine.itl_smoothed, self._baseline, engine.num_running, engine.num_prefilling,
             engine.token_load, engine.waiting.size, 1.0 - engine.num_used_blocks / engine.num_kv_blocks,
             engine.kv_free_delta, self._capacity, engine.block_size, last.num_preemptions, last.num_admitted,
             last.num_finished, self._length_mode, self._chunk, self._budget,
         )
-        self._pool(cluster, parts["pool"])
-        return buf if self.flat else parts
 
     @staticmethod
-    def _pool(cluster: Cluster, pool: np.ndarray) -> None:
+    def _pool(cluster: Cluster) -> list[float]:
+        """``obs["pool"]``: POOL_SCHEMA's values for each container, in order."""
         now, values = cluster.time, []
         for e in cluster.engines:
             busy = e.waiting.size or e.num_running
             warmth = 1.0 if e.ready_at <= now else (0.0 if e.ready_at == np.inf else now - e.ready_at)
             if cluster.is_cold(e, now):
                 warmth = 0.0
-            values += (0.0, warmth, 0.0 if busy else now - e.idle_since, e.waiting.size, e.num_running,
-                       1.0 - e.num_used_blocks / e.num_kv_blocks)
-        pool[:] = values
-        pool[cluster.deciding * len(POOL_FEATURES) + POOL_INDEX["deciding"]] = 1.0
+            values += (float(e.container == cluster.deciding), warmth, 0.0 if busy else now - e.idle_since,
+                       e.waiting.size, e.num_running, 1.0 - e.num_used_blocks / e.num_kv_blocks)
+        return values
 
-    def _refresh_queue(self, engine: Engine) -> None:
+    def _refresh_queue(self, engine: EngineBase) -> None:
         log = engine.log
         ids = engine.waiting[: self.queue_window]
         k = ids.size

@@ -12,7 +12,7 @@ import numpy as np
 from gymnasium import spaces
 
 from servegym.backends import Backend, CalibratedBackend, Profile, load_profile
-from servegym.engine import Cluster, Engine, EngineConfig, PoolConfig, StepOutcome
+from servegym.engine import Cluster, EngineBase, EngineConfig, PoolConfig, StepOutcome
 from servegym.engine.cluster import ClusterStep
 from servegym.engine.validation import boolean, non_negative_number, optional, positive_int, positive_number
 from servegym.envs.actions import slot_action_masks
@@ -251,7 +251,7 @@ class ServingEnv(gym.Env):
 
     # ------------------------------------------------------------------ gym API
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> EngineBase:
         """The container whose decision the next ``step`` takes (the only one unless ``pool`` says more)."""
         return self.cluster.engine
 

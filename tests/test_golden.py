@@ -1,8 +1,8 @@
 """Behaviour is pinned: whole episode logs on fixed seeds hash as they did when ``golden_logs.json`` was made.
 
 The cases cover every length mode, preemption (LIFO, clear-all, fewest-generated), a cold pool and most
-policies. A failure means an episode changed: if that was the intent, regenerate with ``python -m tests.golden``
-and say why in the commit.
+policies, each on both engines (Python and compiled). A failure means an episode changed: if that was the
+intent, regenerate with ``python -m tests.golden`` and say why in the commit.
 """
 
 from __future__ import annotations
@@ -11,12 +11,16 @@ import json
 
 import pytest
 
+from servegym.engine import compiled_available
 from tests.golden import CASES, GOLDEN, run_case
 
 EXPECTED = json.loads(GOLDEN.read_text())
 
 
+@pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=pytest.mark.skipif(
+    not compiled_available(), reason="the compiled engine is not built here"))])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_episode_log_is_unchanged(case):
+def test_episode_log_is_unchanged(case, engine, monkeypatch):
+    monkeypatch.setenv("SERVEGYM_ENGINE", engine)
     prints, total = run_case(case)
     assert {**prints, "reward": total} == EXPECTED[case[0]]
