@@ -17,7 +17,7 @@ from servegym.engine.cluster import ClusterStep
 from servegym.engine.validation import boolean, non_negative_number, optional, positive_int, positive_number
 from servegym.envs.actions import slot_action_masks
 from servegym.envs.observation import SCHEMA, ObservationEncoder, observation_space, schema_table
-from servegym.metrics.core import censored_latency, met_slo
+from servegym.metrics.core import censored_latency, num_met_slo
 from servegym.workloads import Workload, make_workload
 from servegym.workloads.scenarios import profile_for
 
@@ -338,8 +338,7 @@ class ServingEnv(gym.Env):
         good = 0
         if step.outcome.num_finished:  # counted for info["num_slo_good"] whatever the reward
             engine = self.cluster.engines[step.container]
-            good = int(np.count_nonzero(met_slo(self.cluster.log, engine.last_finished_ids, self.ttft_slo_s,
-                                                self.itl_slo_s)))
+            good = num_met_slo(self.cluster.log, engine.last_finished_ids, self.ttft_slo_s, self.itl_slo_s)
             self._num_slo_good += good
         if self.reward_name == "latency":
             self._latency_charged += step.latency_accrued_s
@@ -386,9 +385,10 @@ class ServingEnv(gym.Env):
             raise TypeError(f"action must be an integer array (MultiDiscrete), got dtype {a.dtype}")
         if not np.count_nonzero(a):
             return a[:0]
-        if a.min() < 0 or a.max() > w:
+        # The ufuncs' own reductions and methods: numpy's Python wrappers cost more than the work on 32 slots.
+        if np.minimum.reduce(a) < 0 or np.maximum.reduce(a) > w:
             raise ValueError(f"action values must be in [0, {w}], got min {a.min()} max {a.max()}")
-        slots = np.flatnonzero(a)
+        slots = a.nonzero()[0]
         visible = self.num_visible
         if slots[-1] >= visible:
             empty = slots[slots >= visible]
@@ -396,7 +396,7 @@ class ServingEnv(gym.Env):
                 raise ValueError(f"action admits empty queue slot(s) {empty.tolist()}; only {visible} visible")
             self._invalid += empty.size
             slots = slots[slots < visible]
-        return slots[np.argsort(a[slots], kind="stable")]
+        return slots[a[slots].argsort(kind="stable")]
 
     @property
     def num_visible(self) -> int:

@@ -70,6 +70,19 @@ def met_slo(log: EpisodeLog, ids: np.ndarray, ttft_slo_s: float, itl_slo_s: floa
     return (first - log.arrival_s[ids] <= ttft_slo_s) & (tpot <= itl_slo_s)
 
 
+def num_met_slo(log: EpisodeLog, ids: np.ndarray, ttft_slo_s: float, itl_slo_s: float) -> int:
+    """How many of ``ids`` :func:`met_slo`. A few requests (one iteration's finishes) are checked one by one in
+    plain floats, which give the same IEEE results as the arrays and cost less than a dozen array operations."""
+    if len(ids) > 8:
+        return int(np.count_nonzero(met_slo(log, ids, ttft_slo_s, itl_slo_s)))
+    good = 0
+    for r in ids.tolist():
+        first, out = float(log.first_token_s[r]), int(log.num_output_tokens[r])
+        tpot = (float(log.finish_s[r]) - first) / max(out - 1, 1) if out > 1 else 0.0
+        good += first - float(log.arrival_s[r]) <= ttft_slo_s and tpot <= itl_slo_s
+    return good
+
+
 def censored_latency(log: EpisodeLog) -> np.ndarray:
     """Time in the system (s) of every request that arrived and was not rejected: arrival to finish, or to
     the episode's end for requests still waiting or running (right-censored). A policy that leaves requests

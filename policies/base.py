@@ -116,7 +116,8 @@ def output_estimate(lo: np.ndarray, hi: np.ndarray, length_mode: LengthMode,
 def ranks_action(obs: Observation, slots: list[int] | np.ndarray) -> np.ndarray:
     """The action that admits queue ``slots`` in the given order (rank 1 first)."""
     action = np.zeros(obs["queue"].shape[0] // len(QUEUE_FEATURES), dtype=np.int64)
-    action[np.asarray(slots, dtype=np.int64)] = np.arange(1, len(slots) + 1)
+    if len(slots):
+        action[np.asarray(slots, dtype=np.int64)] = np.arange(1, len(slots) + 1)
     return action
 
 

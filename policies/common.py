@@ -8,6 +8,8 @@ from servegym.engine.kv import num_blocks
 from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX, length_mode_of, queue_matrix, running_matrix
 from servegym.policies.base import Observation, engine_feature, output_estimate
 
+_PROMPT, _GENERATED = QUEUE_INDEX["num_prompt_tokens"], QUEUE_INDEX["num_generated"]
+
 
 def visible_queue(obs: Observation) -> np.ndarray:
     """The rows of the visible waiting requests (queue head first)."""
@@ -71,14 +73,25 @@ def prefix_that_fits(need: np.ndarray, budget: float) -> int:
 
 
 def fcfs_count(obs: Observation, order: np.ndarray | None = None, budget_blocks: float | None = None) -> int:
-    """How many visible requests (in ``order``, default queue order) fit in free KV blocks and slots."""
+    """How many visible requests (in ``order``, default queue order) fit in free KV blocks and slots.
+
+    ``prefix_that_fits(admission_blocks(obs, rows), budget)`` capped at the free slots, counted row by row in
+    plain Python: it stops at the first request that does not fit, and the queue window is small.
+    """
     rows = visible_queue(obs)
     if not rows.shape[0]:
         return 0
     if order is not None:
         rows = rows[order]
     budget = free_blocks(obs) if budget_blocks is None else budget_blocks
-    return min(prefix_that_fits(admission_blocks(obs, rows), budget), free_slots(obs))
+    slots, block = free_slots(obs), engine_feature(obs, "kv_block_size")
+    count, used = 0, 0.0
+    for prompt, generated in zip(rows[:, _PROMPT].tolist(), rows[:, _GENERATED].tolist(), strict=True):
+        used += num_blocks(prompt + generated + 1, block)
+        if count == slots or used > budget:
+            break
+        count += 1
+    return count
 
 
 def peak_future_tokens(current: np.ndarray, remaining: np.ndarray) -> float:

@@ -137,14 +137,16 @@ class TokenWindowPacing(Policy):
         self.window = min(p.window_max, max(floor, self.window + p.gain * (target - self.window)))
         return target
 
-    def _window_floor(self, running_remaining: np.ndarray, queued_remaining: np.ndarray) -> float:
+    def _window_floor(self, running_mean: float | None, queued_remaining: np.ndarray) -> float:
         """``H_min``: ``window_min``, raised to ``B0`` times the mean estimated remaining tokens of the running
-        requests (of the waiting ones while nothing runs), capped at ``window_max``."""
+        requests (``running_mean``, None while nothing runs: then of the waiting ones), capped at ``window_max``."""
         p = self.params
         if p.min_active_requests is None:
             return p.window_min
-        pool = running_remaining if running_remaining.size else queued_remaining
-        mean = float(pool.sum() / pool.size) if pool.size else 0.0  # pool.mean() without its wrapper
+        if running_mean is not None:
+            mean = running_mean
+        else:
+            mean = float(queued_remaining.sum() / queued_remaining.size) if queued_remaining.size else 0.0
         return min(p.window_max, max(p.window_min, p.min_active_requests * mean))
 
     def _update_kv_guard(self, obs: Observation) -> None:
@@ -178,7 +180,7 @@ class TokenWindowPacing(Policy):
         want = remaining_queued(obs, queue, p.unknown_output_tokens)
 
         sigma = self._monitor(obs)
-        floor = self._window_floor(remaining, want)
+        floor = self._window_floor(mean_remaining if batch else None, want)
         target = self._update_window(sigma, depth, floor)
         self._update_kv_guard(obs)
 
@@ -196,12 +198,16 @@ class TokenWindowPacing(Policy):
         """Forced admissions first (longest wait first), then ranked candidates while they pass the window and
         the KV guard; returns the queue slots in admission order and how many were forced."""
         p = self.params
+        forced = np.flatnonzero(queue[:, _Q["wait_steps"]] > p.max_wait_steps)
+        if not forced.size and not (token_load + want <= self.window).any():
+            # Every candidate fails the window test (the same sums, in the same dtype, as the loop below), so
+            # the gate stops at whichever ranks first: skip the ranking.
+            return [], 0
         blocks = admission_blocks(obs, queue) / total_blocks(obs)
         kv_free = engine_feature(obs, "kv_free_frac")
         slots = free_slots(obs)
 
         token_load_after, admitted, skip = token_load, [], set()
-        forced = np.flatnonzero(queue[:, _Q["wait_steps"]] > p.max_wait_steps)
         if forced.size:  # rarely: most steps force nothing
             forced = forced[np.argsort(-queue[forced, _Q["wait_steps"]], kind="stable")][: max(slots, 0)]
             admitted = forced.tolist()

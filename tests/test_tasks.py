@@ -260,6 +260,25 @@ def test_slo_goodput_counts_only_requests_within_both_slos():
     assert ok.tolist() == [True, False, True, False]
 
 
+def test_num_met_slo_counts_what_met_slo_marks_one_by_one_and_in_bulk():
+    # The per-step count checks a few requests in plain floats and many as arrays: both must agree with met_slo,
+    # at the SLO boundaries too (<= on TTFT and TPOT; one-token requests have no TPOT).
+    from servegym.engine import EpisodeLog
+    from servegym.metrics import met_slo, num_met_slo
+
+    rng = np.random.default_rng(0)
+    n = 40
+    out = rng.integers(1, 6, n)
+    arrival = np.sort(rng.integers(0, 100, n)) / 4.0  # dyadic times: the boundary cases are exact
+    log = EpisodeLog(arrival, np.full(n, 10), out, out, out, np.zeros(n, bool), 100, 16)
+    log.first_token_s[:] = log.arrival_s + rng.choice([0.5, 1.0, 1.5], n)
+    log.finish_s[:] = log.first_token_s + (out - 1) * rng.choice([0.25, 0.5, 0.75], n)
+    for size in (1, 2, 8, 9, n):
+        ids = rng.choice(n, size, replace=False)
+        assert num_met_slo(log, ids, 1.0, 0.5) == int(np.count_nonzero(met_slo(log, ids, 1.0, 0.5))), size
+    assert 0 < num_met_slo(log, np.arange(n), 1.0, 0.5) < n
+
+
 def test_latency_identity_holds_for_a_truncated_pool_episode():
     env = gym.make(ENV_ID, task="serverless-burst", max_steps=200, truncation_penalty_s=5.0)
     total, _, _ = _run(env, seed=3)

@@ -122,16 +122,16 @@ def test_per_request_chunking_gives_each_prompt_one_chunk_of_c_per_step():
 
 
 def test_window_floor_keeps_b0_requests_worth_of_tokens():
-    # min_active_requests = 8 (the paper's B0): running requests with 100 and 300 tokens left (mean 200) give a
+    # min_active_requests = 8 (the paper's B0): running requests with a mean of 200 tokens left give a
     # floor of 1600; with nothing running, the waiting requests' mean (50) gives 400; never below window_min or
     # above window_max; None leaves window_min alone.
     policy = TokenWindowPacing(window_min=32.0, window_max=1000.0)
-    assert policy._window_floor(np.array([100.0, 300.0]), np.array([50.0])) == 1000.0  # capped at window_max
+    assert policy._window_floor(200.0, np.array([50.0])) == 1000.0  # capped at window_max
     policy = TokenWindowPacing(window_min=32.0, window_max=4096.0)
-    assert policy._window_floor(np.array([100.0, 300.0]), np.array([50.0])) == 1600.0
-    assert policy._window_floor(np.zeros(0), np.array([40.0, 60.0])) == 400.0
-    assert policy._window_floor(np.zeros(0), np.zeros(0)) == 32.0
-    assert TokenWindowPacing(min_active_requests=None)._window_floor(np.array([500.0]), np.zeros(0)) == 32.0
+    assert policy._window_floor(200.0, np.array([50.0])) == 1600.0
+    assert policy._window_floor(None, np.array([40.0, 60.0])) == 400.0
+    assert policy._window_floor(None, np.zeros(0)) == 32.0
+    assert TokenWindowPacing(min_active_requests=None)._window_floor(500.0, np.zeros(0)) == 32.0
 
 
 def test_window_floor_holds_the_window_up_when_latency_soars():
