@@ -17,7 +17,7 @@ import numpy as np
 from libc.math cimport isfinite, isnan
 
 from servegym.backends.base import EMPTY, BatchTotals, StepBatch
-from servegym.engine.engine import Col, StepOutcome
+from servegym.engine.engine import Col, EngineBase, StepOutcome
 from servegym.engine.log import State, StepRow
 from servegym.engine.preemption import pick_victims
 
@@ -35,6 +35,7 @@ cdef enum:
     TARGET = 9
     NUM_COLS = 10
 
+cdef signed char WAITING = State.WAITING
 cdef signed char PREFILLING = State.PREFILLING
 cdef signed char DECODING = State.DECODING
 cdef signed char FINISHED = State.FINISHED
@@ -48,11 +49,9 @@ ENGINE_FEATURES = (
     "last_num_admitted", "last_num_finished", "length_mode", "prefill_chunk_tokens", "max_num_batched_tokens",
 )
 """The order :meth:`Core.observe` writes ``obs["engine"]`` in (observation.py checks it against its schema)."""
-QUEUE_WAITS = (1, 2, 6)
-"""Columns of ``wait_s`` and ``wait_steps`` in a queue row, and the row's width (checked the same way)."""
+QUEUE_FEATURES = ("num_prompt_tokens", "wait_s", "wait_steps", "output_lo", "output_hi", "num_generated")
+"""The order :meth:`Core.observe` writes a queue row in (checked the same way)."""
 cdef enum:
-    WAIT_S = 1
-    WAIT_STEPS = 2
     QUEUE_WIDTH = 6
     RUNNING_WIDTH = 6
 
@@ -96,11 +95,13 @@ cdef class Core:
     cdef double smoothing
     cdef object rule
     cdef const long long[::1] prompt, output, lo, hi
-    cdef long long[::1] generated_at_preemption
+    cdef long long[::1] generated_at_preemption, enqueue_step
+    cdef short[::1] container_of
+    cdef const double[::1] arrival_s
     cdef signed char[::1] state
-    cdef double[::1] admit_s, first_token_s
+    cdef double[::1] admit_s, first_token_s, finish_s
     # This iteration's plan: prefilling rows in table order; the first num_chunks of them get chunk[i] tokens.
-    cdef long long[::1] pre_rows, chunk, done
+    cdef long long[::1] pre_rows, chunk, done, gone
     cdef object _plan_arr
     cdef Py_ssize_t num_pre, num_chunks
     cdef bint planned
@@ -120,8 +121,9 @@ cdef class Core:
         self.smoothing = config.itl_smoothing
         self.check = config.check_invariants
         self.rule = config.preemption
-        self._plan_arr = np.zeros((3, config.max_num_seqs), dtype=np.int64)
+        self._plan_arr = np.zeros((4, config.max_num_seqs), dtype=np.int64)
         self.pre_rows, self.chunk, self.done = self._plan_arr[0], self._plan_arr[1], self._plan_arr[2]
+        self.gone = self._plan_arr[3]  # rows that leave the table this iteration, ascending
 
     @property
     def backend(self):
@@ -189,6 +191,10 @@ cdef class Core:
         self.state = log.state
         self.admit_s = log.admit_s
         self.first_token_s = log.first_token_s
+        self.finish_s = log.finish_s
+        self.enqueue_step = log.enqueue_step
+        self.container_of = log.container
+        self.arrival_s = log.arrival_s
 
     # ------------------------------------------------------------------ step
     def step(self, admit, double next_arrival_s=math.inf):
@@ -226,21 +232,52 @@ cdef class Core:
             self.check_invariants()
         return self._last
 
-    def observe(self, float[::1] buf, Py_ssize_t pool_end, Py_ssize_t queue_end, arrival, enqueue,
+    def receive(self, ids, double now):
+        """:meth:`EngineBase.receive`, with the per-request work in C (a batch with a request that can never fit
+        goes through EngineBase's own code)."""
+        cdef const long long[::1] given = np.ascontiguousarray(ids, dtype=np.int64)
+        cdef Py_ssize_t m = given.shape[0], k
+        cdef long long capacity = self.num_kv_blocks * self.block_size, rid
+        for k in range(m):
+            rid = given[k]
+            if self.prompt[rid] + self.output[rid] > capacity:
+                return EngineBase.receive(self, ids, now)
+        if self.clock < now:  # the engine sat idle until now
+            self.clock = now
+        self.num_arrived += m
+        for k in range(m):
+            rid = given[k]
+            self.container_of[rid] = self.container
+            self.state[rid] = WAITING
+            self.enqueue_step[rid] = self.step_index
+        if m == 0:
+            return 0, 0.0
+        self.waiting = np.concatenate([self.waiting, ids])
+        self.waiting_version += 1
+        if m == 1:
+            return 0, now - self.arrival_s[given[0]]
+        return 0, float((now - self._log.arrival_s[ids]).sum())  # numpy's summation order, as EngineBase's
+
+    def observe(self, float[::1] buf, Py_ssize_t pool_end, Py_ssize_t queue_end, Py_ssize_t window,
                 double baseline, double capacity, double length_mode):
-        """Write ``obs["engine"]`` (from 0), the waits of the first ``len(arrival)`` queue rows (from ``pool_end``)
-        and ``obs["running"]`` (from ``queue_end``) into an observation buffer: what
+        """Write ``obs["engine"]`` (from 0), the first ``window`` queue rows (from ``pool_end``) and
+        ``obs["running"]`` (from ``queue_end``) into a zeroed observation buffer: what
         :meth:`servegym.envs.observation.ObservationEncoder.encode` writes for a Python engine, value for value."""
-        cdef Py_ssize_t i, j, k = len(arrival), n = self.num_running, at
-        cdef const double[::1] arrived
-        cdef const long long[::1] enqueued
+        cdef Py_ssize_t i, j, k = min(len(self.waiting), window), n = self.num_running, at
+        cdef long long rid
+        cdef const long long[:] waiting
         cdef long long[:, ::1] run = self.run
         if k:
-            arrived, enqueued = arrival, enqueue
+            waiting = self.waiting
             for i in range(k):
+                rid = waiting[i]
                 at = pool_end + i * QUEUE_WIDTH
-                buf[at + WAIT_S] = self.clock - arrived[i]
-                buf[at + WAIT_STEPS] = self.step_index - enqueued[i]
+                buf[at] = self.prompt[rid]
+                buf[at + 1] = self.clock - self.arrival_s[rid]
+                buf[at + 2] = self.step_index - self.enqueue_step[rid]
+                buf[at + 3] = self.lo[rid]
+                buf[at + 4] = self.hi[rid]
+                buf[at + 5] = self.generated_at_preemption[rid]
         for i in range(n):
             for j in range(RUNNING_WIDTH):
                 buf[queue_end + i * RUNNING_WIDTH + j] = run[i, j]
@@ -412,9 +449,11 @@ cdef class Core:
         # Only decoding rows can finish; prefilling rows still have their output ahead of them.
         cdef long long finished = 0, left, rest
         for i in range(n):
-            finished += run[i, OUT] == run[i, GEN]
+            if run[i, OUT] == run[i, GEN]:
+                self.gone[finished] = i
+                finished += 1
         if finished:
-            self._finish(np.flatnonzero(self._run_arr[:n, OUT] == self._run_arr[:n, GEN]))
+            self._finish(finished)
         n = self.num_running
         left = 0
         for i in range(n):
@@ -434,17 +473,26 @@ cdef class Core:
         return StepBatch(run[:n, REQ][decoding], run[:n, KV][decoding], run[rows, REQ],
                          target - run[rows, PREFILL_LEFT], self._plan_arr[1, : self.num_chunks].copy(), target)
 
-    cdef _finish(self, rows):
-        run, log = self._run_arr, self._log
-        ids = run[rows, REQ]
-        log.finish_s[ids] = self.clock
-        log.state[ids] = FINISHED
+    cdef _finish(self, Py_ssize_t count):
+        """The first ``count`` rows of ``gone`` finished: stamp them in the log and drop them from the table."""
+        cdef long long[:, ::1] run = self.run
+        cdef Py_ssize_t k, row
+        cdef long long rid
+        log = self._log
+        ids = np.empty(count, dtype=np.int64)
+        cdef long long[::1] finished_ids = ids
+        for k in range(count):
+            row = self.gone[k]
+            rid = run[row, REQ]
+            finished_ids[k] = rid
+            self.finish_s[rid] = self.clock
+            self.state[rid] = FINISHED
+            log.seg_req.append(rid)
+            log.seg_first.append(run[row, SEG])
+            log.seg_last.append(self.step_index)
         self.last_finished_ids = ids
-        log.seg_req.extend(ids.tolist())
-        log.seg_first.extend(run[rows, SEG].tolist())
-        log.seg_last.extend([self.step_index] * rows.size)
-        self.num_finished += rows.size
-        self._remove_rows(rows)
+        self.num_finished += count
+        self._remove_gone(count)
         self._backend.release(ids)
 
     cdef long long _evict(self, rows) except -1:
@@ -468,11 +516,18 @@ cdef class Core:
 
     cdef _remove_rows(self, rows):
         """Drop ``rows`` (ascending) from the table, keeping the others' order."""
-        cdef const long long[::1] gone = np.ascontiguousarray(rows, dtype=np.int64)
+        cdef const long long[::1] given = np.ascontiguousarray(rows, dtype=np.int64)
+        cdef Py_ssize_t k
+        for k in range(given.shape[0]):
+            self.gone[k] = given[k]
+        self._remove_gone(given.shape[0])
+
+    cdef _remove_gone(self, Py_ssize_t count):
+        """Drop the first ``count`` rows of ``gone`` (ascending) from the table, keeping the others' order."""
         cdef long long[:, ::1] run = self.run
         cdef Py_ssize_t n = self.num_running, k = 0, i, j, kept = 0
         for i in range(n):
-            if k < gone.shape[0] and gone[k] == i:
+            if k < count and self.gone[k] == i:
                 self.num_used_blocks -= _blocks(run[i, KV], self.block_size)
                 self.token_load -= run[i, HI] - run[i, GEN]
                 k += 1

@@ -93,8 +93,7 @@ RUNNING_INDEX = {name: i for i, name in enumerate(RUNNING_FEATURES)}
 _WAIT_S, _WAIT_STEPS = QUEUE_INDEX["wait_s"], QUEUE_INDEX["wait_steps"]
 if RUNNING_FEATURES != RUNNING_OBS_COLUMNS:
     raise ImportError("RUNNING_SCHEMA must name the engine's observable running columns in order")
-_COMPILED_LAYOUT = (ENGINE_FEATURES, (_WAIT_S, _WAIT_STEPS, len(QUEUE_FEATURES)))
-if CORE is not None and (CORE.ENGINE_FEATURES, CORE.QUEUE_WAITS) != _COMPILED_LAYOUT:
+if CORE is not None and (CORE.ENGINE_FEATURES, CORE.QUEUE_FEATURES) != (ENGINE_FEATURES, QUEUE_FEATURES):
     raise ImportError("the observation schema changed: update Core.observe in servegym/engine/_core.pyx")
 LENGTH_MODE_CODE = {mode: float(code) for code, mode in enumerate(LengthMode)}
 """The ``length_mode`` feature's value for each :class:`LengthMode`."""
@@ -185,14 +184,15 @@ class ObservationEncoder:
 
     def encode(self, cluster: Cluster) -> dict[str, np.ndarray] | np.ndarray:
         engine = cluster.engine
-        if engine.waiting_version != self._version or engine.container != self._container:
-            self._refresh_queue(engine)
-        buf = self._template.copy()
         engine_end, pool_end, queue_end = self._engine_end, self._pool_end, self._queue_end
-        if self._observe is not None:
-            engine.observe(buf, pool_end, queue_end, self._arrival, self._enqueue, self._baseline, self._capacity,
+        if self._observe is not None:  # a compiled engine writes its part, queue window included
+            buf = np.zeros(self.size, dtype=np.float32)
+            engine.observe(buf, pool_end, queue_end, self.queue_window, self._baseline, self._capacity,
                            self._length_mode)
         else:
+            if engine.waiting_version != self._version or engine.container != self._container:
+                self._refresh_queue(engine)
+            buf = self._template.copy()
             self._write_engine(engine, buf)
         buf[engine_end:pool_end] = self._pool(cluster)
         if self.flat:

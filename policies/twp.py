@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     import optuna
 
 _Q = QUEUE_INDEX
+TRACE_FIELDS = ("window", "window_floor", "target", "sigma", "kv_guard", "token_load", "forced", "num_admitted",
+                "num_waiting", "num_running")
+"""What :meth:`TokenWindowPacing.diagnostics` reports per step."""
 
 
 def _chunking(name: str, value: object) -> None:
@@ -111,14 +114,14 @@ class TokenWindowPacing(Policy):
         self.itl_floor = math.inf
         self.kv_guard = self.params.kv_guard
         self.forced_total = 0
-        self.trace: dict[str, list[float]] = {k: [] for k in (
-            "window", "window_floor", "target", "sigma", "kv_guard", "token_load", "forced", "num_admitted",
-            "num_waiting", "num_running")}
+        self._trace: list[tuple[float, ...]] = []
+        """One row of :data:`TRACE_FIELDS` per step."""
 
     def diagnostics(self) -> dict[str, np.ndarray]:
         """Per step: H_t, its floor H_min, H*, sigma, delta_kv, token load K_t, forced and total admissions, queue,
         batch."""
-        return {k: np.asarray(v) for k, v in self.trace.items()}
+        rows = np.asarray(self._trace, dtype=np.float64).reshape(-1, len(TRACE_FIELDS))
+        return {name: rows[:, i] for i, name in enumerate(TRACE_FIELDS)}
 
     # ------------------------------------------------------------------ the five stages
     def _monitor(self, obs: Observation) -> float:
@@ -186,11 +189,8 @@ class TokenWindowPacing(Policy):
 
         admitted, num_forced = self._gate(obs, queue, want, token_load, mean_remaining) if queue.shape[0] else ([], 0)
         self.forced_total += num_forced
-        for key, value in (("window", self.window), ("window_floor", floor), ("target", target), ("sigma", sigma),
-                           ("kv_guard", self.kv_guard),
-                           ("token_load", token_load), ("forced", num_forced), ("num_admitted", len(admitted)),
-                           ("num_waiting", depth), ("num_running", batch)):
-            self.trace[key].append(value)
+        self._trace.append((self.window, floor, target, sigma, self.kv_guard, token_load, num_forced, len(admitted),
+                            depth, batch))
         return ranks_action(obs, admitted)
 
     def _gate(self, obs: Observation, queue: np.ndarray, want: np.ndarray, token_load: float,
@@ -198,22 +198,24 @@ class TokenWindowPacing(Policy):
         """Forced admissions first (longest wait first), then ranked candidates while they pass the window and
         the KV guard; returns the queue slots in admission order and how many were forced."""
         p = self.params
-        forced = np.flatnonzero(queue[:, _Q["wait_steps"]] > p.max_wait_steps)
+        forced = (queue[:, _Q["wait_steps"]] > p.max_wait_steps).nonzero()[0]
+        # When every candidate fails the window test (the same sums, in the same dtype, as the loop below), or
+        # no slot is left, the loop stops at whichever ranks first: the ranking is skipped.
         if not forced.size and not (token_load + want <= self.window).any():
-            # Every candidate fails the window test (the same sums, in the same dtype, as the loop below), so
-            # the gate stops at whichever ranks first: skip the ranking.
             return [], 0
         blocks = admission_blocks(obs, queue) / total_blocks(obs)
         kv_free = engine_feature(obs, "kv_free_frac")
         slots = free_slots(obs)
 
         token_load_after, admitted, skip = token_load, [], set()
-        if forced.size:  # rarely: most steps force nothing
+        if forced.size:  # in a saturated queue: requests that waited past T_max
             forced = forced[np.argsort(-queue[forced, _Q["wait_steps"]], kind="stable")][: max(slots, 0)]
             admitted = forced.tolist()
             skip = set(admitted)
             token_load_after += float(want[forced].sum())
             kv_free -= float(blocks[forced].sum())
+            if len(admitted) >= slots or not (token_load_after + want <= self.window).any():
+                return admitted, int(forced.size)
         for i in self._rank(queue, want, mean_remaining):
             if len(admitted) >= slots:
                 break

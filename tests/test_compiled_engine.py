@@ -67,6 +67,7 @@ CASES = {
     "sarathi-azure": ("sarathi", {}, "azure", {"num_kv_blocks": 1500}, {}, {}, 9, 900),
     "arrays-backend": ("twp", {"prefill_chunk_tokens": 32}, "burst", {"num_kv_blocks": 300}, {},
                        {"backend": "arrays"}, 10, 500),
+    "never-fits": ("fcfs", {}, "azure", {"num_kv_blocks": 100}, {}, {}, 11, 600),
 }
 
 
@@ -125,10 +126,13 @@ def test_cases_reach_the_branches_they_are_named_for(monkeypatch):
     for label in ("lifo-tight", "clear-all", "fewest-generated", "shortest-predicted"):
         assert preemptions(label)[0] > 0, label
     _, steps = preemptions("fcfs-chunked")
-    from servegym.engine import STEP_INDEX
+    from servegym.engine import STEP_INDEX, State
 
     assert steps[:, STEP_INDEX["num_prefill_seqs"]].max() > 1  # several prompts share one iteration's budget
     assert len(_play(monkeypatch, "compiled", CASES["arrays-backend"])[2]) > 0
+    _, log, _ = _play(monkeypatch, "compiled", CASES["never-fits"])
+    rejected = log.state == State.REJECTED
+    assert 0 < rejected.sum() < log.num_requests * 0.9  # some requests refused on arrival, most served
 
 
 def test_engine_choice_is_checked(monkeypatch):
