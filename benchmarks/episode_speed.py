@@ -1,28 +1,37 @@
 """Whole episodes: arrivals, admissions, prefills, preemptions and finishes, next to CartPole-v1 in one run.
 
 Usage: python benchmarks/episode_speed.py [--policies fcfs twp flow-control vllm] [--repeats 3]
+                                         [--engine auto|compiled|python]
 
 Each policy plays one seeded episode of each workload through ``gym.make`` (Gymnasium's wrappers included) and
 its own ``act``; the figure is the best of ``--repeats`` runs. Printed per (workload, policy): steps, wall
-time, microseconds per step, the ratio to a CartPole-v1 step measured in the same process, and requests
-simulated per second. ``azure-5000`` replays the first 5,000 requests of the bundled Azure code trace (the
-size the issue's Vidur comparison used); trace parsing is timed apart, once, cold. For that replay the last
+time, microseconds per step, the ratio to a CartPole-v1 step, and requests simulated per second. Each run is
+paired with a CartPole-v1 measurement taken just before it in the same process, so that both see the same
+machine; the ratio is the best over the pairs (a shared 2-core machine drifts by 10% within a minute).
+``--engine`` picks the engine (default: the compiled one when built, see ``servegym.engine.compiled``).
+
+``azure-5000`` replays the first 5,000 requests of the bundled Azure code trace (the size the issue's Vidur
+comparison used); trace parsing is timed apart, once, cold. For that replay the last
 column compares the wall time with Vidur's, measured at ``VIDUR_AZURE_5000_S`` on this machine class (issue 15).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import gymnasium as gym
 import numpy as np
 
+from servegym.engine.compiled import ENGINES, engine_class
 from servegym.policies import make_policy
 from servegym.runner import make_env
 from servegym.workloads import TraceWorkload, bundled_trace, make_workload
 
 WORKLOADS = ("azure-5000", "medium", "burst")
+CARTPOLE_PAIR_STEPS = 20_000
+"""CartPole-v1 steps measured just before each episode run (about 0.1 s)."""
 VIDUR_AZURE_5000_S = 37.0
 """Vidur's simulation time for the same 5,000 Azure code requests on a 2-core machine of this class (issue 15)."""
 
@@ -65,21 +74,29 @@ def main() -> None:
     parser.add_argument("--policies", nargs="+", default=["fcfs", "twp", "flow-control", "vllm"])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--engine", choices=ENGINES, default="auto")
     args = parser.parse_args()
+    os.environ["SERVEGYM_ENGINE"] = args.engine
+    print(f"engine: {engine_class(args.engine).__name__}")
     start = time.perf_counter()  # the first read in this process: the parse is cold
     workload("azure-5000").sample(np.random.default_rng(0))
     print(f"parse the bundled Azure trace (cold): {time.perf_counter() - start:.3f} s")
     cart = min(cartpole_us() for _ in range(args.repeats))
-    print(f"CartPole-v1: {cart:.2f} us/step")
+    print(f"CartPole-v1: {cart:.2f} us/step (best of {args.repeats}; each run below is paired with its own)")
     print(f"{'workload':<12} {'policy':<13} {'steps':>7} {'wall s':>8} {'us/step':>8} {'x CartPole':>10} "
           f"{'requests/s':>11} {'vs Vidur':>9}")
     for name in args.workloads:
         for policy in args.policies:
-            runs = [episode(policy, name) for _ in range(args.repeats)]
-            steps, wall, requests = min(runs, key=lambda r: r[1])
+            runs = []
+            for _ in range(args.repeats):
+                cart_us = cartpole_us(CARTPOLE_PAIR_STEPS)
+                steps, wall, requests = episode(policy, name)
+                runs.append((wall, steps, requests, wall / steps * 1e6 / cart_us))
+            wall, steps, requests, _ = min(runs)
+            ratio = min(run[3] for run in runs)
             us = wall / steps * 1e6
             vidur = f"{VIDUR_AZURE_5000_S / wall:>8.0f}x" if name == "azure-5000" else ""
-            print(f"{name:<12} {policy:<13} {steps:>7} {wall:>8.3f} {us:>8.1f} {us / cart:>10.2f} "
+            print(f"{name:<12} {policy:<13} {steps:>7} {wall:>8.3f} {us:>8.1f} {ratio:>10.2f} "
                   f"{requests / wall:>11.0f} {vidur:>9}")
 
 

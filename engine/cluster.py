@@ -194,7 +194,7 @@ class Cluster:
         log = self.log
         if self._next_arrival >= self._num_requests or log.arrival_s[self._next_arrival] > self.time:
             return 0, 0, 0.0
-        stop = int(np.searchsorted(log.arrival_s, self.time, side="right"))
+        stop = int(log.arrival_s.searchsorted(self.time, side="right"))
         ids = np.arange(self._next_arrival, stop)
         if len(self.engines) == 1:  # the common case: no routing decision to make
             self._load_if_cold(self.engines[0])

@@ -136,12 +136,16 @@ def schema_table() -> str:
 def queue_matrix(obs: dict[str, np.ndarray]) -> np.ndarray:
     """``obs["queue"]`` as a ``(W, len(QUEUE_FEATURES))`` view (a leading batch axis is kept)."""
     q = obs["queue"]
+    if q.ndim == 1:
+        return q.reshape(-1, len(QUEUE_FEATURES))
     return q.reshape(*q.shape[:-1], -1, len(QUEUE_FEATURES))
 
 
 def running_matrix(obs: dict[str, np.ndarray]) -> np.ndarray:
     """``obs["running"]`` as a ``(max_num_seqs, len(RUNNING_FEATURES))`` view."""
     r = obs["running"]
+    if r.ndim == 1:
+        return r.reshape(-1, len(RUNNING_FEATURES))
     return r.reshape(*r.shape[:-1], -1, len(RUNNING_FEATURES))
 
 

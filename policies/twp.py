@@ -198,23 +198,27 @@ class TokenWindowPacing(Policy):
         """Forced admissions first (longest wait first), then ranked candidates while they pass the window and
         the KV guard; returns the queue slots in admission order and how many were forced."""
         p = self.params
+        slots = free_slots(obs)
+        if slots <= 0:  # the loop below would admit nothing, forced requests included
+            return [], 0
         forced = (queue[:, _Q["wait_steps"]] > p.max_wait_steps).nonzero()[0]
-        # When every candidate fails the window test (the same sums, in the same dtype, as the loop below), or
-        # no slot is left, the loop stops at whichever ranks first: the ranking is skipped.
-        if not forced.size and not (token_load + want <= self.window).any():
+        # When every candidate fails the window test, the loop below stops at whichever ranks first: the ranking
+        # is skipped. Rounding is monotonic, so the smallest estimate fails it exactly when all do (the same sum,
+        # in the same dtype, as the loop's).
+        smallest = np.minimum.reduce(want)
+        if not forced.size and token_load + smallest > self.window:
             return [], 0
         blocks = admission_blocks(obs, queue) / total_blocks(obs)
         kv_free = engine_feature(obs, "kv_free_frac")
-        slots = free_slots(obs)
 
         token_load_after, admitted, skip = token_load, [], set()
         if forced.size:  # in a saturated queue: requests that waited past T_max
-            forced = forced[np.argsort(-queue[forced, _Q["wait_steps"]], kind="stable")][: max(slots, 0)]
+            forced = forced[np.argsort(-queue[forced, _Q["wait_steps"]], kind="stable")][:slots]
             admitted = forced.tolist()
             skip = set(admitted)
             token_load_after += float(want[forced].sum())
             kv_free -= float(blocks[forced].sum())
-            if len(admitted) >= slots or not (token_load_after + want <= self.window).any():
+            if len(admitted) >= slots or token_load_after + smallest > self.window:
                 return admitted, int(forced.size)
         for i in self._rank(queue, want, mean_remaining):
             if len(admitted) >= slots:
