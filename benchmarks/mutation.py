@@ -38,6 +38,7 @@ ENGINE = "tests/test_bite_engine.py"
 METRICS = "tests/test_bite_metrics.py"
 POLICIES = "tests/test_bite_policies.py"
 PROPS = "tests/test_properties.py"
+COMPILED = "tests/test_compiled_engine.py"
 IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis",
                                 "*.egg-info", "runs", "studies", "results", "out", "build", "dist")
 
@@ -113,7 +114,7 @@ MUTATIONS: list[Mutation] = [
       ENGINE, "-k", "queue_head", kind="preemption"),
     m("first-token-overwritten", "engine/engine.py",
       "first = ids[np.isnan(log.first_token_s[ids])]", "first = ids",
-      ENGINE, "-k", "queue_head", kind="preemption"),
+      ENGINE, "-k", "queue_head or first_token_time_survives", kind="preemption"),
     m("preempted-to-queue-back", "engine/engine.py",
       "self.waiting = np.concatenate([ids, self.waiting])", "self.waiting = np.concatenate([self.waiting, ids])",
       ENGINE, "-k", "queue_head", kind="preemption"),
@@ -369,8 +370,9 @@ MUTATIONS: list[Mutation] = [
       "return min(p.window_max, max(p.window_min, p.min_active_requests * mean))", "return p.window_min",
       "tests/test_twp.py", "-k", "floor", kind="twp"),
     m("twp-floor-from-queue-always", "policies/twp.py",
-      "pool = running_remaining if running_remaining.size else queued_remaining", "pool = queued_remaining",
-      "tests/test_twp.py", "-k", "floor", kind="twp"),
+      "floor = self._window_floor(mean_remaining if batch else None, want)",
+      "floor = self._window_floor(None, want)",
+      "tests/test_twp.py", POLICIES, "-k", "floor", kind="twp"),
     m("twp-total-chunk-cap-always", "policies/twp.py",
       "\"max_prefill_tokens\": c if self.params.chunking == \"total\" else None", "\"max_prefill_tokens\": c",
       "tests/test_twp.py", "-k", "chunking", kind="twp"),
@@ -379,16 +381,17 @@ MUTATIONS: list[Mutation] = [
       "tests/test_metrics.py", METRICS, kind="metrics"),
     # ------------------------------------------------------------------ backend, workloads, determinism
     m("backend-drops-decode-context", "backends/profile.py",
-      "decode_context = float(batch.decode_context.sum())", "decode_context = 0.0",
+      "context = t.decode_context if self.decode_s_per_context_token else 0.0", "context = 0.0",
       ENGINE, "-k", "decode_context", kind="backend"),
     m("token-model-drops-decode-context", "backends/token_model.py",
-      "context = float(batch.decode_context.sum()) if decodes else 0.0", "context = 0.0",
+      "return self.total_s(decodes, decodes, t.decode_context, 0.0, decodes)",
+      "return self.total_s(decodes, decodes, 0.0, 0.0, decodes)",
       ENGINE, "-k", "decode_context", kind="backend"),
     m("decode-context-after-the-step", "engine/engine.py",
       "batch = StepBatch(run[:n, REQ], run[:n, KV], EMPTY, EMPTY, EMPTY, EMPTY)",
       "batch = StepBatch(run[:n, REQ], run[:n, KV] + 1, EMPTY, EMPTY, EMPTY, EMPTY)",
       ENGINE, "-k", "decode_context", kind="backend"),
-    m("prefill-attention-off-by-one", "backends/token_model.py",
+    m("prefill-attention-off-by-one", "backends/base.py",
       "return float(np.dot(length, start + (length + 1) * 0.5))",
       "return float(np.dot(length, start + length * 0.5))",
       ENGINE, "-k", "prefill_attention", kind="backend"),
@@ -533,9 +536,37 @@ MUTATIONS: list[Mutation] = [
       "                 \"pool\": num_containers * len(POOL_FEATURES), \"running\"",
       "tests/test_flat_obs.py", "-k", "gymnasiums_flatten", kind="env"),
     m("flat-buffer-reused", "envs/observation.py",
+      "buf = self._template.copy()",
+      "buf = self.__dict__.setdefault(\"_buf\", self._template.copy())",
+      "tests/test_flat_obs.py", "-k", "alias", kind="env"),
+    m("flat-compiled-buffer-reused", "envs/observation.py",
       "buf = np.zeros(self.size, dtype=np.float32)",
       "buf = self.__dict__.setdefault(\"_buf\", np.zeros(self.size, dtype=np.float32))",
-      "tests/test_flat_obs.py", "-k", "alias", kind="env"),
+      COMPILED, kind="env"),
+    # ------------------------------------------------------------------ the compiled engine (rebuilt per mutation)
+    m("core-chunk-starts-at-budget", "engine/_core.pyx",
+      "            if wanted >= budget:", "            if wanted > budget:", COMPILED, kind="engine"),
+    m("core-pairs-off-by-one", "engine/_core.pyx",
+      "pairs += self.chunk[i] * (start + (self.chunk[i] + 1) * 0.5)",
+      "pairs += self.chunk[i] * (start + self.chunk[i] * 0.5)", COMPILED, kind="engine"),
+    m("core-admit-forgets-first-token", "engine/_core.pyx",
+      "blocks = _blocks(first + (first == target), self.block_size)", "blocks = _blocks(first, self.block_size)",
+      COMPILED, kind="engine"),
+    m("core-removal-keeps-token-load", "engine/_core.pyx",
+      "                self.token_load -= run[i, HI] - run[i, GEN]\n", "", COMPILED, kind="engine"),
+    m("core-itl-not-smoothed", "engine/_core.pyx",
+      "self.itl_smoothed += self.smoothing * (dt - self.itl_smoothed)", "self.itl_smoothed = dt", COMPILED,
+      kind="engine"),
+    m("core-arrival-not-enqueued", "engine/_core.pyx",
+      "            self.enqueue_step[rid] = self.step_index\n", "", COMPILED, kind="engine"),
+    m("core-first-token-overwritten", "engine/_core.pyx",
+      "            if isnan(self.first_token_s[rid]):\n                self.first_token_s[rid] = self.clock",
+      "            if True:\n                self.first_token_s[rid] = self.clock", COMPILED, kind="engine"),
+    m("core-obs-admitted-for-finished", "engine/_core.pyx",
+      "        buf[13] = self.last_finished", "        buf[13] = self.last_admitted", COMPILED, kind="engine"),
+    m("core-queue-wait-from-enqueue", "engine/_core.pyx",
+      "buf[at + 1] = self.clock - self.arrival_s[rid]", "buf[at + 1] = self.clock - self.admit_s[rid]", COMPILED,
+      kind="engine"),
 ]
 
 
@@ -585,9 +616,18 @@ def make_scratch(parent: Path, name: str) -> Path:
 
 
 def subprocess_env() -> dict[str, str]:
+    # The Python engine runs the tests: it is the specification the tests pin, and tests/test_compiled_engine.py
+    # pins the compiled engine to it (mutations of engine/_core.pyx target that file).
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
-    env.update(PYTHONDONTWRITEBYTECODE="1", SERVEGYM_MUTATION="1")
+    env.update(PYTHONDONTWRITEBYTECODE="1", SERVEGYM_MUTATION="1", SERVEGYM_ENGINE="python")
     return env
+
+
+def build_core(repo: Path, timeout: float) -> str:
+    """Compile the scratch copy's engine/_core.pyx in place; return the error output, empty on success."""
+    out = subprocess.run([python_executable(), "setup.py", "-q", "build_ext", "--inplace"], cwd=repo,
+                         env=subprocess_env(), capture_output=True, text=True, timeout=timeout, check=False)
+    return "" if out.returncode == 0 else (out.stdout + out.stderr)[-2000:]
 
 
 def check_imports(repo: Path) -> None:
@@ -628,11 +668,17 @@ def run_mutation(repo: Path, mut: Mutation, timeout: float) -> tuple[str, str, f
     original = path.read_text()
     if original.count(mut.old) != 1:
         return "ERROR", f"old text occurs {original.count(mut.old)} times in the scratch copy", 0.0
+    compiled = mut.file.endswith(".pyx")
+    built = {so: so.read_bytes() for so in path.parent.glob("_core*.so")} if compiled else {}
     try:
         path.write_text(original.replace(mut.old, mut.new))
+        if compiled and (error := build_core(repo, timeout)):
+            return "ERROR", f"the mutated core does not compile: {error.strip().splitlines()[-1]}", 0.0
         rc, output, seconds = run_pytest(repo, mut.targets, timeout)
     finally:
         path.write_text(original)
+        for so, data in built.items():  # the unmutated build, for the mutations that follow
+            so.write_bytes(data)
     if rc == 0:
         return "SURVIVED", "targeted tests pass", seconds
     if rc == -1:

@@ -181,6 +181,29 @@ def test_a_preempted_request_goes_to_the_queue_head_and_keeps_its_history():
     assert log.num_preemptions.tolist() == [0, 1, 0]
 
 
+@pytest.mark.parametrize("engine", ["python", "compiled"])
+def test_first_token_time_survives_recompute_when_many_prompts_prefill_at_once(monkeypatch, engine):
+    # Small chunks and a large token budget put more than SMALL_HEAD prompts in one iteration (the array path of
+    # the prefill advance), and a tight cache preempts: a recomputed request's first token stays its first.
+    from servegym.engine import compiled_available
+
+    if engine == "compiled" and not compiled_available():
+        pytest.skip("the compiled engine is not built here")
+    monkeypatch.setenv("SERVEGYM_ENGINE", engine)
+    workload = SyntheticWorkload(Poisson(40.0), 4.0, prompt=Choice([64, 96], [0.5, 0.5]),
+                                 output=Choice([30, 60], [0.5, 0.5]))
+    env = make_env(make_policy("fcfs"), workload=workload, profile=flat_profile(), max_episode_steps=3000,
+                   engine={"num_kv_blocks": 120, "block_size": 16, "prefill_chunk_tokens": 16,
+                           "max_num_batched_tokens": 512, "length_mode": "known"})
+    run_episode(env, make_policy("fcfs"), seed=0)
+    log = env.unwrapped.cluster.log
+    assert log.steps()[:, STEP_FIELDS.index("num_prefill_seqs")].max() > 8
+    recomputed = np.flatnonzero((log.num_preemptions > 0) & (log.state == State.FINISHED))
+    assert recomputed.size > 0
+    for r in recomputed:
+        assert log.first_token_s[r] == log.token_times(r)[0], r
+
+
 # ---------------------------------------------------------------------------------------------- the checker
 def busy_env():
     """Two running requests (one prefilling in chunks, one decoding) and two waiting ones."""

@@ -13,7 +13,7 @@ import pytest
 
 from servegym.engine import State
 from servegym.engine.log import STEP_INDEX
-from servegym.envs import ENGINE_INDEX, QUEUE_FEATURES, queue_matrix
+from servegym.envs import ENGINE_INDEX, QUEUE_FEATURES, queue_matrix, running_matrix
 from servegym.policies import make_policy
 from servegym.policies.flow_control import FlowControl
 from servegym.policies.twp import TokenWindowPacing
@@ -132,6 +132,22 @@ def test_twp_forces_in_only_requests_waiting_more_than_t_max():
     action = policy.act(crafted(obs, [{**row, "wait_steps": 20}, {**row, "wait_steps": 21}]))
     assert action[:2].tolist() == [0, 1]
     assert policy.forced_total == 1
+
+
+def test_twp_floor_comes_from_the_running_requests_while_any_run():
+    # B0 = 8, known lengths. Two running requests with 100 and 300 tokens left (mean 200): the floor is 1600.
+    # The waiting request (50 tokens) sets it only while nothing runs: 8 x 50 = 400.
+    policy = TokenWindowPacing(window_min=32.0, window_max=4096.0)
+    _, obs = reset_obs(policy, length_mode="known")
+    waiting = [{"num_prompt_tokens": 10, "wait_s": 0.0, "output_lo": 50, "output_hi": 50}]
+    busy = crafted(obs, waiting, num_running=2)
+    rows = running_matrix(busy)
+    rows[:] = 0.0
+    rows[0] = [10, 10, 0, 100, 100, 0]
+    rows[1] = [10, 10, 0, 300, 300, 0]
+    policy.act(busy)
+    policy.act(crafted(obs, waiting, num_running=0))
+    assert policy.diagnostics()["window_floor"].tolist() == [1600.0, 400.0]
 
 
 def test_twp_gate_stops_at_the_first_ranked_candidate_that_fails():
