@@ -1,13 +1,16 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The engine's iteration compiled: :class:`Core` is :class:`servegym.engine.engine.Engine`'s ``step`` over typed
-buffers, with the same results (tests compare whole episode logs of both).
+"""The engine's iteration compiled: :class:`Core` is :class:`servegym.engine.engine.Engine`'s ``step`` (and
+:class:`~servegym.engine.engine.EngineBase`'s ``receive``) over typed buffers, with the same results, plus
+``observe``, the engine's part of an observation (tests compare both engines' episodes step by step).
 
 ``engine.py`` is the specification: read it for what an iteration does and why. This file keeps its structure
 (admit, plan, preempt, execute, advance prefills, finish) and its names, and differs only in how: loops over the
-running table instead of numpy calls on small arrays, and the plan in fixed buffers. Only
-:class:`servegym.engine.compiled.CompiledEngine` uses it; everything else an engine does is ``Engine``'s code.
+running table and the log instead of numpy calls on small arrays, and the plan in fixed buffers. Only
+:class:`servegym.engine.compiled.CompiledEngine` uses it; everything else that engine does is EngineBase's code.
+Rare paths run EngineBase's own Python: preemption (``_evict``) and arrivals that can never fit.
 
 C division is on (``cdivision``): every ``%`` below is over non-negative operands or goes through ``_mod``.
+After editing this file, ``pip install -e .`` rebuilds it.
 """
 
 import math
@@ -74,7 +77,7 @@ cdef inline long long _blocks(long long tokens, long long bs) noexcept:
 
 
 cdef class Core:
-    """Engine state in C fields (public: ``Engine``'s Python methods read and write them by name) and the
+    """Engine state in C fields (public: EngineBase's Python methods read and write them by name) and the
     compiled iteration. Not used alone: see :class:`servegym.engine.compiled.CompiledEngine`."""
 
     cdef public object waiting, last_finished_ids
@@ -240,6 +243,8 @@ cdef class Core:
         cdef long long capacity = self.num_kv_blocks * self.block_size, rid
         for k in range(m):
             rid = given[k]
+            if not 0 <= rid < self.prompt.shape[0]:
+                raise IndexError(f"request id {rid} out of range for an episode of {self.prompt.shape[0]}")
             if self.prompt[rid] + self.output[rid] > capacity:
                 return EngineBase.receive(self, ids, now)
         if self.clock < now:  # the engine sat idle until now
@@ -267,6 +272,9 @@ cdef class Core:
         cdef long long rid
         cdef const long long[:] waiting
         cdef long long[:, ::1] run = self.run
+        if len(ENGINE_FEATURES) > pool_end or pool_end + window * QUEUE_WIDTH > queue_end or (
+                queue_end + self.run.shape[0] * RUNNING_WIDTH > buf.shape[0]):
+            raise ValueError(f"observation buffer of {buf.shape[0]} floats does not fit this layout")
         if k:
             waiting = self.waiting
             for i in range(k):
@@ -310,6 +318,8 @@ cdef class Core:
         cdef long long[:, ::1] run = self.run
         for k in range(count):
             pos = positions[k]
+            if not 0 <= pos < waiting.shape[0]:  # bounds are not checked below: say what the Python engine would
+                raise IndexError(f"queue position {pos} out of range for a queue of {waiting.shape[0]}")
             rid = waiting[pos]
             generated = self.generated_at_preemption[rid]
             target = self.prompt[rid] + generated
@@ -495,27 +505,8 @@ cdef class Core:
         self._remove_gone(count)
         self._backend.release(ids)
 
-    cdef long long _evict(self, rows) except -1:
-        """Preempt ``rows`` by recompute: free their blocks and put them at the queue front."""
-        run, log = self._run_arr, self._log
-        ids = run[rows, REQ].copy()
-        log.state[ids] = PREEMPTED
-        log.num_generated_at_preemption[ids] = run[rows, GEN]
-        log.num_preemptions[ids] += 1
-        seg = run[rows, SEG]
-        opened = seg >= 0
-        log.seg_req.extend(ids[opened].tolist())
-        log.seg_first.extend(seg[opened].tolist())
-        log.seg_last.extend([self.step_index - 1] * int(opened.sum()))
-        self.num_prefilling -= int(np.count_nonzero(run[rows, PREFILL_LEFT]))
-        self._remove_rows(rows)
-        self.waiting = np.concatenate([ids, self.waiting])
-        self.waiting_version += 1
-        self._backend.release(ids)
-        return ids.size
-
-    cdef _remove_rows(self, rows):
-        """Drop ``rows`` (ascending) from the table, keeping the others' order."""
+    def _remove_rows(self, rows):
+        """Drop ``rows`` (ascending) from the table, keeping the others' order (EngineBase._evict calls it)."""
         cdef const long long[::1] given = np.ascontiguousarray(rows, dtype=np.int64)
         cdef Py_ssize_t k
         for k in range(given.shape[0]):

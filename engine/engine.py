@@ -237,6 +237,27 @@ class EngineBase:
         return rejected, float((now - log.arrival_s[where]).sum())
 
 
+    # ------------------------------------------------------------------ preemption
+    def _evict(self, rows: np.ndarray) -> int:
+        """Preempt ``rows`` by recompute: free their blocks and put them at the queue front (a rare path, shared by
+        both engines; ``_remove_rows`` is each engine's own)."""
+        run, log = self._run, self.log
+        ids = run[rows, REQ].copy()
+        log.state[ids] = State.PREEMPTED
+        log.num_generated_at_preemption[ids] = run[rows, GEN]
+        log.num_preemptions[ids] += 1
+        seg = run[rows, SEG]
+        opened = seg >= 0
+        log.seg_req.extend(ids[opened].tolist())
+        log.seg_first.extend(seg[opened].tolist())
+        log.seg_last.extend([self.step_index - 1] * int(opened.sum()))
+        self.num_prefilling -= int(np.count_nonzero(run[rows, PREFILL_LEFT]))
+        self._remove_rows(rows)
+        self.waiting = np.concatenate([ids, self.waiting])
+        self.waiting_version += 1
+        self.backend.release(ids)
+        return ids.size
+
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:
         """Raise AssertionError if this engine's queue, running table or KV accounting is inconsistent."""
@@ -515,25 +536,6 @@ class Engine(EngineBase):
         self.num_finished += rows.size
         self._remove_rows(rows)
         self.backend.release(ids)
-
-    def _evict(self, rows: np.ndarray) -> int:
-        """Preempt ``rows`` by recompute: free their blocks and put them at the queue front."""
-        run, log = self._run, self.log
-        ids = run[rows, REQ].copy()
-        log.state[ids] = State.PREEMPTED
-        log.num_generated_at_preemption[ids] = run[rows, GEN]
-        log.num_preemptions[ids] += 1
-        seg = run[rows, SEG]
-        opened = seg >= 0
-        log.seg_req.extend(ids[opened].tolist())
-        log.seg_first.extend(seg[opened].tolist())
-        log.seg_last.extend([self.step_index - 1] * int(opened.sum()))
-        self.num_prefilling -= int(np.count_nonzero(run[rows, PREFILL_LEFT]))
-        self._remove_rows(rows)
-        self.waiting = np.concatenate([ids, self.waiting])
-        self.waiting_version += 1
-        self.backend.release(ids)
-        return ids.size
 
     def _remove_rows(self, rows: np.ndarray) -> None:
         n, run, bs = self.num_running, self._run, self.block_size

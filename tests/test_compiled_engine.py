@@ -156,6 +156,23 @@ def test_compiled_engine_refuses_to_step_without_an_episode():
         engine.step(np.zeros(0, dtype=np.int64))
 
 
+@needs_compiled
+def test_compiled_engine_checks_the_indexes_it_does_not_bound_check(monkeypatch):
+    # The compiled loops skip bounds checks: an out-of-range queue position, request id or a short observation
+    # buffer must be a clear error, not a read past an array.
+    monkeypatch.setenv("SERVEGYM_ENGINE", "compiled")
+    env = make_env(make_policy("fcfs"), workload=_workload("burst"), profile=PROFILE)
+    env.reset(seed=0)
+    engine = env.unwrapped.cluster.engine
+    queued = engine.waiting.size
+    with pytest.raises(IndexError, match="queue position"):
+        engine.step(np.array([queued], dtype=np.int64))
+    with pytest.raises(IndexError, match="request id"):
+        engine.receive(np.array([env.unwrapped.cluster.log.num_requests], dtype=np.int64), engine.clock)
+    with pytest.raises(ValueError, match="does not fit"):
+        engine.observe(np.zeros(10, dtype=np.float32), 17, 200, 32, 0.0, 1.0, 0.0)
+
+
 @pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=needs_compiled)])
 @pytest.mark.parametrize("latency", [0.0, -1.0, float("nan"), float("inf")])
 def test_both_engines_reject_an_invalid_step_latency(monkeypatch, engine, latency):
