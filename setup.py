@@ -1,8 +1,38 @@
-"""Build the optional compiled engine core (``servegym.engine._core``); everything else is in pyproject.toml."""
+"""Build the compiled engine (``servegym.engine._core``); everything else is in pyproject.toml.
+
+The extension is optional: without a working C compiler the package installs anyway and runs the same episodes
+on the Python engine (``servegym.engine.compiled_available()`` says which one runs).
+"""
+
+import sys
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """``build_ext`` that turns a failed compile into a warning (setuptools' ``optional`` does not cover every
+    failure, editable installs included)."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as error:  # any build failure: the Python engine takes over
+            self._skipped(error)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as error:
+            self._skipped(error)
+
+    @staticmethod
+    def _skipped(error: Exception) -> None:
+        print(f"WARNING: servegym's compiled engine was not built ({error}); the Python engine will run the same "
+              "episodes, about half as fast", file=sys.stderr)
+
 
 extensions = [Extension("servegym.engine._core", ["engine/_core.pyx"], optional=True,
                         extra_compile_args=["-ffp-contract=off"])]
-setup(ext_modules=cythonize(extensions, language_level=3))
+setup(ext_modules=cythonize(extensions, language_level=3), cmdclass={"build_ext": OptionalBuildExt})
