@@ -65,6 +65,26 @@ if [int(c) for c in Col] != list(range(NUM_COLS)) or [c.name for c in Col] != [
     raise ImportError("engine.Col changed: update the column enum of servegym.engine._core")
 
 
+_STATE = (
+    "config", "backend", "_run", "_phases", "last", "log", "waiting", "last_finished_ids", "container",
+    "num_kv_blocks", "block_size", "waiting_version", "num_running", "num_prefilling", "num_used_blocks",
+    "token_load", "num_arrived", "num_finished", "num_rejected", "step_index", "_num_prefill_seqs",
+    "_finish_countdown", "idle_tick_s", "clock", "ready_at", "idle_since", "itl_last", "itl_smoothed",
+    "kv_free_delta", "last_dt", "_kv_free_prev",
+)
+"""What :meth:`Core.__reduce__` saves: every field that lives between steps (the plan buffers are rebuilt by
+each step), set back through the same setters that bind the typed views."""
+
+
+def _rebuild(cls, state, extra):
+    """Unpickle (or deep-copy) a :class:`Core` subclass instance from :meth:`Core.__reduce__`'s parts."""
+    engine = cls.__new__(cls)
+    for name, value in state:
+        setattr(engine, name, value)
+    engine.__dict__.update(extra)
+    return engine
+
+
 cdef inline long long _mod(long long a, long long b) noexcept:
     """Python's ``a % b`` for ``b > 0``: never negative."""
     cdef long long r = a % b
@@ -108,6 +128,11 @@ cdef class Core:
     cdef object _plan_arr
     cdef Py_ssize_t num_pre, num_chunks
     cdef bint planned
+
+    def __reduce__(self):
+        """Pickle and ``copy.deepcopy`` through the public fields (typed views cannot be pickled themselves)."""
+        return _rebuild, (type(self), [(name, getattr(self, name)) for name in _STATE],
+                          dict(getattr(self, "__dict__", {})))
 
     # ------------------------------------------------------------------ bindings
     @property

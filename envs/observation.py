@@ -171,7 +171,6 @@ class ObservationEncoder:
         self.size = bounds[-1]
         self._version = -1
         self._template = np.zeros(self.size, dtype=np.float32)
-        self._queue_static = self._template[self._slices["queue"]].reshape(queue_window, len(QUEUE_FEATURES))
         self._arrival = np.zeros(0)
         self._enqueue = np.zeros(0)
 
@@ -241,7 +240,8 @@ class ObservationEncoder:
         log = engine.log
         ids = engine.waiting[: self.queue_window]
         k = ids.size
-        static = self._queue_static
+        # A view taken here, not kept: a deep copy of the encoder would detach a stored view from its template.
+        static = self._template[self._slices["queue"]].reshape(self.queue_window, len(QUEUE_FEATURES))
         static[:] = 0.0
         static[:k, QUEUE_INDEX["num_prompt_tokens"]] = log.num_prompt_tokens[ids]
         static[:k, QUEUE_INDEX["output_lo"]] = log.output_lo[ids]

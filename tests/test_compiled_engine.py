@@ -156,6 +156,31 @@ def test_compiled_engine_refuses_to_step_without_an_episode():
         engine.step(np.zeros(0, dtype=np.int64))
 
 
+@pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=needs_compiled)])
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_env_continues_exactly_as_the_original(monkeypatch, engine, how):
+    # Search and snapshot code copies envs mid-episode: the copy must be independent and play on identically
+    # (the compiled engine's typed views are rebound on the copy, the encoder's template is not shared).
+    import copy
+    import pickle
+
+    monkeypatch.setenv("SERVEGYM_ENGINE", engine)
+    env = make_env(make_policy("fcfs"), workload=_workload("burst"), profile=PROFILE, flat_obs=True,
+                   engine={"num_kv_blocks": 300})
+    env.reset(seed=0)
+    admit_all = np.ones(32, dtype=np.int64)
+    for _ in range(60):
+        env.step(admit_all)
+    twin = copy.deepcopy(env) if how == "deepcopy" else pickle.loads(pickle.dumps(env))
+    assert type(twin.unwrapped.cluster.engine) is engine_class(engine)
+    for step in range(200):
+        a, b = env.step(admit_all), twin.step(admit_all)
+        np.testing.assert_array_equal(a[0], b[0], err_msg=f"step {step}")
+        assert a[1:] == b[1:]
+    assert fingerprint(twin.unwrapped.cluster.log) == fingerprint(env.unwrapped.cluster.log)
+    assert twin.unwrapped.cluster.log.state is not env.unwrapped.cluster.log.state
+
+
 @needs_compiled
 def test_compiled_engine_checks_the_indexes_it_does_not_bound_check(monkeypatch):
     # The compiled loops skip bounds checks: an out-of-range queue position, request id or a short observation
