@@ -34,5 +34,6 @@ class OptionalBuildExt(build_ext):
 
 
 extensions = [Extension("servegym.engine._core", ["engine/_core.pyx"], optional=True,
-                        extra_compile_args=["-ffp-contract=off"])]
+                        # Floats as Python computes them (no fused multiply-add); integer overflow wraps, as numpy's.
+                        extra_compile_args=["-ffp-contract=off", "-fwrapv"])]
 setup(ext_modules=cythonize(extensions, language_level=3), cmdclass={"build_ext": OptionalBuildExt})

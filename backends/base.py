@@ -94,4 +94,5 @@ class Backend(Protocol):
 
 # A backend whose latency depends only on a batch's sizes and sums may also define
 # ``execute_totals(totals: BatchTotals) -> float``, equal to ``execute`` of any batch with those totals; the
-# compiled engine then times iterations without building the batch's arrays.
+# compiled engine then times iterations without building the batch's arrays. It does so only when the class that
+# defines ``execute`` defines ``execute_totals`` too: a subclass that overrides ``execute`` alone is called.

@@ -76,13 +76,9 @@ _STATE = (
 each step), set back through the same setters that bind the typed views."""
 
 
-def _rebuild(cls, state, extra):
-    """Unpickle (or deep-copy) a :class:`Core` subclass instance from :meth:`Core.__reduce__`'s parts."""
-    engine = cls.__new__(cls)
-    for name, value in state:
-        setattr(engine, name, value)
-    engine.__dict__.update(extra)
-    return engine
+def _empty(cls):
+    """A bare instance of a :class:`Core` subclass, for unpickling and copying (``__setstate__`` fills it)."""
+    return cls.__new__(cls)
 
 
 cdef inline long long _mod(long long a, long long b) noexcept:
@@ -110,7 +106,6 @@ cdef class Core:
     # Bound by the setters of config, backend, _run, _phases and log.
     cdef object _config, _backend, _totals, _run_arr, _phases_arr, _log, _last
     cdef long long last_preempted, last_admitted, last_finished
-    cdef object _prompt_arr, _output_arr, _lo_arr, _hi_arr
     cdef long long[:, ::1] run
     cdef long long[::1] phases
     cdef bint phases_valid, check
@@ -130,9 +125,16 @@ cdef class Core:
     cdef bint planned
 
     def __reduce__(self):
-        """Pickle and ``copy.deepcopy`` through the public fields (typed views cannot be pickled themselves)."""
-        return _rebuild, (type(self), [(name, getattr(self, name)) for name in _STATE],
-                          dict(getattr(self, "__dict__", {})))
+        """Pickle and ``copy.deepcopy`` through the public fields (typed views cannot be pickled themselves). The
+        fields travel as state, set after the copy is registered, so references back to the engine stay cycles."""
+        return _empty, (type(self),), ([(name, getattr(self, name)) for name in _STATE],
+                                       dict(getattr(self, "__dict__", {})))
+
+    def __setstate__(self, state):
+        fields, extra = state
+        for name, value in fields:
+            setattr(self, name, value)
+        self.__dict__.update(extra)
 
     # ------------------------------------------------------------------ bindings
     @property
@@ -149,9 +151,6 @@ cdef class Core:
         self.smoothing = config.itl_smoothing
         self.check = config.check_invariants
         self.rule = config.preemption
-        self._plan_arr = np.zeros((4, config.max_num_seqs), dtype=np.int64)
-        self.pre_rows, self.chunk, self.done = self._plan_arr[0], self._plan_arr[1], self._plan_arr[2]
-        self.gone = self._plan_arr[3]  # rows that leave the table this iteration, ascending
 
     @property
     def backend(self):
@@ -160,7 +159,10 @@ cdef class Core:
     @backend.setter
     def backend(self, backend):
         self._backend = backend
-        self._totals = getattr(backend, "execute_totals", None)
+        # Totals stand in for execute only where the class that defines execute also defines execute_totals: a
+        # subclass that overrides execute alone must still be called.
+        owner = next((c for c in type(backend).__mro__ if "execute" in vars(c)), None)
+        self._totals = backend.execute_totals if owner is not None and "execute_totals" in vars(owner) else None
 
     @property
     def _run(self):
@@ -172,6 +174,10 @@ cdef class Core:
             raise ValueError(f"the running table needs {NUM_COLS} columns, got {run.shape[1]}")
         self._run_arr = run
         self.run = run
+        # The plan's buffers hold one entry per table row.
+        self._plan_arr = np.zeros((4, run.shape[0]), dtype=np.int64)
+        self.pre_rows, self.chunk, self.done = self._plan_arr[0], self._plan_arr[1], self._plan_arr[2]
+        self.gone = self._plan_arr[3]  # rows that leave the table this iteration, ascending
 
     @property
     def _phases(self):
@@ -208,13 +214,9 @@ cdef class Core:
         self._log = log
         if log is None:
             return
-        # Read-only inputs: int64 views (a copy only if a workload handed other integers).
-        self._prompt_arr = np.ascontiguousarray(log.num_prompt_tokens, dtype=np.int64)
-        self._output_arr = np.ascontiguousarray(log.num_output_tokens, dtype=np.int64)
-        self._lo_arr = np.ascontiguousarray(log.output_lo, dtype=np.int64)
-        self._hi_arr = np.ascontiguousarray(log.output_hi, dtype=np.int64)
-        self.prompt, self.output, self.lo, self.hi = self._prompt_arr, self._output_arr, self._lo_arr, self._hi_arr
-        # Written here and read by everyone else: the log's own arrays.
+        # The log's own arrays (RequestSpec makes the request columns int64; a mismatch is a ValueError here).
+        self.prompt, self.output, self.lo, self.hi = (log.num_prompt_tokens, log.num_output_tokens, log.output_lo,
+                                                      log.output_hi)
         self.generated_at_preemption = log.num_generated_at_preemption
         self.state = log.state
         self.admit_s = log.admit_s
@@ -263,6 +265,10 @@ cdef class Core:
     def receive(self, ids, double now):
         """:meth:`EngineBase.receive`, with the per-request work in C (a batch with a request that can never fit
         goes through EngineBase's own code)."""
+        if self._log is None:
+            raise RuntimeError("the engine has no episode: call reset() first")
+        if not -32768 <= self.container <= 32767:  # the log's container column is int16, as numpy would say
+            raise OverflowError(f"container index {self.container} does not fit the log's int16 column")
         cdef const long long[::1] given = np.ascontiguousarray(ids, dtype=np.int64)
         cdef Py_ssize_t m = given.shape[0], k
         cdef long long capacity = self.num_kv_blocks * self.block_size, rid
@@ -297,8 +303,8 @@ cdef class Core:
         cdef long long rid
         cdef const long long[:] waiting
         cdef long long[:, ::1] run = self.run
-        if len(ENGINE_FEATURES) > pool_end or pool_end + window * QUEUE_WIDTH > queue_end or (
-                queue_end + self.run.shape[0] * RUNNING_WIDTH > buf.shape[0]):
+        if not (len(ENGINE_FEATURES) <= pool_end <= queue_end and 0 <= window <= (queue_end - pool_end) // QUEUE_WIDTH
+                and queue_end + self.run.shape[0] * RUNNING_WIDTH <= buf.shape[0]):
             raise ValueError(f"observation buffer of {buf.shape[0]} floats does not fit this layout")
         if k:
             waiting = self.waiting
@@ -333,7 +339,10 @@ cdef class Core:
         buf[16] = self.max_batched
 
     cdef tuple _admit(self, admit):
-        cdef const long long[::1] positions = np.ascontiguousarray(admit, dtype=np.int64)
+        given = np.asarray(admit)
+        if given.dtype.kind not in "iu":
+            raise IndexError(f"queue positions must be integers, got dtype {given.dtype}")
+        cdef const long long[::1] positions = np.ascontiguousarray(given, dtype=np.int64)
         cdef Py_ssize_t count = positions.shape[0], k, taken = 0, largest = -1, pos
         if self.clock < self.ready_at:
             return 0, count
@@ -354,6 +363,8 @@ cdef class Core:
                 break
             free -= blocks
             r = self.num_running
+            if r >= run.shape[0]:  # a config reassigned to more sequences than the table holds
+                raise IndexError(f"the running table holds {run.shape[0]} rows")
             run[r, PROMPT] = self.prompt[rid]
             run[r, KV] = 0
             run[r, GEN] = generated
@@ -531,9 +542,11 @@ cdef class Core:
         self._backend.release(ids)
 
     def _remove_rows(self, rows):
-        """Drop ``rows`` (ascending) from the table, keeping the others' order (EngineBase._evict calls it)."""
-        cdef const long long[::1] given = np.ascontiguousarray(rows, dtype=np.int64)
+        """Drop ``rows`` from the table, keeping the others' order (EngineBase._evict calls it)."""
+        cdef const long long[::1] given = np.unique(np.asarray(rows, dtype=np.int64))  # ascending, once each
         cdef Py_ssize_t k
+        if given.shape[0] and not (given[0] >= 0 and given[given.shape[0] - 1] < self.num_running):
+            raise IndexError(f"rows to remove must be running rows (0..{self.num_running - 1})")
         for k in range(given.shape[0]):
             self.gone[k] = given[k]
         self._remove_gone(given.shape[0])

@@ -123,7 +123,7 @@ class EngineBase:
                 f"the engine config asks for {self.num_kv_blocks} of {self.block_size}"
             )
         base = backend.baseline_step_s
-        self.idle_tick_s: float = config.idle_tick_s or base or 0.05
+        self.idle_tick_s: float = float(config.idle_tick_s or base or 0.05)
         self._run = np.zeros((config.max_num_seqs, len(Col)), dtype=np.int64)
         # Episode state: declared here, set by _start() (from here and from reset()).
         self.log: EpisodeLog | None = None
@@ -179,7 +179,7 @@ class EngineBase:
         self.num_running = self.num_prefilling = self.num_used_blocks = self.token_load = 0
         self.num_arrived = self.num_finished = self.num_rejected = 0
         self.itl_last = 0.0
-        self.itl_smoothed = self.backend.baseline_step_s or 0.0
+        self.itl_smoothed = float(self.backend.baseline_step_s or 0.0)
         self.kv_free_delta = 0.0
         self.last_dt = 0.0
         self.step_index = 0
@@ -336,12 +336,17 @@ class Engine(EngineBase):
         return self.last
 
     def _admit(self, positions: np.ndarray) -> tuple[int, int]:
+        positions = np.asarray(positions)
+        if positions.dtype.kind not in "iu":
+            raise IndexError(f"queue positions must be integers, got dtype {positions.dtype}")
         if self.clock < self.ready_at:
             return 0, len(positions)
         cfg, log, run, bs = self.config, self.log, self._run, self.block_size
         free = self.num_kv_blocks - self.num_used_blocks
         taken: list[int] = []
-        for pos in positions:
+        for pos in positions.tolist():
+            if not 0 <= pos < self.waiting.size:
+                raise IndexError(f"queue position {pos} out of range for a queue of {self.waiting.size}")
             rid = int(self.waiting[pos])
             target = int(log.num_prompt_tokens[rid] + log.num_generated_at_preemption[rid])
             blocks = num_blocks(first_chunk_tokens(target, cfg.prefill_chunk_tokens), bs)
@@ -357,7 +362,7 @@ class Engine(EngineBase):
             log.state[rid] = State.PREFILLING
             if math.isnan(log.admit_s[rid]):
                 log.admit_s[rid] = self.clock
-            taken.append(int(pos))
+            taken.append(pos)
         if taken:
             # Distinct positions whose largest is len - 1 are the queue's head (FCFS-like admission).
             head = max(taken) == len(taken) - 1
@@ -440,6 +445,7 @@ class Engine(EngineBase):
         dt = self.backend.execute(batch)
         if not (dt > 0 and math.isfinite(dt)):
             raise RuntimeError(f"backend returned an invalid step latency {dt!r}")
+        dt = float(dt)  # a numpy float32 would otherwise turn the clock into float32
         self.clock += dt
         self.last_dt = dt
         if decode_tokens:

@@ -41,10 +41,30 @@ class ArraysOnly:
 
     def execute(self, batch) -> float:
         self.batches.append(tuple(np.array(part).tolist() for part in batch))
-        return self.inner.execute(batch)
+        return self.cast(self.inner.execute(batch))
 
     def release(self, request_ids: np.ndarray) -> None:
         pass
+
+    cast = float
+
+
+class Float32Latency(ArraysOnly):
+    """Returns numpy float32 latencies: both engines must still keep their clocks in Python floats."""
+
+    cast = np.float32
+
+
+class SlowerCalibrated(CalibratedBackend):
+    """A calibrated backend whose own ``execute`` adds 10 ms: the inherited ``execute_totals`` must not bypass it."""
+
+    def __init__(self, profile: str) -> None:
+        super().__init__(load_profile(profile))
+        self.batches: list = []
+
+    def execute(self, batch) -> float:
+        self.batches.append(len(batch.decode_ids))
+        return super().execute(batch) + 0.010
 
 
 PROFILE = "paper-v100-llama3.2-3b"
@@ -68,6 +88,8 @@ CASES = {
     "arrays-backend": ("twp", {"prefill_chunk_tokens": 32}, "burst", {"num_kv_blocks": 300}, {},
                        {"backend": "arrays"}, 10, 500),
     "never-fits": ("fcfs", {}, "azure", {"num_kv_blocks": 100}, {}, {}, 11, 600),
+    "float32-backend": ("vllm", {}, "burst", {"num_kv_blocks": 300}, {}, {"backend": Float32Latency}, 12, 400),
+    "overridden-execute": ("fcfs", {}, "burst", {}, {}, {"backend": SlowerCalibrated}, 13, 400),
 }
 
 
@@ -85,6 +107,8 @@ def _play(monkeypatch, engine: str, case: tuple) -> tuple[list, object, list]:
     backend = None
     if env_kw.get("backend") == "arrays":
         backend = env_kw["backend"] = ArraysOnly(PROFILE)
+    elif isinstance(env_kw.get("backend"), type):
+        backend = env_kw["backend"] = env_kw["backend"](PROFILE)
     else:
         env_kw["profile"] = PROFILE
     env = make_env(policy, workload=_workload(workload), engine=engine_cfg, pool=pool, max_episode_steps=steps,
@@ -130,6 +154,10 @@ def test_cases_reach_the_branches_they_are_named_for(monkeypatch):
 
     assert steps[:, STEP_INDEX["num_prefill_seqs"]].max() > 1  # several prompts share one iteration's budget
     assert len(_play(monkeypatch, "compiled", CASES["arrays-backend"])[2]) > 0
+    trace, log, batches = _play(monkeypatch, "compiled", CASES["overridden-execute"])
+    assert len(batches) == len(log.steps()) - np.count_nonzero(log.steps()[:, 2:5].sum(axis=1) == 0)
+    trace, _, _ = _play(monkeypatch, "compiled", CASES["float32-backend"])
+    assert all(type(step[2]["clock_s"]) is float for step in trace[1:])
     _, log, _ = _play(monkeypatch, "compiled", CASES["never-fits"])
     rejected = log.state == State.REJECTED
     assert 0 < rejected.sum() < log.num_requests * 0.9  # some requests refused on arrival, most served
@@ -196,6 +224,26 @@ def test_compiled_engine_checks_the_indexes_it_does_not_bound_check(monkeypatch)
         engine.receive(np.array([env.unwrapped.cluster.log.num_requests], dtype=np.int64), engine.clock)
     with pytest.raises(ValueError, match="does not fit"):
         engine.observe(np.zeros(10, dtype=np.float32), 17, 200, 32, 0.0, 1.0, 0.0)
+    big = np.zeros(2000, dtype=np.float32)
+    with pytest.raises(ValueError, match="does not fit"):  # negative offsets would write before the buffer
+        engine.observe(big[1000:], 17, -40, -10, 0.0, 1.0, 0.0)
+    with pytest.raises(IndexError, match="running rows"):
+        engine._remove_rows(np.arange(5000) + 1000)
+
+
+@pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=needs_compiled)])
+def test_both_engines_refuse_queue_positions_outside_the_contract(monkeypatch, engine):
+    monkeypatch.setenv("SERVEGYM_ENGINE", engine)
+    env = make_env(make_policy("fcfs"), workload=_workload("burst"), profile=PROFILE)
+    env.reset(seed=0)
+    core = env.unwrapped.cluster.engine
+    while core.waiting.size < 3:
+        env.step(np.zeros(32, dtype=np.int64))
+    for bad, message in ((np.array([-1]), "out of range"), (np.array([1.9]), "integers"), ([True], "integers")):
+        with pytest.raises(IndexError, match=message):
+            core.step(bad)
+    out = core.step(np.array([2, 0]))  # distinct, in range, any order: admitted as given
+    assert out.num_admitted == 2
 
 
 @pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=needs_compiled)])
