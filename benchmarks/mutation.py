@@ -543,6 +543,9 @@ MUTATIONS: list[Mutation] = [
       "buf = np.zeros(self.size, dtype=np.float32)",
       "buf = self.__dict__.setdefault(\"_buf\", np.zeros(self.size, dtype=np.float32))",
       COMPILED, kind="env"),
+    m("fcfs-count-fits-below-budget", "policies/common.py",
+      "        if count == slots or used > budget:", "        if count == slots or used >= budget:",
+      POLICIES, "-k", "fcfs_count", kind="policy"),
     # ------------------------------------------------------------------ the compiled engine (rebuilt per mutation)
     m("core-chunk-starts-at-budget", "engine/_core.pyx",
       "            if wanted >= budget:", "            if wanted > budget:", COMPILED, kind="engine"),

@@ -236,7 +236,6 @@ class EngineBase:
             self.waiting_version += 1
         return rejected, float((now - log.arrival_s[where]).sum())
 
-
     # ------------------------------------------------------------------ preemption
     def _evict(self, rows: np.ndarray) -> int:
         """Preempt ``rows`` by recompute: free their blocks and put them at the queue front (a rare path, shared by
@@ -287,7 +286,6 @@ class EngineBase:
             raise AssertionError("the KV block phases of the decoding rows drifted from the running table")
         if decoding.any() and self._finish_countdown > int((rows[decoding, OUT] - rows[decoding, GEN]).min()):
             raise AssertionError("the finish countdown overshoots a decoding request's remaining tokens")
-
 
 
 class Engine(EngineBase):

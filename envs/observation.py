@@ -155,8 +155,9 @@ class ObservationEncoder:
     Every observation is one fresh float32 buffer in ``gymnasium.spaces.flatten``'s layout of the Dict space
     (keys in sorted order: engine, pool, queue, running): ``flat=True`` returns the buffer itself, otherwise a
     dict of views into it. One allocation per step either way, and a flat observation costs nothing extra.
-    The buffer starts as a copy of a template that holds the queue window's cached columns; each step writes
-    only what changes (waits, running rows, the engine and pool vectors).
+    For the Python engine the buffer starts as a copy of a template that holds the queue window's cached
+    columns, and each step writes only what changes (waits, running rows, the engine and pool vectors); a
+    compiled engine writes its whole part itself (``observe``) into a zeroed buffer.
     """
 
     def __init__(self, queue_window: int, running_slots: int, num_containers: int = 1, flat: bool = False) -> None:
@@ -176,7 +177,7 @@ class ObservationEncoder:
 
     def reset(self, engine: EngineBase) -> None:
         """Start an episode: forget the cached queue and read the per-episode constants."""
-        self._observe = getattr(engine, "observe", None)  # a compiled engine writes its part itself
+        self._compiled = hasattr(engine, "observe")  # a compiled engine writes its part itself
         self._version = -1
         self._container = -1
         self._baseline = engine.backend.baseline_step_s or 0.0
@@ -188,7 +189,7 @@ class ObservationEncoder:
     def encode(self, cluster: Cluster) -> dict[str, np.ndarray] | np.ndarray:
         engine = cluster.engine
         engine_end, pool_end, queue_end = self._engine_end, self._pool_end, self._queue_end
-        if self._observe is not None:  # a compiled engine writes its part, queue window included
+        if self._compiled:  # the engine writes its part, queue window included
             buf = np.zeros(self.size, dtype=np.float32)
             engine.observe(buf, pool_end, queue_end, self.queue_window, self._baseline, self._capacity,
                            self._length_mode)

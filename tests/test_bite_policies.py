@@ -163,6 +163,23 @@ def test_twp_gate_stops_at_the_first_ranked_candidate_that_fails():
     assert policy.act(crafted(obs, [y]))[:1].tolist() == [1]
 
 
+def test_fcfs_count_is_the_prefix_of_admission_blocks_that_fits_capped_at_free_slots():
+    # fcfs_count counts row by row; the definition is the vectorised prefix sum. Random queues, budgets at and
+    # around the cumulative block sums (the boundary is <=), slots that bind and slots that do not.
+    from servegym.policies.common import admission_blocks, fcfs_count, free_slots, prefix_that_fits, visible_queue
+
+    rng = np.random.default_rng(0)
+    _, obs = reset_obs(make_policy("fcfs"))
+    for _ in range(300):
+        rows = [{"num_prompt_tokens": int(rng.integers(1, 200)), "num_generated": int(rng.choice([0, 0, 37]))}
+                for _ in range(int(rng.integers(1, 9)))]
+        crafted_obs = crafted(obs, rows, num_running=float(rng.integers(0, 130)))
+        need = admission_blocks(crafted_obs, visible_queue(crafted_obs))
+        budget = float(rng.choice(np.concatenate([np.cumsum(need), np.cumsum(need) - 0.5, [0.0, 1e9]])))
+        expected = min(prefix_that_fits(need, budget), free_slots(crafted_obs))
+        assert fcfs_count(crafted_obs, budget_blocks=budget) == expected
+
+
 # ------------------------------------------------------------------------------------ memory-aware baselines
 def brute_force_peak(current, remaining):
     """Largest total KV (tokens) over future steps t = 0, 1, ...: request j holds current[j] + t tokens while
