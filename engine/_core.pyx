@@ -121,7 +121,7 @@ cdef class Core:
     # This iteration's plan: prefilling rows in table order; the first num_chunks of them get chunk[i] tokens.
     cdef long long[::1] pre_rows, chunk, done, gone
     cdef object _plan_arr
-    cdef Py_ssize_t num_pre, num_chunks
+    cdef Py_ssize_t num_chunks
     cdef bint planned
 
     def __reduce__(self):
@@ -394,7 +394,7 @@ cdef class Core:
 
     cdef long long _plan(self) except -1:
         """Decide this iteration's tokens (into the plan buffers); return the KV blocks they need."""
-        cdef Py_ssize_t n = self.num_running, i
+        cdef Py_ssize_t n = self.num_running, i, num_pre = 0
         cdef long long bs = self.block_size, step = self.step_index, need, budget, wanted, tokens, want, kv, rest
         cdef long long[:, ::1] run = self.run
         if not self.phases_valid:
@@ -407,20 +407,20 @@ cdef class Core:
                     self.phases[_mod(run[i, KV] - step, bs)] += 1
             self.phases_valid = True
         need = self.phases[_mod(-step, bs)]
-        self.num_pre = self.num_chunks = 0
+        self.num_chunks = 0
         self.planned = self.num_prefilling != 0
         if not self.planned:
             return need
         for i in range(n):
             if run[i, PREFILL_LEFT] != 0:
-                self.pre_rows[self.num_pre] = i
-                self.num_pre += 1
-        budget = self.max_batched - (n - self.num_pre)
+                self.pre_rows[num_pre] = i
+                num_pre += 1
+        budget = self.max_batched - (n - num_pre)
         if self.max_prefill >= 0:
             budget = min(budget, self.max_prefill)
         # Chunks in table order until the budget runs out: a row gets tokens if its chunk starts within it.
         wanted = 0
-        for i in range(self.num_pre):
+        for i in range(num_pre):
             if wanted >= budget:
                 break
             rest = run[self.pre_rows[i], PREFILL_LEFT]
