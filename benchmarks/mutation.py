@@ -576,6 +576,21 @@ MUTATIONS: list[Mutation] = [
 ]
 
 
+def _more_mutations() -> list[Mutation]:
+    """Mutations kept beside this file, one module per area in ``benchmarks/mutants/`` (each defines ``MUTATIONS``,
+    a list of ``(id, file, old, new, targets, kind)`` tuples), so that areas grow without editing one long list."""
+    found = []
+    for path in sorted((Path(__file__).resolve().parent / "mutants").glob("*.py")):
+        namespace: dict = {}
+        exec(compile(path.read_text(), str(path), "exec"), namespace)
+        found += [Mutation(id, file, old, new, tuple(targets), kind)
+                  for id, file, old, new, targets, kind in namespace["MUTATIONS"]]
+    return found
+
+
+MUTATIONS += _more_mutations()
+
+
 # ---------------------------------------------------------------------------------------------------- running
 def python_executable() -> str:
     venv = ROOT / ".venv" / "bin" / "python"
