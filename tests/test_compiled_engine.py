@@ -1,6 +1,9 @@
 """The compiled engine is the Python engine, float for float: the same observations, rewards, infos and logs on
 episodes that exercise every branch of the iteration (chunking, token caps, each preemption rule, each length
-mode, cold pools, latency noise, a backend that needs the batch's arrays, invariant checks)."""
+mode, cold pools, latency noise, a backend that needs the batch's arrays, invariant checks, recomputed admissions,
+total prefill caps, exact finish boundaries, partial KV blocks, receive on an idle engine, a queue longer than
+the observation window, both signs of the KV-rate EMA), on the old paper profile and on the default schema-2
+profile that ``gym.make`` and ``compare`` use."""
 
 from __future__ import annotations
 
@@ -9,11 +12,12 @@ import os
 import numpy as np
 import pytest
 
-from servegym.backends import CalibratedBackend, load_profile
+from servegym.backends import DEFAULT_PROFILE, CalibratedBackend, load_profile
 from servegym.engine import compiled
 from servegym.engine.compiled import compiled_available, engine_class
 from servegym.policies import make_policy
 from servegym.runner import make_env
+from servegym.workloads import FixedWorkload, RequestSpec
 from tests.golden import fingerprint
 
 needs_compiled = pytest.mark.skipif(not compiled_available(), reason="the compiled engine is not built here")
@@ -68,6 +72,8 @@ class SlowerCalibrated(CalibratedBackend):
 
 
 PROFILE = "paper-v100-llama3.2-3b"
+PROFILES = (PROFILE, DEFAULT_PROFILE)
+"""Every equivalence case runs on the paper profile (schema 1) and on the default profile (schema 2)."""
 # (policy, params, workload, engine settings, pool settings, env settings, seed, steps)
 CASES = {
     "fcfs-chunked": ("fcfs", {}, "burst", {"prefill_chunk_tokens": 48, "max_num_batched_tokens": 256,
@@ -79,7 +85,7 @@ CASES = {
     "fewest-generated": ("fcfs", {}, "burst", {"num_kv_blocks": 150, "preemption": "fewest_generated"}, {}, {}, 4,
                          700),
     "shortest-predicted": ("amin", {}, "burst", {"num_kv_blocks": 120, "length_mode": "predicted",
-                                                 "preemption": "shortest_predicted"}, {}, {}, 5, 700),
+                                                 "preemption": "shortest_predicted"}, {}, {}, 6, 700),
     "random-order": ("random", {}, "high", {"num_kv_blocks": 400, "length_mode": "predicted"}, {}, {}, 6, 700),
     "cold-pool": ("priority", {}, "burst", {"num_kv_blocks": 500},
                   {"num_containers": 3, "keep_alive_s": 2.0, "start_cold": True}, {}, 7, 900),
@@ -90,30 +96,69 @@ CASES = {
     "never-fits": ("fcfs", {}, "azure", {"num_kv_blocks": 100}, {}, {}, 11, 600),
     "float32-backend": ("vllm", {}, "burst", {"num_kv_blocks": 300}, {}, {"backend": Float32Latency}, 12, 400),
     "overridden-execute": ("fcfs", {}, "burst", {}, {}, {"backend": SlowerCalibrated}, 13, 400),
+    # Preempted requests admitted again out of queue order: admission adds output_hi - generated to the token load.
+    "recomputed-admission": ("priority", {}, "burst", {"num_kv_blocks": 150, "length_mode": "known"}, {}, {}, 14,
+                             900),
+    # A total prefill cap below the batch budget: several prompts share 300 tokens, the last one's chunk cut.
+    "prefill-cap": ("fcfs", {}, "azure", {"max_prefill_tokens": 300, "prefill_chunk_tokens": 128,
+                                          "num_kv_blocks": 2000}, {}, {}, 15, 900),
+    # Prompts and outputs at block boundaries +-1 (one-token outputs finish as they start decoding), a tiny cache.
+    "boundaries": ("fcfs", {}, "boundaries", {"block_size": 16, "num_kv_blocks": 30, "prefill_chunk_tokens": 16,
+                                              "max_num_batched_tokens": 64, "max_num_seqs": 24,
+                                              "length_mode": "known"}, {}, {}, 16, 900),
+    # Odd block size: rows hold partial blocks when they finish or are preempted.
+    "odd-blocks": ("fcfs", {}, "burst", {"block_size": 7, "num_kv_blocks": 500, "prefill_chunk_tokens": 20}, {}, {},
+                   17, 700),
+    # Far more waiting than the window shows: the observation counts them all, the window shows 32.
+    "long-queue": ("flow-control", {"activation_budget": 0.3}, "high", {}, {}, {}, 18, 600),
+    # Sparse arrivals routed in rotation: a container idle behind the pool clock receives and catches up.
+    "idle-receive": ("fcfs", {}, "sparse", {}, {"num_containers": 2, "keep_alive_s": 1000.0,
+                                               "router": "round_robin"}, {}, 19, 600),
 }
 
 
-def _workload(name: str):
+def _boundaries(speedup: float) -> FixedWorkload:
+    """Groups of five simultaneous arrivals; prompts and outputs cycle through 1 and multiples of 16 +-1."""
+    n = 60
+    prompts = np.resize([1, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65], n)
+    outputs = np.resize([1, 2, 15, 16, 17, 31, 32, 33], n)
+    arrivals = np.repeat(np.arange(n // 5) * 0.3, 5) / speedup
+    return FixedWorkload(RequestSpec(arrivals, prompts, outputs))
+
+
+def _sparse(speedup: float) -> FixedWorkload:
+    """Pairs of requests several seconds apart: every container goes idle between them."""
+    n = 24
+    arrivals = (np.repeat(np.arange(n // 2) * 4.0, 2) + np.tile([0.0, 0.01], n // 2)) / speedup
+    return FixedWorkload(RequestSpec(arrivals, np.resize([20, 300, 47, 129], n), np.resize([5, 40, 16, 1], n)))
+
+
+def _workload(name: str, profile: str = PROFILE):
+    """The golden workloads and two hand-made ones, arriving as fast as ``tests.golden`` runs them on ``profile``."""
+    from tests.golden import SPEEDUP
     from tests.golden import _workload as golden_workload
 
-    return golden_workload(name)
+    speedup = SPEEDUP[profile]
+    return {"boundaries": _boundaries, "sparse": _sparse}.get(name, lambda s: golden_workload(name, s))(speedup)
 
 
-def _play(monkeypatch, engine: str, case: tuple) -> tuple[list, object, list]:
+def _play(monkeypatch, engine: str, case: tuple, profile: str = PROFILE, env_hook=None) -> tuple[list, object, list]:
     monkeypatch.setenv("SERVEGYM_ENGINE", engine)
     name, params, workload, engine_cfg, pool, env_kw, seed, steps = case
     policy = make_policy(name, **params)
     env_kw = dict(env_kw)
     backend = None
     if env_kw.get("backend") == "arrays":
-        backend = env_kw["backend"] = ArraysOnly(PROFILE)
+        backend = env_kw["backend"] = ArraysOnly(profile)
     elif isinstance(env_kw.get("backend"), type):
-        backend = env_kw["backend"] = env_kw["backend"](PROFILE)
+        backend = env_kw["backend"] = env_kw["backend"](profile)
     else:
-        env_kw["profile"] = PROFILE
-    env = make_env(policy, workload=_workload(workload), engine=engine_cfg, pool=pool, max_episode_steps=steps,
+        env_kw["profile"] = profile
+    env = make_env(policy, workload=_workload(workload, profile), engine=engine_cfg, pool=pool, max_episode_steps=steps,
                    flat_obs=True, **env_kw)
     assert type(env.unwrapped.cluster.engines[0]) is engine_class(engine)
+    if env_hook is not None:
+        env_hook(env)
     obs, info = env.reset(seed=seed)
     policy.reset()
     unflatten = env.unwrapped.dict_observation_space
@@ -128,10 +173,11 @@ def _play(monkeypatch, engine: str, case: tuple) -> tuple[list, object, list]:
 
 
 @needs_compiled
+@pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("label", list(CASES))
-def test_compiled_engine_plays_the_python_engines_episode(monkeypatch, label):
-    python, python_log, python_batches = _play(monkeypatch, "python", CASES[label])
-    fast, fast_log, fast_batches = _play(monkeypatch, "compiled", CASES[label])
+def test_compiled_engine_plays_the_python_engines_episode(monkeypatch, label, profile):
+    python, python_log, python_batches = _play(monkeypatch, "python", CASES[label], profile)
+    fast, fast_log, fast_batches = _play(monkeypatch, "compiled", CASES[label], profile)
     assert len(fast) == len(python)
     for step, (a, b) in enumerate(zip(python, fast, strict=True)):
         np.testing.assert_array_equal(a[0], b[0], err_msg=f"observation at step {step}")
@@ -141,26 +187,58 @@ def test_compiled_engine_plays_the_python_engines_episode(monkeypatch, label):
 
 
 @needs_compiled
-def test_cases_reach_the_branches_they_are_named_for(monkeypatch):
+@pytest.mark.parametrize("profile", PROFILES)
+def test_cases_reach_the_branches_they_are_named_for(monkeypatch, profile):
     # Without this, a case could drift (a re-tuned workload) into never preempting or never chunking.
-    def preemptions(label):
-        _, log, _ = _play(monkeypatch, "compiled", CASES[label])
-        return int(log.num_preemptions.sum()), log.steps()
-
-    for label in ("lifo-tight", "clear-all", "fewest-generated", "shortest-predicted"):
-        assert preemptions(label)[0] > 0, label
-    _, steps = preemptions("fcfs-chunked")
     from servegym.engine import STEP_INDEX, State
 
+    def play(label, hook=None):
+        return _play(monkeypatch, "compiled", CASES[label], profile, hook)
+
+    for label in ("lifo-tight", "clear-all", "fewest-generated", "shortest-predicted", "boundaries", "odd-blocks"):
+        assert play(label)[1].num_preemptions.sum() > 0, label
+    steps = play("fcfs-chunked")[1].steps()
     assert steps[:, STEP_INDEX["num_prefill_seqs"]].max() > 1  # several prompts share one iteration's budget
-    assert len(_play(monkeypatch, "compiled", CASES["arrays-backend"])[2]) > 0
-    trace, log, batches = _play(monkeypatch, "compiled", CASES["overridden-execute"])
+    assert len(play("arrays-backend")[2]) > 0
+    trace, log, batches = play("overridden-execute")
     assert len(batches) == len(log.steps()) - np.count_nonzero(log.steps()[:, 2:5].sum(axis=1) == 0)
-    trace, _, _ = _play(monkeypatch, "compiled", CASES["float32-backend"])
+    trace, _, _ = play("float32-backend")
     assert all(type(step[2]["clock_s"]) is float for step in trace[1:])
-    _, log, _ = _play(monkeypatch, "compiled", CASES["never-fits"])
+    log = play("never-fits")[1]
     rejected = log.state == State.REJECTED
     assert 0 < rejected.sum() < log.num_requests * 0.9  # some requests refused on arrival, most served
+    _assert_new_cases_reach_their_branches(play, profile)
+
+
+def _assert_new_cases_reach_their_branches(play, profile: str) -> None:
+    from servegym.engine import STEP_INDEX, State
+
+    log = play("recomputed-admission")[1]
+    readmitted = (log.num_generated_at_preemption > 0) & (log.state == State.FINISHED)
+    assert readmitted.any(), "a request preempted after generating tokens is admitted again and finishes"
+    steps = play("prefill-cap")[1].steps()
+    assert steps[:, STEP_INDEX["num_prefill_tokens"]].max() == 300  # the cap binds, never exceeded
+    assert steps[steps[:, STEP_INDEX["num_prefill_tokens"]] == 300, STEP_INDEX["num_prefill_seqs"]].max() >= 3
+    log = play("boundaries")[1]
+    one_token = (log.num_output_tokens == 1) & (log.state == State.FINISHED)
+    assert one_token.any() and np.all(log.finish_s[one_token] == log.first_token_s[one_token])
+    assert log.steps()[:, STEP_INDEX["num_finished"]].max() >= 2  # several finish in one iteration
+    trace = play("long-queue")[0]
+    waiting = np.array([step[0][6] for step in trace])  # obs["engine"]["num_waiting"]: flat index 6
+    assert waiting.max() > 32, f"{profile}: the queue never outgrew the window"
+    kv_rate = np.array([step[0][8] for step in play("lifo-tight")[0]])  # obs["engine"]["kv_free_delta"]
+    assert kv_rate.min() < 0 < kv_rate.max(), "the KV-rate EMA takes both signs"
+    behind = []
+
+    def spy(env):
+        for engine in env.unwrapped.cluster.engines:
+            def receive(ids, now, engine=engine, inner=engine.receive):
+                behind.append(engine.clock < now and not engine.has_work)
+                return inner(ids, now)
+            engine.receive = receive
+
+    play("idle-receive", spy)
+    assert any(behind), "an idle container behind the pool clock receives requests"
 
 
 def test_engine_choice_is_checked(monkeypatch):
