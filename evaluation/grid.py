@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from servegym.engine import STEP_INDEX
+from servegym.backends import load_profile
+from servegym.engine import STEP_INDEX, EngineConfig
 from servegym.evaluation.executor import PROCESSES, Executor, RunStore, run_stored
-from servegym.evaluation.spec import Experiment, PolicySpec, WorkloadSpec
+from servegym.evaluation.spec import Experiment, PolicySpec, WorkloadSpec, check_workload
 from servegym.metrics import inter_token_latencies, summarize
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
@@ -53,12 +54,50 @@ def tasks(experiment: Experiment) -> list[Task]:
     ]
 
 
-def run_task(task: Task) -> TaskResult:
-    params = {**task.policy.params, **task.workload.policy_params.get(task.policy.name, {})}
-    policy = make_policy(task.policy.name, **params)
+def _params(task: Task) -> dict[str, Any]:
+    """The run's policy parameters: the policy's own, overridden by the workload's ``policy_params``."""
+    return {**task.policy.params, **task.workload.policy_params.get(task.policy.name, {})}
+
+
+def _engine(task: Task) -> dict[str, Any]:
+    """The run's engine settings: the experiment's, with the workload's length mode."""
     engine = dict(task.engine)
     if task.workload.length_mode is not None:
         engine["length_mode"] = task.workload.length_mode
+    return engine
+
+
+def check_inputs(experiment: Experiment, todo: list[Task]) -> None:
+    """Load and validate, once and in this process, every input the runs read: each profile, each workload
+    (traces are read and checked here), each policy with its per-workload parameters and each engine setting.
+
+    A bad input then stops the grid before its first run with one line naming the experiment and the input,
+    instead of failing every run inside the workers.
+    """
+    def fail(what: str, err: Exception) -> ValueError:
+        return ValueError(f"experiment {experiment.name}: {what}: {' '.join(str(err).split())}")
+
+    for profile in sorted({task.profile for task in todo}):
+        try:
+            load_profile(profile)
+        except (ValueError, OSError) as err:
+            raise fail(f"profile {profile}", err) from None
+    for workload in experiment.workloads:
+        try:
+            check_workload(workload)
+        except (ValueError, TypeError, KeyError, OSError) as err:
+            raise fail(f"workload {workload.label!r}", err) from None
+    for task in {(t.policy.title, repr(_params(t)), repr(_engine(t))): t for t in todo}.values():
+        try:  # each distinct policy setting once (a trained agent loads once per setting, not per workload)
+            make_policy(task.policy.name, **_params(task))
+            EngineConfig(**_engine(task))
+        except (ValueError, TypeError, OSError) as err:
+            raise fail(f"policy {task.policy.title!r} on workload {task.workload.label!r}", err) from None
+
+
+def run_task(task: Task) -> TaskResult:
+    policy = make_policy(task.policy.name, **_params(task))
+    engine = _engine(task)
     env = make_env(policy, max_episode_steps=task.max_steps, workload=task.workload.build(), profile=task.profile,
                    engine=engine, pool=task.pool)
     result = run_episode(env, policy, seed=task.seed)
@@ -91,11 +130,13 @@ def run_grid(experiment: Experiment, workers: int | None = None, progress: bool 
              store: RunStore | None = None, executor: Executor = PROCESSES) -> list[TaskResult]:
     """Run the whole grid; results come back sorted by (workload, policy, seed) whatever the worker order.
 
-    With a ``store``, runs already in it are not run again and each new one is saved as it finishes. Ctrl-C
+    Every input is validated here first (:func:`check_inputs`). With a ``store``, runs already in it are not run
+    again and each new one is saved as it finishes. Ctrl-C
     raises :class:`~servegym.evaluation.executor.Interrupted` with the finished runs (already stored).
     ``executor`` says where the runs go (worker processes here, or Ray tasks).
     """
     todo = tasks(experiment)
+    check_inputs(experiment, todo)
     bar = _bar(len(todo), experiment.name) if progress else None
     return run_stored(run_task, todo, workers, store, _describe, bar, executor)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from servegym.backends import load_profile
 from servegym.engine import EngineConfig, PoolConfig
@@ -29,6 +31,18 @@ from servegym.workloads.scenarios import gsm8k_pairs
 
 class ExperimentError(ValueError):
     """An experiment file is malformed; the message names the file and the key."""
+
+
+MAX_SEEDS = 10_000
+"""Most seeds one experiment may run: each seed is one run per policy and workload, and a count beyond this is
+a typo (``seeds: 1000000000000`` would otherwise exhaust memory building the list)."""
+
+
+def check_seed_count(count: int) -> None:
+    """The one rule for how many seeds a grid runs: at least one, at most :data:`MAX_SEEDS`."""
+    if not 1 <= count <= MAX_SEEDS:
+        raise ValueError(f"seeds: {count:,} seeds is outside [1, {MAX_SEEDS:,}] (each seed is one run per policy "
+                         "and workload)")
 
 
 @dataclass(frozen=True)
@@ -70,9 +84,11 @@ class Experiment:
     ttft_slo_s: float = 2.0
     itl_slo_s: float = 0.2
 
-    def with_seeds(self, seeds: int) -> Experiment:
-        from dataclasses import replace
+    def __post_init__(self) -> None:
+        check_seed_count(len(self.seeds))
 
+    def with_seeds(self, seeds: int) -> Experiment:
+        check_seed_count(seeds)
         return replace(self, seeds=tuple(range(seeds)))
 
 
@@ -150,22 +166,45 @@ def experiment_from_dict(data: Any, source: str = "<experiment>", base: Path | N
     )
     for w in experiment.workloads:
         try:
-            w.build()
+            check_workload(w)
         except (ValueError, TypeError, KeyError, OSError) as err:
             raise fail(f"workload {w.label!r}: {err}") from None
     return experiment
+
+
+def check_workload(workload: WorkloadSpec) -> None:
+    """Build the workload and draw one episode of it, so that a bad trace (empty, unsorted, malformed) or a bad
+    distribution fails here, in the process that reads the experiment, and not in every worker."""
+    workload.build().sample(np.random.default_rng(0))
+
+
+_YAML_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+"""``1e9``, ``2.5e-3``, ``1E+6``: floats to YAML 1.2 and to Python, strings to PyYAML's YAML 1.1 resolver (it wants
+a dot and a signed exponent)."""
+
+
+def _yaml_loader() -> type:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """PyYAML's safe loader that also reads exponent-only floats (``rate: 1e9``) as numbers."""
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML_EXPONENT_FLOAT, list("-+0123456789"))
+    return Loader
 
 
 def load_experiment(path: str | Path) -> Experiment:
     import yaml
 
     path = Path(path)
+    if path.is_dir():
+        raise ExperimentError(f"experiment file {path} is a folder; give a .yaml file in it")
     if not path.is_file():
         raise ExperimentError(f"experiment file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_yaml_loader())  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError as err:
-        raise ExperimentError(f"{path}: invalid YAML: {err}") from None
+        raise ExperimentError(f"{path}: invalid YAML: {' '.join(str(err).split())}") from None
     return experiment_from_dict(data, str(path), path.resolve().parent)
 
 
@@ -178,10 +217,18 @@ def _resolve(path: str, base: Path | None) -> str:
 
 def _seeds(value: Any, fail) -> tuple[int, ...]:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        try:
+            check_seed_count(value)
+        except ValueError as err:
+            raise fail(str(err)) from None
         return tuple(range(value))
     if not (isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool)
                                                        for s in value)):
         raise fail(f"seeds must be a positive int or a non-empty list of ints, got {value!r}")
+    try:
+        check_seed_count(len(value))
+    except ValueError as err:
+        raise fail(str(err)) from None
     if min(value) < 0:
         raise fail(f"seeds must be >= 0, got {min(value)}")
     if len(set(value)) != len(value):
@@ -241,27 +288,50 @@ def _workload(item: Any, fail) -> tuple[str, str | dict[str, Any], dict[str, dic
     return str(item["label"]), {k: v for k, v in item.items() if k not in ("label", "policy_params")}, params
 
 
-def _lengths(spec: Any, key: str):
+def _keys(spec: Any, key: str, required: set[str], optional: set[str] = frozenset()) -> dict[str, Any]:
+    """``spec`` as a mapping with exactly these keys (besides ``kind``); errors name ``key`` and the keys."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{key} must be a mapping, got {spec!r}")
+    given = set(spec) - {"kind"}
+    if given - required - optional or required - given:
+        raise ValueError(f"{key}: expected key(s) {sorted(required)}" + (f" and optionally {sorted(optional)}"
+                         if optional else "") + f", got {sorted(given)}")
+    return {k: v for k, v in spec.items() if k != "kind"}
+
+
+def _length_dist(spec: Any, key: str):
     if not isinstance(spec, dict) or "kind" not in spec:
         raise ValueError(f"{key} must be a mapping with a kind (choice, range_mix, fixed)")
     kind = spec["kind"]
     if kind == "choice":
-        return Choice(tuple(spec["values"]), tuple(spec["probs"]))
+        args = _keys(spec, key, {"values", "probs"})
+        return Choice(tuple(_items(args["values"], f"{key}.values")), tuple(_items(args["probs"], f"{key}.probs")))
     if kind == "range_mix":
-        return RangeMix(tuple(tuple(r) for r in spec["ranges"]), tuple(spec["probs"]))
+        args = _keys(spec, key, {"ranges", "probs"})
+        ranges = tuple(tuple(_items(r, f"{key}.ranges[{i}]")) for i, r in enumerate(_items(args["ranges"],
+                                                                                          f"{key}.ranges")))
+        return RangeMix(ranges, tuple(_items(args["probs"], f"{key}.probs")))
     if kind == "fixed":
-        return Choice((int(spec["value"]),), (1.0,))
+        return Choice((_keys(spec, key, {"value"})["value"],), (1.0,))
     raise ValueError(f"{key}.kind {kind!r} is not one of choice, range_mix, fixed")
+
+
+def _items(value: Any, key: str) -> list:
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{key} must be a non-empty list, got {value!r}")
+    return value
 
 
 def _arrivals(spec: Any):
     if not isinstance(spec, dict) or "kind" not in spec:
         raise ValueError("arrivals must be a mapping with a kind (poisson, gamma, mmpp)")
-    kind, args = spec["kind"], {k: v for k, v in spec.items() if k != "kind"}
     builders = {"poisson": Poisson, "gamma": Gamma, "mmpp": MarkovModulated}
+    kind = spec["kind"]
     if kind not in builders:
         raise ValueError(f"arrivals.kind {kind!r} is not one of {sorted(builders)}")
-    return builders[kind](**args)
+    names = {f.name for f in fields(builders[kind])}
+    optional = {f.name for f in fields(builders[kind]) if f.default is not MISSING}
+    return builders[kind](**_keys(spec, f"arrivals ({kind})", names - optional, optional))
 
 
 def build_workload(source: str | dict[str, Any], label: str = "") -> Workload:
@@ -277,7 +347,8 @@ def build_workload(source: str | dict[str, Any], label: str = "") -> Workload:
     if isinstance(source, str):
         return make_workload(source)
     if "trace" in source:
-        trace = dict(source["trace"])
+        allowed = {f.name for f in fields(TraceWorkload)}
+        trace = _keys(source["trace"], "trace", set(), allowed)
         path = trace.pop("path", "bundled")
         path = str(bundled_trace()) if path == "bundled" else path
         if not Path(path).is_file():
@@ -287,8 +358,16 @@ def build_workload(source: str | dict[str, Any], label: str = "") -> Workload:
     if unknown:
         raise ValueError(f"unknown workload key(s) {sorted(unknown)}")
     arrivals = _arrivals(source.get("arrivals"))
-    common = {"duration_s": float(source.get("duration_s", 60.0)), "max_requests": source.get("max_requests")}
+    common = {"duration_s": source.get("duration_s", 60.0), "max_requests": source.get("max_requests")}
     if source.get("lengths") == "gsm8k":
         return SyntheticWorkload(arrivals, paired=gsm8k_pairs(), **common)
     return SyntheticWorkload(arrivals, prompt=_lengths(source.get("prompt"), "prompt"),
                              output=_lengths(source.get("output"), "output"), **common)
+
+
+def _lengths(spec: Any, key: str):
+    """A length distribution; errors start with ``key`` (``prompt`` or ``output``)."""
+    try:
+        return _length_dist(spec, key)
+    except ValueError as err:
+        raise ValueError(err if str(err).startswith(key) else f"{key}: {err}") from None

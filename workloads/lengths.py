@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -12,6 +13,12 @@ class LengthDist(Protocol):
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray: ...
 
     def mean(self) -> float: ...
+
+
+def check_token_count(name: str, value: object) -> None:
+    """A token count is a whole number >= 1 given as an integer (``50.7`` is not silently cut to 50)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be whole token counts >= 1 (integers), got {value!r}")
 
 
 def _check_probs(probs: tuple[float, ...], n: int) -> np.ndarray:
@@ -29,8 +36,10 @@ class Choice:
     probs: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        if not self.values or min(self.values) < 1:
-            raise ValueError(f"values must be positive, got {self.values}")
+        if not self.values:
+            raise ValueError("values must hold at least one token count")
+        for value in self.values:
+            check_token_count("values", value)
         _check_probs(self.probs, len(self.values))
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -48,8 +57,13 @@ class RangeMix:
     probs: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        for lo, hi in self.ranges:
-            if not 1 <= lo <= hi:
+        for bounds in self.ranges:
+            if len(bounds) != 2:
+                raise ValueError(f"each range must be [lo, hi], got {list(bounds)}")
+            lo, hi = bounds
+            check_token_count("ranges", lo)
+            check_token_count("ranges", hi)
+            if not lo <= hi:
                 raise ValueError(f"each range must satisfy 1 <= lo <= hi, got {(lo, hi)}")
         _check_probs(self.probs, len(self.ranges))
 

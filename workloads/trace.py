@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servegym.engine.validation import positive_number
+from servegym.engine.validation import boolean, non_negative_int, optional, positive_int, positive_number
 from servegym.workloads.base import RequestSpec
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -160,12 +160,13 @@ class TraceWorkload:
 
     def __post_init__(self) -> None:
         positive_number("time_scale", self.time_scale)
-        if self.start < 0:
-            raise ValueError(f"start must be >= 0, got {self.start}")
+        non_negative_int("start", self.start)
+        optional(positive_int)("max_requests", self.max_requests)
+        optional(positive_number)("duration_s", self.duration_s)
+        boolean("random_window", self.random_window)
         if self.random_window and (self.duration_s is None or self.start or self.max_requests is not None):
             raise ValueError("random_window needs duration_s and neither start nor max_requests")
-        if self.min_requests < 1:
-            raise ValueError(f"min_requests must be >= 1, got {self.min_requests}")
+        positive_int("min_requests", self.min_requests)
 
     def sample(self, rng: np.random.Generator) -> RequestSpec:
         full = _read(str(Path(self.path).resolve()))
