@@ -8,6 +8,7 @@ import numpy as np
 
 from servegym.backends.base import BatchTotals, StepBatch, batch_totals
 from servegym.backends.profile import LatencyModel, Profile
+from servegym.backends.profile_limits import check_noise
 
 
 def step_latency(model: LatencyModel, decode_batch: int, prefill_tokens: float = 0.0,
@@ -29,6 +30,7 @@ class CalibratedBackend:
         cv = self.model.noise_cv if noise_cv is None else noise_cv
         if not (math.isfinite(cv) and cv >= 0):
             raise ValueError(f"noise_cv must be a finite number >= 0, got {cv!r}")
+        check_noise(cv)  # the profile's own was checked when it loaded; an override is checked here
         # A log-normal factor with mean 1 and the requested coefficient of variation.
         self._sigma = math.sqrt(math.log1p(cv * cv))
         self._rng: np.random.Generator | None = None

@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from servegym.backends.base import BatchTotals, StepBatch, batch_totals
-from servegym.backends.token_model import ProfileValueError, TokenLatencyModel
+from servegym.backends.profile_limits import (
+    ProfileValueError,
+    check_capacity,
+    check_hardware,
+    check_noise,
+    check_term_seconds,
+)
+from servegym.backends.token_model import TokenLatencyModel
 
 SCHEMA_VERSIONS = (1, 2)
 """Schema 1: the batch-keyed model (:class:`LatencyModel`); schema 2: the token-keyed
@@ -19,6 +26,11 @@ SCHEMA_VERSIONS = (1, 2)
 
 class ProfileError(ValueError):
     """A profile file is missing, malformed, or holds an invalid value."""
+
+
+_UNITS = {"l_min_s": "iteration", "alpha_s": "decoding request beyond B0", "prefill_s_per_token": "prompt token",
+          "prefill_s_per_token_context": "query-key pair", "decode_s_per_context_token": "KV token read"}
+"""What each schema-1 coefficient charges for: each is bounded by ``profile_limits.MAX_TERM_S``."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,12 @@ class LatencyModel:
             raise ProfileError(f"latency.l_min_s must be > 0, got {self.l_min_s}")
         if not isinstance(self.saturation_batch, int) or self.saturation_batch < 1:
             raise ProfileError(f"latency.saturation_batch must be an int >= 1, got {self.saturation_batch!r}")
+        try:
+            for name, unit in _UNITS.items():
+                check_term_seconds(name, getattr(self, name), unit)
+            check_noise(self.noise_cv)
+        except ProfileValueError as err:
+            raise ProfileError(f"latency.{err}") from None
 
     def step_s(self, decode_batch: int, prefill_tokens: float = 0.0, prefill_attention: float = 0.0,
                decode_context: float = 0.0) -> float:
@@ -146,6 +164,8 @@ def profile_from_dict(data: Any, source: str = "<dict>") -> Profile:
             _check_keys("latency", lat, names - {"noise_cv"}, {"noise_cv"})
             try:
                 latency = TokenLatencyModel(**lat)
+                check_hardware(latency.memory_bandwidth_bytes_s, latency.decode_bandwidth_bytes_s,
+                               latency.peak_flops_s, latency.prefill_flops_s)
             except ProfileValueError as err:
                 raise ProfileError(f"latency.{err}") from None
         kv = data["kv_cache"]
@@ -159,6 +179,10 @@ def profile_from_dict(data: Any, source: str = "<dict>") -> Profile:
             raise ProfileError(f"cold_start_s must be a finite number >= 0, got {cold!r}")
         if not isinstance(data["name"], str) or not data["name"]:
             raise ProfileError("name must be a non-empty string")
+        try:
+            check_capacity(kv["num_blocks"], kv["block_size"], cold)
+        except ProfileValueError as err:
+            raise ProfileError(str(err)) from None
         return Profile(
             name=data["name"],
             latency=latency,

@@ -26,10 +26,9 @@ import math
 from dataclasses import dataclass, field, fields
 
 from servegym.backends.base import BatchTotals, StepBatch, batch_totals
+from servegym.backends.profile_limits import ProfileValueError, check_noise, check_term_seconds
 
-
-class ProfileValueError(ValueError):
-    """A schema-2 latency field is invalid (the loader prefixes the file and key)."""
+__all__ = ["TERMS", "ProfileValueError", "TokenLatencyModel"]
 
 
 def _interp(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
@@ -102,6 +101,21 @@ class TokenLatencyModel:
         for name in ("decode_bandwidth_bytes_s", "prefill_flops_s", "memory_bandwidth_bytes_s", "peak_flops_s"):
             if getattr(self, name) <= 0:
                 raise ProfileValueError(f"{name} must be > 0")
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        """No term charges more than ``MAX_TERM_S`` per iteration or per unit of work (``profile_limits``)."""
+        for name in ("cpu_s", "linear_s", "allreduce_s"):
+            check_term_seconds(name, max(getattr(self, name)))
+        check_term_seconds("kv_bytes_per_token / decode_bandwidth_bytes_s",
+                           self.kv_bytes_per_token / self.decode_bandwidth_bytes_s, "KV token read")
+        check_term_seconds("attention_flops_per_pair / prefill_flops_s",
+                           self.attention_flops_per_pair / self.prefill_flops_s, "query-key pair")
+        check_term_seconds("lm_head_bytes / memory_bandwidth_bytes_s",
+                           self.lm_head_bytes / self.memory_bandwidth_bytes_s)
+        check_term_seconds("lm_head_flops_per_row / peak_flops_s", self.lm_head_flops_per_row / self.peak_flops_s,
+                           "emitting row")
+        check_noise(self.noise_cv)
 
     # ------------------------------------------------------------------ terms
     def terms(self, rows: int, tokens: float, decode_context: float, prefill_pairs: float,
