@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +55,50 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def measured_range(profile: Profile) -> dict[str, float]:
+    """The largest shape the profile's tables measured: ``rows`` (requests per iteration), ``tokens`` (tokens per
+    iteration) and ``context`` (tokens per request), as far as the profile states them. Schema 2 takes them from
+    its knots (beyond the last one the last segment is extrapolated); a calibrated schema-1 profile from its
+    sweep; a profile read off a paper states none."""
+    lat = profile.latency
+    if isinstance(lat, TokenLatencyModel):
+        return {"rows": lat.cpu_rows[-1], "tokens": lat.linear_tokens[-1]}
+    sweep = profile.provenance.get("sweep", {})
+    limits = {"rows": sweep.get("max_batch"), "context": sweep.get("max_context")}
+    return {key: float(value) for key, value in limits.items() if isinstance(value, int | float)}
+
+
+def shape_warnings(profile: Profile, batch: int, context: int, prefill: int | None) -> list[str]:
+    """One line per way the iteration ``predict`` times exceeds what the profile knows: its KV capacity (blocks
+    x block size) or its measured range; each says by how much."""
+    per_request = prefill if prefill is not None else context
+    what = "batch x prompt" if prefill is not None else "batch x context"
+    blocks = batch * -(-per_request // profile.block_size)
+    lines = []
+    if blocks > profile.num_kv_blocks:
+        lines.append(f"{what} = {batch * per_request:.3g} tokens ({blocks:,} blocks of {profile.block_size}) is "
+                     f"{blocks / profile.num_kv_blocks:.3g} x the KV capacity of "
+                     f"{profile.num_kv_blocks * profile.block_size:,} tokens ({profile.num_kv_blocks:,} blocks)")
+    shape = {"rows": batch, "tokens": batch * (prefill or 1), "context": per_request}
+    names = {"rows": "requests per iteration", "tokens": "tokens per iteration", "context": "tokens per request"}
+    for key, top in measured_range(profile).items():
+        if shape[key] > top:
+            lines.append(f"{shape[key]:,} {names[key]} is {shape[key] / top:.3g} x the largest measured "
+                         f"({top:,.0f}); the time is extrapolated")
+    return lines
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
-    lat = load_profile(args.name).latency
+    profile = load_profile(args.name)
+    lat = profile.latency
     if args.prefill is not None:
         if args.context:
             raise ValueError("--context describes decodes; a prefill-only iteration has none")
         seconds = lat.prefill_s(args.prefill, args.batch)
     else:
         seconds = lat.decode_s(args.batch, args.context)
+    for line in shape_warnings(profile, args.batch, args.context, args.prefill):
+        print(f"servegym profile predict: warning: {line}", file=sys.stderr)
     print(f"{seconds * 1e3:.3f}")
     return 0
 
@@ -111,7 +148,11 @@ def add_profile_parser(sub: Any) -> None:
     show.add_argument("name", help="shipped name or JSON path")
     show.add_argument("--json", action="store_true", help="the profile file as JSON")
     show.set_defaults(func=cmd_show)
-    pred = verbs.add_parser("predict", help="one iteration's time in ms")
+    pred = verbs.add_parser(
+        "predict", help="one iteration's time in ms",
+        description="Print one iteration's predicted time in milliseconds (ms): --batch decoding requests each "
+                    "holding --context KV tokens, or (--prefill P) --batch prompts of P tokens prefilled whole. "
+                    "Warns on stderr when the shape exceeds the profile's KV capacity or its measured range.")
     pred.add_argument("name", help="shipped name or JSON path")
     pred.add_argument("--batch", type=_positive, default=1, help="decoding requests (or prompts with --prefill)")
     pred.add_argument("--context", type=_non_negative, default=0, help="KV tokens each decoding request holds")
