@@ -1,0 +1,60 @@
+"""Mutations of behaviours pinned by ``tests/test_pins_*.py``: metric definitions under pools and rejection, the
+env's reward and truncation accounting, and policy rules (each test states the rule it pins)."""
+
+METRICS = "tests/test_pins_metrics.py"
+POLICIES = "tests/test_pins_policies.py"
+
+MUTATIONS = [
+    # ------------------------------------------------------------------ metrics under pools and rejection
+    ("pins-makespan-first-container", "metrics/core.py",
+     "return float(max(ends) - log.arrival_s[0])", "return float(ends[0] - log.arrival_s[0])", (METRICS,), "metric"),
+    ("pins-censored-counts-rejected", "metrics/core.py",
+     "arrived = (log.state != State.PENDING) & (log.state != State.REJECTED)", "arrived = log.state != State.PENDING",
+     (METRICS,), "metric"),
+    ("pins-censored-counts-pending", "metrics/core.py",
+     "arrived = (log.state != State.PENDING) & (log.state != State.REJECTED)", "arrived = log.state != State.REJECTED",
+     (METRICS,), "metric"),
+    ("pins-unfinished-counts-rejected", "metrics/core.py",
+     '"num_unfinished": float(counts["num_waiting"] + counts["num_running"]),',
+     '"num_unfinished": float(counts["num_waiting"] + counts["num_running"] + counts["num_rejected"]),',
+     (METRICS,), "metric"),
+    ("pins-waiting-count-drops-preempted", "engine/log.py",
+     '"num_waiting": int(per_state[State.WAITING] + per_state[State.PREEMPTED]),',
+     '"num_waiting": int(per_state[State.WAITING]),', (METRICS,), "metric"),
+    # ------------------------------------------------------------------ env reward and truncation
+    ("pins-slo-reward-reads-deciding-container", "envs/serving.py",
+     "engine = self.cluster.engines[step.container]", "engine = self.cluster.engine", (METRICS,), "env"),
+    ("pins-unserved-ignores-pending", "envs/serving.py",
+     "return log.num_requests - sum(e.num_finished for e in self.cluster.engines) - self.cluster.num_rejected",
+     "return sum(e.num_arrived - e.num_finished for e in self.cluster.engines) - self.cluster.num_rejected",
+     (METRICS,), "env"),
+    ("pins-unserved-counts-rejected", "envs/serving.py",
+     "return log.num_requests - sum(e.num_finished for e in self.cluster.engines) - self.cluster.num_rejected",
+     "return log.num_requests - sum(e.num_finished for e in self.cluster.engines)", (METRICS,), "env"),
+    # ------------------------------------------------------------------ policies
+    ("pins-twp-no-lmin-fallback", "policies/twp.py",
+     "l_min = baseline if baseline > 0 else self.itl_floor", "l_min = baseline if baseline > 0 else math.inf",
+     (POLICIES,), "policy"),
+    ("pins-twp-floor-is-latest-itl", "policies/twp.py",
+     "self.itl_floor = min(self.itl_floor, itl)", "self.itl_floor = itl", (POLICIES,), "policy"),
+    ("pins-twp-floor-over-baseline", "policies/twp.py",
+     "l_min = baseline if baseline > 0 else self.itl_floor",
+     "l_min = self.itl_floor if self.itl_floor < 1 else baseline", (POLICIES,), "policy"),
+    ("pins-flow-class-kv-checks-queue-head", "policies/flow_control.py",
+     "fits = prefix_that_fits(admission_blocks(obs, rows[chosen]), free_blocks(obs))",
+     "fits = prefix_that_fits(admission_blocks(obs, rows[: len(chosen)]), free_blocks(obs))", (POLICIES,), "policy"),
+    ("pins-flow-class-kv-unchecked", "policies/flow_control.py",
+     "            if self.params.respect_free_kv else len(chosen)", "            if False else len(chosen)",
+     (POLICIES,), "policy"),
+    ("pins-amin-doubles-at-lo-minus-one", "engine/preemption.py",
+     "np.maximum((generated + 1.0) / lo, 1.0)", "np.maximum(generated / lo, 1.0)", (POLICIES,), "policy"),
+    ("pins-amin-estimate-uncapped", "engine/preemption.py",
+     "return np.minimum(lo * 2.0**doublings, hi)", "return lo * 2.0**doublings", (POLICIES,), "policy"),
+    ("pins-sarathi-seq-cap-fixed", "policies/sarathi.py",
+     '"max_num_seqs": min(128, budget)', '"max_num_seqs": 128', (POLICIES,), "policy"),
+    ("pins-vllm-first-chunk-ignores-budget", "policies/vllm.py",
+     "first = min(chunk, target, budget_left)", "first = min(chunk, target)", (POLICIES,), "policy"),
+    ("pins-vllm-first-chunk-no-sampled-token", "policies/vllm.py",
+     "need = num_blocks(first + (first == target), block)", "need = num_blocks(first, block)", (POLICIES,),
+     "policy"),
+]

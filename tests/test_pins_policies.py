@@ -1,0 +1,88 @@
+"""Pins of policy rules no other test fixes, each computed by hand on an asymmetric example: TWP's l_min fallback,
+per-class flow control's KV check, A_min's estimate boundary, Sarathi's sequence cap and the vLLM-style first
+chunk at the token budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servegym.engine.preemption import amin_estimate
+from servegym.policies import make_policy
+from servegym.policies.vllm import admit_within_budget
+from tests.test_bite_policies import crafted, reset_obs
+
+CAPACITY_TOKENS = 12_000 * 16
+"""flat_profile's KV cache: 12,000 blocks of 16 tokens."""
+
+
+def free_frac(blocks: int) -> float:
+    return blocks * 16 / CAPACITY_TOKENS
+
+
+def admitted_slots(action: np.ndarray) -> list[int]:
+    return np.flatnonzero(action).tolist()
+
+
+def test_twp_falls_back_to_the_smallest_itl_seen_when_the_profile_has_no_baseline():
+    # Rule: sigma = l_hat / l_min, l_hat the EMA (weight 0.3) of measured ITLs; l_min is the profile's baseline
+    # step latency when it has one (> 0), else the smallest ITL measured so far; 1.0 before any ITL.
+    policy = make_policy("twp")
+    _, obs = reset_obs(policy)
+    policy.reset()
+
+    def sigma(itl: float, baseline: float = 0.0) -> float:
+        return policy._monitor(crafted(obs, itl_last_s=itl, baseline_step_s=baseline))
+
+    assert sigma(0.0) == 1.0
+    assert sigma(0.125) == pytest.approx(1.0, rel=1e-12)  # l_hat = l_min = 0.125
+    l_hat = 0.125 + 0.3 * (0.0625 - 0.125)
+    assert sigma(0.0625) == pytest.approx(l_hat / 0.0625, rel=1e-12)  # the floor falls to 0.0625
+    l_hat += 0.3 * (0.25 - l_hat)
+    assert sigma(0.25) == pytest.approx(l_hat / 0.0625, rel=1e-12)  # a slower step does not raise the floor
+    assert sigma(0.0, baseline=0.5) == pytest.approx(l_hat / 0.5, rel=1e-12)  # a baseline wins over the floor
+
+
+def test_per_class_flow_control_checks_free_kv_for_the_requests_it_chose():
+    # Rule: with known lengths each class admits FIFO within its own budget (classes without one share
+    # activation_budget); the chosen requests are then cut at the first whose prompt + 1 does not fit in free KV.
+    policy = make_policy("flow-control", activation_budget=0.01, class_budgets=[(10, 1.0), (20, 1.0)])
+    _, obs = reset_obs(policy, length_mode="known")
+    queue = [{"num_prompt_tokens": 1, "output_lo": 30, "output_hi": 30},   # no class budget; shared one is 0
+             {"num_prompt_tokens": 16, "output_lo": 10, "output_hi": 10},  # class 10: 17 tokens = 2 blocks
+             {"num_prompt_tokens": 200, "output_lo": 20, "output_hi": 20}]  # class 20: 201 tokens = 13 blocks
+    policy.reset()
+    assert admitted_slots(policy.act(crafted(obs, queue, kv_free_frac=free_frac(3)))) == [1]  # 2 fit, 2 + 13 not
+    policy.reset()
+    assert admitted_slots(policy.act(crafted(obs, queue, kv_free_frac=free_frac(15)))) == [1, 2]  # both fit
+
+
+def test_amin_estimate_doubles_only_once_the_request_has_generated_it():
+    # Rule: lo * 2**k for the smallest k with lo * 2**k > generated, capped at hi; lo below 1 counts as 1.
+    lo = np.array([10.0, 10.0, 10.0, 10.0, 3.0, 0.0])
+    hi = np.array([100.0, 100.0, 100.0, 15.0, 100.0, 100.0])
+    generated = np.array([0.0, 9.0, 10.0, 20.0, 3.0, 1.0])
+    np.testing.assert_array_equal(amin_estimate(lo, hi, generated), [10.0, 10.0, 20.0, 15.0, 6.0, 2.0])
+
+
+@pytest.mark.parametrize(("budget", "seqs"), [(64, 64), (512, 128)])
+def test_sarathi_caps_running_sequences_at_its_token_budget(budget, seqs):
+    # Rule: every running request decodes each iteration inside the fixed budget, so at most min(128, budget) run.
+    overrides = make_policy("sarathi", token_budget=budget).engine_overrides()
+    assert overrides == {"max_num_batched_tokens": budget, "prefill_chunk_tokens": budget, "max_num_seqs": seqs}
+
+
+@pytest.mark.parametrize(("prompt", "free_blocks", "expected"), [
+    (100, 1, 1),  # a 16-token first chunk (the budget left) needs 1 block, no sampled token yet: admitted
+    (16, 1, 0),   # a first chunk that completes the prompt also holds its first token: 17 tokens, 2 blocks
+    (16, 2, 1),
+])
+def test_vllm_first_chunk_is_cut_at_the_token_budget_left(prompt, free_blocks, expected):
+    # Rule: an admission's first chunk is min(prefill chunk, prompt + recompute, budget left); it needs blocks for
+    # that chunk, plus one token when the chunk completes the prompt; admission stops at the first that misfits.
+    policy = make_policy("vllm")
+    _, obs = reset_obs(policy)
+    queue = [{"num_prompt_tokens": prompt, "output_lo": 1, "output_hi": 100},
+             {"num_prompt_tokens": 1, "output_lo": 1, "output_hi": 100}]
+    obs = crafted(obs, queue, kv_free_frac=free_frac(free_blocks), prefill_chunk_tokens=512)
+    assert admit_within_budget(obs, 16) == expected
