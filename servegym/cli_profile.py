@@ -78,7 +78,8 @@ def shape_warnings(profile: Profile, batch: int, context: int, prefill: int | No
     if blocks > profile.num_kv_blocks:
         lines.append(f"{what} = {batch * per_request:.3g} tokens ({blocks:,} blocks of {profile.block_size}) is "
                      f"{blocks / profile.num_kv_blocks:.3g} x the KV capacity of "
-                     f"{profile.num_kv_blocks * profile.block_size:,} tokens ({profile.num_kv_blocks:,} blocks)")
+                     f"{profile.num_kv_blocks * profile.block_size:,} tokens ({profile.num_kv_blocks:,} blocks), "
+                     f"{blocks - profile.num_kv_blocks:,} blocks over")
     shape = {"rows": batch, "tokens": batch * (prefill or 1), "context": per_request}
     names = {"rows": "requests per iteration", "tokens": "tokens per iteration", "context": "tokens per request"}
     for key, top in measured_range(profile).items():
