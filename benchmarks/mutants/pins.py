@@ -3,6 +3,7 @@ env's reward and truncation accounting, and policy rules (each test states the r
 
 METRICS = "tests/test_pins_metrics.py"
 POLICIES = "tests/test_pins_policies.py"
+EVALUATION = "tests/test_pins_evaluation.py"
 
 MUTATIONS = [
     # ------------------------------------------------------------------ metrics under pools and rejection
@@ -57,4 +58,30 @@ MUTATIONS = [
     ("pins-vllm-first-chunk-no-sampled-token", "policies/vllm.py",
      "need = num_blocks(first + (first == target), block)", "need = num_blocks(first, block)", (POLICIES,),
      "policy"),
+    # ------------------------------------------------------------------ evaluation, tuning, tasks, training seeds
+    ("pins-leaderboard-nan-as-zero", "evaluation/leaderboard.py",
+     "scores.sort(key=lambda s: (math.isnan(s.mean(ranking)), sign * np.nan_to_num(s.mean(ranking))))",
+     "scores.sort(key=lambda s: sign * np.nan_to_num(s.mean(ranking)))", (EVALUATION,), "evaluation"),
+    ("pins-run-store-eof-raises", "evaluation/executor.py",
+     "except (pickle.UnpicklingError, EOFError, AttributeError, ValueError):",
+     "except (pickle.UnpicklingError, AttributeError, ValueError):", (EVALUATION,), "evaluation"),
+    ("pins-run-store-ignores-key", "evaluation/executor.py",
+     "return result if stored_key == repr(key) else None", "return result", (EVALUATION,), "evaluation"),
+    ("pins-tuning-seeds-from-zero", "tuning/study.py",
+     "seed = TUNING_SEED_BASE + k", "seed = k", (EVALUATION,), "tuning"),
+    ("pins-tune-records-no-sampler-seed", "tuning/study.py",
+     "        cfg = replace(cfg, sampler_seed=fresh_seed())\n", "        pass\n", (EVALUATION,), "tuning"),
+    ("pins-task-overrides-caller", "envs/mixture.py",
+     'return ServingEnv(**{**settings, **kwargs, "engine": engine, "pool": pool})',
+     'return ServingEnv(**{**kwargs, **settings, "engine": engine, "pool": pool})', (EVALUATION,), "env"),
+    ("pins-task-engine-replaced-not-merged", "envs/mixture.py",
+     "        return {**base, **override}", "        return override", (EVALUATION,), "env"),
+    ("pins-task-drops-idle-guard", "envs/tasks.py",
+     '"max_steps": self.max_steps, "idle_guard_steps": self.idle_guard_steps}', '"max_steps": self.max_steps}',
+     (EVALUATION,), "env"),
+    ("pins-train-seed-streams-overlap", "rl/train.py",
+     "(start + rank, cfg.n_envs)) for rank in range(cfg.n_envs)]", "(start + rank, 1)) for rank in range(cfg.n_envs)]",
+     (EVALUATION,), "rl"),
+    ("pins-train-seed-offset-ignored", "rl/train.py",
+     "start = cfg.seed * 10_007 + offset", "start = cfg.seed * 10_007", (EVALUATION,), "rl"),
 ]
