@@ -4,6 +4,7 @@ env's reward and truncation accounting, and policy rules (each test states the r
 METRICS = "tests/test_pins_metrics.py"
 POLICIES = "tests/test_pins_policies.py"
 EVALUATION = "tests/test_pins_evaluation.py"
+BACKENDS = "tests/test_pins_backends.py"
 
 MUTATIONS = [
     # ------------------------------------------------------------------ metrics under pools and rejection
@@ -84,4 +85,19 @@ MUTATIONS = [
      (EVALUATION,), "rl"),
     ("pins-train-seed-offset-ignored", "rl/train.py",
      "start = cfg.seed * 10_007 + offset", "start = cfg.seed * 10_007", (EVALUATION,), "rl"),
+    # ------------------------------------------------------------------ schema-2 latency summaries and builder
+    ("pins-decode-s-one-context", "backends/token_model.py",
+     "return self.total_s(batch, batch, batch * context, 0.0, batch)",
+     "return self.total_s(batch, batch, context, 0.0, batch)", (BACKENDS,), "backend"),
+    ("pins-decode-s-one-emitting-row", "backends/token_model.py",
+     "return self.total_s(batch, batch, batch * context, 0.0, batch)",
+     "return self.total_s(batch, batch, batch * context, 0.0, 1)", (BACKENDS,), "backend"),
+    ("pins-prefill-s-pairs-half-square", "backends/token_model.py",
+     "pairs = batch * prompt * (prompt + 1) / 2.0", "pairs = batch * prompt * prompt / 2.0", (BACKENDS,), "backend"),
+    ("pins-prefill-s-no-first-token", "backends/token_model.py",
+     "return self.total_s(batch, batch * prompt, 0.0, pairs, batch)",
+     "return self.total_s(batch, batch * prompt, 0.0, pairs, 0)", (BACKENDS,), "backend"),
+    ("pins-prefill-attention-kv-heads", "backends/build.py",
+     "attention_flops_per_pair=4.0 * shape.heads * shape.head_dim * shape.layers / tp,",
+     "attention_flops_per_pair=4.0 * shape.kv_heads * shape.head_dim * shape.layers / tp,", (BACKENDS,), "backend"),
 ]
