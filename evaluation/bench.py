@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from servegym.envs.tasks import TEST_SEEDS, get_task
-from servegym.evaluation.executor import PROCESSES, Executor, RunStore, run_stored
+from servegym.evaluation.executor import PROCESSES, Executor, RunStore, progress_bar, run_stored
 from servegym.evaluation.leaderboard import markdown
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import EpisodeResult, make_env, run_episode
@@ -242,8 +242,4 @@ def headroom_lines(path: str | Path) -> dict[str, str]:
 
 
 def _bar(total: int) -> Any:
-    try:
-        from tqdm import tqdm
-    except ImportError:  # the bar is optional: install servegym[eval]
-        return None
-    return tqdm(total=total, desc="bench", unit="episode")
+    return progress_bar(total, "bench", "episode")

@@ -9,11 +9,15 @@
   command runs only what is missing.
 * **Where the jobs run** (:class:`Executor`): this machine's worker processes, or Ray tasks on a Ray cluster
   (:mod:`servegym.evaluation.ray_executor`), with the same results, store, Ctrl-C and failure behaviour.
+* **SIGTERM** stops the jobs as Ctrl-C does; :attr:`Interrupted.exit_status` is the shell's status for the signal
+  (130 for SIGINT, 143 for SIGTERM).
+* **One writer per folder** (:class:`FolderLock`): a second grid into a folder that one is writing is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import multiprocessing
 import os
@@ -30,12 +34,34 @@ POLL_S = 0.1
 """How often the parent checks its workers while it waits for results."""
 
 
-class Interrupted(Exception):
-    """Ctrl-C (or SIGTERM) stopped the jobs; ``results`` holds those that finished (index -> result)."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread where :class:`InterruptOnTerm` is active; stops work as Ctrl-C does."""
 
-    def __init__(self, results: dict[int, Any]) -> None:
+    signum = signal.SIGTERM
+
+
+def signal_of(stop: KeyboardInterrupt) -> int:
+    """The signal behind a ``KeyboardInterrupt``: SIGTERM for :class:`Terminated`, else SIGINT (Ctrl-C)."""
+    return int(getattr(stop, "signum", signal.SIGINT))
+
+
+def exit_status(signum: int) -> int:
+    """The shell's exit status of a command stopped by ``signum``: 130 for SIGINT, 143 for SIGTERM."""
+    return 128 + signum
+
+
+class Interrupted(Exception):
+    """Ctrl-C (or SIGTERM) stopped the jobs; ``results`` holds those that finished (index -> result), ``signum``
+    the signal that stopped them."""
+
+    def __init__(self, results: dict[int, Any], signum: int = signal.SIGINT) -> None:
         super().__init__(f"interrupted after {len(results)} finished jobs")
         self.results = results
+        self.signum = int(signum)
+
+    @property
+    def exit_status(self) -> int:
+        return exit_status(self.signum)
 
 
 class JobFailed(RuntimeError):
@@ -189,18 +215,19 @@ def _run_inline(fn: Callable[[Any], Any], jobs: Sequence[Any], results: dict[int
                 continue
             if on_result is not None:
                 on_result(i, results[i])
-    except KeyboardInterrupt:
-        raise Interrupted(results) from None
+    except KeyboardInterrupt as stop:
+        raise Interrupted(results, signal_of(stop)) from None
     if failed:
         raise JobFailed(f"{len(failed)} of {len(jobs)} jobs failed; the first: {failed[0]}", results)
 
 
 def _run_pool(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int, results: dict[int, Any],
               on_result: Callable[[int, Any], None] | None, describe: Callable[[Any], str]) -> None:
-    pool = _Pool(fn, workers)
+    pool: _Pool | None = None
     failed: dict[int, str] = {}
     pending = list(range(len(jobs)))[::-1]
     try:
+        pool = _Pool(fn, workers)  # stopped while starting, it kills the workers it started
         while len(results) + len(failed) < len(jobs):
             for worker in pool.idle():
                 if pending:
@@ -221,10 +248,11 @@ def _run_pool(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int, resul
                 results[index] = payload
                 if on_result is not None:
                     on_result(index, payload)
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C kills outright
-        pool.kill()
-        raise Interrupted(results) from None
+    except KeyboardInterrupt as stop:
+        stop_outright_on_second_signal()
+        if pool is not None:
+            pool.kill()
+        raise Interrupted(results, signal_of(stop)) from None
     pool.close()
     if failed:
         first = failed[min(failed)]
@@ -261,7 +289,13 @@ class _Pool:
     def __init__(self, fn: Callable[[Any], Any], workers: int) -> None:
         self.fn = fn
         self.ctx = multiprocessing.get_context("spawn")
-        self.workers = [_Worker(self.ctx, fn) for _ in range(workers)]
+        self.workers: list[_Worker] = []
+        try:
+            for _ in range(workers):
+                self.workers.append(_Worker(self.ctx, fn))
+        except BaseException:  # Ctrl-C or SIGTERM while starting: no worker outlives the pool
+            self.kill()
+            raise
 
     def idle(self) -> list[_Worker]:
         return [w for w in self.workers if w.job is None]
@@ -331,4 +365,64 @@ class InterruptOnTerm:
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    raise Terminated
+
+
+def stop_outright_on_second_signal() -> None:
+    """While the jobs stop, a second Ctrl-C or SIGTERM kills the parent at once (main thread only)."""
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class FolderInUse(ValueError):
+    """Another process holds the folder's :class:`FolderLock`."""
+
+
+class FolderLock:
+    """An exclusive lock on a run folder while a grid writes it (``with FolderLock(out): ...``).
+
+    A second process that asks for the same folder gets :class:`FolderInUse` at once, naming the folder and the
+    holder's pid. The lock is ``flock`` on ``<folder>/.servegym.lock``, so the system releases it when its holder
+    exits, a crash or ``kill -9`` included; the file stays (removing it would race with a new holder).
+    """
+
+    FILE = ".servegym.lock"
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.handle: Any = None
+
+    def __enter__(self) -> FolderLock:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        handle = (self.folder / self.FILE).open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise FolderInUse(f"{self.folder} is being written by another servegym run (pid {holder}); wait for it "
+                              "to finish or choose another output folder") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self.handle = handle
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.truncate(0)
+        fcntl.flock(self.handle, fcntl.LOCK_UN)
+        self.handle.close()
+        self.handle = None
+
+
+def progress_bar(total: int, desc: str, unit: str) -> Any:
+    """A tqdm bar that draws only on a terminal (a log gets no stream of carriage returns), or None without tqdm
+    (``servegym[eval]``)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, unit=unit, disable=None)  # None: off when stderr is not a terminal

@@ -9,7 +9,7 @@ import numpy as np
 
 from servegym.backends import load_profile
 from servegym.engine import STEP_INDEX, EngineConfig
-from servegym.evaluation.executor import PROCESSES, Executor, RunStore, run_stored
+from servegym.evaluation.executor import PROCESSES, Executor, RunStore, progress_bar, run_stored
 from servegym.evaluation.spec import Experiment, PolicySpec, WorkloadSpec, check_workload
 from servegym.metrics import inter_token_latencies, summarize
 from servegym.policies import make_policy
@@ -146,8 +146,4 @@ def _describe(task: Task) -> str:
 
 
 def _bar(total: int, name: str):
-    try:
-        from tqdm import tqdm
-    except ImportError:  # the bar is optional: install servegym[eval]
-        return None
-    return tqdm(total=total, desc=f"compare {name}", unit="run")
+    return progress_bar(total, f"compare {name}", "run")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servegym.envs.tasks import get_task
-from servegym.evaluation.stats import mean_ci
+from servegym.evaluation.stats import MIN_VERDICT_SEEDS, mean_ci
 
 if TYPE_CHECKING:
     from servegym.evaluation.bench import BenchRow
@@ -78,10 +78,13 @@ class TaskBoard:
 
     @property
     def verdict(self) -> str:
-        """``decision-sensitive``, ``flat``, or ``undetermined`` (random or FCFS, or every candidate, missing)."""
+        """``decision-sensitive``, ``flat``, or ``undetermined`` (random or FCFS, or every candidate, missing, or
+        fewer than ``MIN_VERDICT_SEEDS`` episodes of one of them)."""
         random, fcfs = self.score("random"), self.score("fcfs")
         candidates = [s for s in (self.best, self.score("hindsight")) if s is not None]
         if random is None or fcfs is None or not candidates:
+            return "undetermined"
+        if min(s.episodes for s in (random, fcfs, *candidates)) < MIN_VERDICT_SEEDS:
             return "undetermined"
         sensitive = any(min(self.gain(s, random), self.gain(s, fcfs)) >= SENSITIVE for s in candidates)
         return "decision-sensitive" if sensitive else "flat"
@@ -184,7 +187,8 @@ def markdown(rows: Sequence[BenchRow], command: str = "servegym bench",
         f"- **Flat:** {', '.join(groups['flat']) or 'none'}",
     ]
     if groups["undetermined"]:
-        lines.append(f"- **Undetermined** (random or FCFS not run): {', '.join(groups['undetermined'])}")
+        lines.append(f"- **Undetermined** (random or FCFS not run, or fewer than {MIN_VERDICT_SEEDS} seeds): "
+                     f"{', '.join(groups['undetermined'])}")
     lines.append("")
     for board in task_boards:
         lines += task_table(board)

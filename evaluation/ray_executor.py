@@ -25,7 +25,15 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from servegym.evaluation.executor import POLL_S, Interrupted, InterruptOnTerm, JobFailed, RestoreSigint
+from servegym.evaluation.executor import (
+    POLL_S,
+    Interrupted,
+    InterruptOnTerm,
+    JobFailed,
+    RestoreSigint,
+    signal_of,
+    stop_outright_on_second_signal,
+)
 
 
 class MissingRayError(ImportError):
@@ -91,12 +99,12 @@ def _run_tasks(ray: ModuleType, fn: Callable[[Any], Any], jobs: Sequence[Any], l
                 results[index] = pickle.loads(payload)
                 if on_result is not None:
                     on_result(index, results[index])
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C kills outright
+    except KeyboardInterrupt as stop:
+        stop_outright_on_second_signal()
         for ref in running:
             with contextlib.suppress(Exception):  # already finished, or the cluster is gone
                 ray.cancel(ref, force=True)
-        raise Interrupted(results) from None
+        raise Interrupted(results, signal_of(stop)) from None
     if failed:
         first = failed[min(failed)]
         raise JobFailed(f"{len(failed)} of {len(jobs)} jobs failed; the first: {first}", results)

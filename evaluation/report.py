@@ -29,10 +29,14 @@ Summary = dict[tuple[str, str, str], tuple[float, float, int]]
 """(workload, policy, metric) -> (mean, 95% CI half-width, runs)."""
 
 
+TIDY_COLUMNS = ("policy", "workload", "seed", "metric", "value")
+"""The columns of a ``results.csv``, one row per policy x workload x seed x metric."""
+
+
 def write_tidy_csv(results: list[TaskResult], path: Path) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["policy", "workload", "seed", "metric", "value"])
+        writer.writerow(TIDY_COLUMNS)
         for r in results:
             for metric, value in r.metrics.items():
                 writer.writerow([r.policy, r.workload, r.seed, metric, repr(float(value))])
@@ -44,10 +48,20 @@ def read_tidy_csv(path: Path) -> list[dict[str, str]]:
 
 
 def results_from_tidy_csv(path: Path) -> list[TaskResult]:
-    """The per-run metrics of a ``results.csv`` (no token-level samples), in the file's order."""
+    """The per-run metrics of a ``results.csv`` (no token-level samples), in the file's order; a file that is not
+    one is a ``ValueError`` naming it and the first bad line."""
     runs: dict[tuple[str, str, int], dict[str, float]] = {}
-    for row in read_tidy_csv(path):
-        runs.setdefault((row["policy"], row["workload"], int(row["seed"])), {})[row["metric"]] = float(row["value"])
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        if tuple(reader.fieldnames or ()) != TIDY_COLUMNS:
+            raise ValueError(f"{path}: columns {reader.fieldnames} are not a results.csv's {list(TIDY_COLUMNS)}")
+        for row in reader:
+            try:
+                key = (row["policy"], row["workload"], int(row["seed"]))
+                runs.setdefault(key, {})[row["metric"]] = float(row["value"])
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}, line {reader.line_num}: not a policy, workload, whole-number seed, "
+                                 f"metric and number: {row}") from None
     empty = np.zeros(0)
     return [TaskResult(p, w, s, metrics, empty, empty) for (p, w, s), metrics in runs.items()]
 

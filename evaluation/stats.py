@@ -6,6 +6,10 @@ import math
 
 import numpy as np
 
+MIN_VERDICT_SEEDS = 3
+"""Fewest seeds a verdict may rest on (``servegym reproduce``'s claims, ``servegym bench``'s decision-sensitivity):
+fewer give no confidence interval worth the name."""
+
 # Two-sided 95% Student-t critical values t_{0.975, df}.
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
          11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +27,17 @@ from servegym.cli_tasks import add_tasks_parser
 from servegym.engine import EngineConfig
 from servegym.engine.config import LENGTH_MODES
 from servegym.envs.tasks import TASKS
-from servegym.evaluation.executor import Interrupted, JobFailed
+from servegym.evaluation.executor import (
+    FolderLock,
+    Interrupted,
+    InterruptOnTerm,
+    JobFailed,
+    exit_status,
+    signal_of,
+)
+from servegym.evaluation.stats import MIN_VERDICT_SEEDS
+from servegym.experiments import FOLDER as SHIPPED_EXPERIMENTS
+from servegym.experiments import find_experiment, shipped_experiments
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import make_env, run_episode, write_csvs
 from servegym.stability import workload_stability
@@ -123,19 +135,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from servegym.evaluation import compare, default_experiment, load_experiment
 
     executor = executor_from_args(args)
-    experiment = load_experiment(args.experiment) if args.experiment else default_experiment()
+    experiment = load_experiment(find_experiment(args.experiment)) if args.experiment else default_experiment()
     if args.seeds is not None:
         experiment = experiment.with_seeds(args.seeds)
     if args.params:
         experiment = _with_tuned(experiment, args.params)
     out = writable_dir(Path(args.out or f"results/{experiment.name}"))
-    runs = len(experiment.policies) * len(experiment.workloads) * len(experiment.seeds)
-    kept = "" if args.fresh or not (out / "runs").is_dir() else " (finished runs in runs/ are not run again)"
-    print(f"servegym compare: {experiment.name}: {len(experiment.policies)} policies x {len(experiment.workloads)} "
-          f"workloads x {len(experiment.seeds)} seeds = {runs} runs{' as Ray tasks' if executor.kind == 'ray' else ''} "
-          f"-> {out}{kept}")
-    _, paths = compare(experiment, out, workers=args.workers, progress=not args.quiet, plots=not args.no_plots,
-                       resume=not args.fresh, executor=executor)
+    with FolderLock(out):  # one grid writes a folder at a time
+        runs = len(experiment.policies) * len(experiment.workloads) * len(experiment.seeds)
+        kept = "" if args.fresh or not (out / "runs").is_dir() else " (finished runs in runs/ are not run again)"
+        print(f"servegym compare: {experiment.name}: {len(experiment.policies)} policies x "
+              f"{len(experiment.workloads)} workloads x {len(experiment.seeds)} seeds = {runs} runs"
+              f"{' as Ray tasks' if executor.kind == 'ray' else ''} -> {out}{kept}")
+        _, paths = compare(experiment, out, workers=args.workers, progress=not args.quiet, plots=not args.no_plots,
+                           resume=not args.fresh, executor=executor)
     print(paths["summary"].read_text())
     for name, path in paths.items():
         print(f"wrote {name}: {path}")
@@ -144,10 +157,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 PAPER_EXPERIMENTS = ("twp_paper_warm", "twp_paper", "flow_control_synthetic", "flow_control_mixed",
                      "flow_control_trace")
-
-
-MIN_VERDICT_SEEDS = 3
-"""Fewest seeds a reproduction verdict may rest on (fewer give no confidence interval worth the name)."""
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -159,7 +168,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     doc = Path("docs/REPRODUCTION.md") if args.update_docs else Path(args.out) / "REPRODUCTION.md"
     if args.from_results:
         results_dir = Path(args.results or results_dir)
-    experiments = {name: load_experiment(Path(args.experiments) / f"{name}.yaml") for name in PAPER_EXPERIMENTS}
+    folder = Path(args.experiments) if args.experiments else SHIPPED_EXPERIMENTS
+    experiments = {name: load_experiment(folder / f"{name}.yaml") for name in PAPER_EXPERIMENTS}
     if args.seeds is not None:
         experiments = {name: e.with_seeds(args.seeds) for name, e in experiments.items()}
     if not args.from_results:
@@ -170,25 +180,36 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         writable_dir(results_dir)
     writable_dir(doc.parent)
     results, seeds = {}, {}
-    for name, experiment in experiments.items():
-        if args.from_results:
-            from servegym.evaluation.report import results_from_tidy_csv
-
-            results[name] = results_from_tidy_csv(results_dir / name / "results.csv")
-            seeds[name] = len({r.seed for r in results[name]})
-            if seeds[name] < MIN_VERDICT_SEEDS:
-                raise ValueError(f"{results_dir / name / 'results.csv'} holds {seeds[name]} seeds; a verdict "
-                                 f"needs at least {MIN_VERDICT_SEEDS}")
-            continue
-        print(f"servegym reproduce: {name} ({len(experiment.seeds)} seeds) -> {results_dir / name}")
-        results[name], _ = compare(experiment, results_dir / name, workers=args.workers, progress=not args.quiet,
-                                   executor=executor)
-        seeds[name] = len(experiment.seeds)
+    with contextlib.nullcontext() if args.from_results else FolderLock(results_dir):
+        for name, experiment in experiments.items():
+            if args.from_results:
+                results[name], seeds[name] = _saved_results(results_dir, name)
+                continue
+            print(f"servegym reproduce: {name} ({len(experiment.seeds)} seeds) -> {results_dir / name}")
+            results[name], _ = compare(experiment, results_dir / name, workers=args.workers,
+                                       progress=not args.quiet, executor=executor)
+            seeds[name] = len(experiment.seeds)
     claims = write_reproduction(results, seeds, doc)
     for c in claims:
         print(f"[{c.verdict}] {c.paper}: {c.claim}")
     print(f"wrote {doc}" + ("" if args.update_docs else " (pass --update-docs to refresh docs/ instead)"))
     return 0
+
+
+def _saved_results(results_dir: Path, name: str) -> tuple[list, int]:
+    """An experiment's saved runs and their seed count, for ``reproduce --from-results``; clear errors when the
+    file is missing or holds too few seeds for a verdict."""
+    from servegym.evaluation.report import results_from_tidy_csv
+
+    path = results_dir / name / "results.csv"
+    if not path.is_file():
+        raise ValueError(f"no saved results for {name}: {path} does not exist (run servegym reproduce first, or "
+                         "point --results at a folder holding <experiment>/results.csv, such as docs/results)")
+    results = results_from_tidy_csv(path)
+    seeds = len({r.seed for r in results})
+    if seeds < MIN_VERDICT_SEEDS:
+        raise ValueError(f"{path} holds {seeds} seeds; a verdict needs at least {MIN_VERDICT_SEEDS}")
+    return results, seeds
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -308,7 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
     comp = sub.add_parser("compare", help="run policies x workloads x seeds; write results, tables and plots")
     comp.add_argument("experiment", nargs="?", default=None,
-                      help="experiment YAML (default: the built-in default experiment)")
+                      help="experiment YAML file, or the name of a shipped one "
+                           f"({', '.join(shipped_experiments())}); default: the built-in default experiment")
     comp.add_argument("--seeds", type=positive_int, default=None, help="override the number of seeds")
     comp.add_argument("--workers", type=positive_int, default=None,
                       help="runs at once (default: all cores; with --executor ray, all the cluster's)")
@@ -323,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.set_defaults(func=cmd_compare)
     rep = sub.add_parser("reproduce", help="run the papers' experiments and write reproduce/REPRODUCTION.md "
                          "(docs/ with --update-docs)")
-    rep.add_argument("--experiments", default="experiments", help="folder with the paper experiment files")
+    rep.add_argument("--experiments", default=None,
+                     help="folder with the paper experiment files (default: the shipped ones)")
     rep.add_argument("--out", default="reproduce",
                      help="output folder: results/<experiment>/ and REPRODUCTION.md (default: reproduce)")
     rep.add_argument("--update-docs", action="store_true",
@@ -413,24 +436,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with InterruptOnTerm():  # SIGTERM stops any command as Ctrl-C does (exit status 143 rather than 130)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the command; a user's error or a stop is one line on stderr and the shell's exit status."""
     try:
         return args.func(args)
     except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly, like other Unix tools
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Interrupted as stop:
-        print(f"\nservegym: interrupted; {len(stop.results)} finished runs kept (re-run the same command to "
-              "finish)", file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:
-        print("\nservegym: interrupted", file=sys.stderr)
-        return 130
+        print(f"\nservegym: {_stopped_by(stop.signum)}; {len(stop.results)} finished runs kept (re-run the same "
+              "command to finish)", file=sys.stderr)
+        return stop.exit_status
+    except KeyboardInterrupt as stop:
+        print(f"\nservegym: {_stopped_by(signal_of(stop))}", file=sys.stderr)
+        return exit_status(signal_of(stop))
     except JobFailed as err:
         print(f"servegym: error: {err}\n{len(err.results)} finished runs kept", file=sys.stderr)
         return 1
     except (ValueError, OSError) as err:
         print(f"servegym: error: {err}", file=sys.stderr)
         return 2
+
+
+def _stopped_by(signum: int) -> str:
+    return "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
 
 
 if __name__ == "__main__":

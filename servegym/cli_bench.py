@@ -10,8 +10,17 @@ from typing import Any
 
 from servegym.cli_args import add_executor_args, executor_from_args, positive_int, writable_dir
 from servegym.envs.tasks import TASKS, TEST_SEEDS
-from servegym.evaluation.bench import DEFAULT_POLICIES, make_entries, make_jobs, run_bench, write_leaderboard
-from servegym.evaluation.executor import Interrupted, JobFailed, RunStore
+from servegym.evaluation.bench import (
+    DEFAULT_POLICIES,
+    BenchJob,
+    Entry,
+    make_entries,
+    make_jobs,
+    run_bench,
+    write_leaderboard,
+)
+from servegym.evaluation.executor import Executor, FolderLock, Interrupted, JobFailed, RunStore
+from servegym.evaluation.stats import MIN_VERDICT_SEEDS
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -39,12 +48,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     jobs = make_jobs(tasks, entries, seeds)
     out = Path(args.out)
     writable_dir(out)
+    with FolderLock(out):  # one bench writes a folder at a time
+        return _run_and_write(args, executor, tasks, entries, seeds, jobs, out)
+
+
+def _run_and_write(args: argparse.Namespace, executor: Executor, tasks: list[str], entries: list[Entry],
+                   seeds: tuple[int, ...], jobs: list[BenchJob], out: Path) -> int:
+    """Run the missing episodes into ``out`` (locked by the caller) and write the leaderboard."""
     if executor.kind == "ray":
         where = f"as Ray tasks{f' ({args.workers} at a time)' if args.workers else ''}"
     else:
         where = f"on {min(args.workers or os.cpu_count() or 1, len(jobs))} workers"
     print(f"servegym bench: {len(tasks)} tasks, {len(entries)} policies, {len(seeds)} seeds: {len(jobs)} "
           f"episodes {where}", flush=True)
+    if len(seeds) < MIN_VERDICT_SEEDS:
+        print(f"servegym bench: no decision-sensitivity verdicts from {len(seeds)} seed{'s' * (len(seeds) != 1)} "
+              f"(a verdict needs at least {MIN_VERDICT_SEEDS}); the tables are written as usual", flush=True)
     for stale in ("leaderboard.csv", "leaderboard.md"):  # never mistaken for this run's results
         (out / stale).unlink(missing_ok=True)
     store = RunStore(out / "runs")

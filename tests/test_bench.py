@@ -111,10 +111,11 @@ def test_slo_goodput_return_counts_slo_good_requests():
 
 
 def _rows(task: str, scores: dict[str, tuple[float, float]], metric: str) -> list[BenchRow]:
-    """Two seeds per policy with ``metric`` at the given values, every other metric fixed."""
+    """Three seeds per policy (a verdict needs three) with ``metric`` at the two given values and their mean, every
+    other metric fixed."""
     out = []
-    for policy, values in scores.items():
-        for seed, value in zip(SEEDS, values, strict=True):
+    for policy, (first, second) in scores.items():
+        for seed, value in zip(TEST_SEEDS[:3], (first, second, (first + second) / 2), strict=True):
             fixed = {"episode_return": -100.0, "goodput_rps": 1.0, "e2e_mean_all_s": 1.0, "ttft_p99_s": 0.5}
             out.append(BenchRow(task, policy, seed, **{**fixed, metric: value}, unfinished=0, truncated=False,
                                 steps=10))
@@ -138,9 +139,9 @@ def test_markdown_sorts_best_first_by_each_tasks_ranking_metric():
     text = markdown(SENSITIVE_ROWS + FLAT_ROWS, "servegym bench", RANKINGS)
     assert _table_order(text, "relaxed") == ["twp", "hindsight", "sarathi", "fcfs", "random"]  # lower is better
     assert _table_order(text, "slo-goodput") == ["twp", "hindsight", "fcfs", "random", "vllm"]  # higher is better
-    # mean ± 95% CI half-width: (0.9, 1.1) -> 1.00 ± t(1) * 0.1414 / sqrt(2) = 1.27
+    # mean ± 95% CI half-width: (0.9, 1.1, 1.0) -> 1.00 ± t(2) * 0.1 / sqrt(3) = 0.25
     twp_line = next(line for line in text.splitlines() if line.startswith("| 1 | twp | -100 ± 0 |"))
-    assert "| 1.00 ± 1.27 |" in twp_line and twp_line.endswith("| 0/2 |")
+    assert "| 1.00 ± 0.25 |" in twp_line and twp_line.endswith("| 0/3 |")
 
 
 def test_headroom_verdicts_sensitive_and_flat():
