@@ -7,10 +7,12 @@ scored with.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +51,16 @@ def evaluate(model: Any, env: gym.Env, seeds: Sequence[int], normalize: Callable
 class SeedListEval(BaseCallback):
     """Every ``eval_freq`` calls, score the model on ``seeds``; keep the best model and its statistics.
 
-    ``on_best(score, timesteps)`` runs after each new best is saved (the trainer records it in config.json).
+    ``on_best(score, timesteps)`` runs after each new best is saved (the trainer records it in config.json);
+    the saves and ``on_best`` run inside one ``saving()`` block (the trainer's: a signal waits for its end).
     """
 
     def __init__(self, env: gym.Env, seeds: Sequence[int], eval_freq: int, run: Path, masked: bool,
-                 on_best: Callable[[float, int], None], best_score: float = -math.inf) -> None:
+                 on_best: Callable[[float, int], None], best_score: float = -math.inf,
+                 saving: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
         super().__init__()
         self.env, self.seeds, self.eval_freq, self.run = env, tuple(seeds), eval_freq, run
-        self.masked, self.on_best, self.best_score = masked, on_best, best_score
+        self.masked, self.on_best, self.best_score, self.saving = masked, on_best, best_score, saving
         self.history: list[tuple[int, float]] = []
 
     def _on_step(self) -> bool:
@@ -75,8 +79,9 @@ class SeedListEval(BaseCallback):
             handle.write(f"{self.num_timesteps},{score!r}\n")
         if score > self.best_score:
             self.best_score = score
-            self.model.save(self.run / BEST_MODEL)
-            if stats is not None:
-                stats.save(str(self.run / BEST_STATS))
-            self.on_best(score, self.num_timesteps)
+            with self.saving():
+                self.model.save(self.run / BEST_MODEL)
+                if stats is not None:
+                    stats.save(str(self.run / BEST_STATS))
+                self.on_best(score, self.num_timesteps)
         return score

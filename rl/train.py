@@ -3,7 +3,9 @@
 A run directory ``runs/<env>__<algo>__<mode>__<task>__s<seed>`` holds:
 
 * ``config.json``: the :class:`TrainConfig` and the run's state (written at the start, updated atomically
-  after each new best and at the end; always strict JSON);
+  after each new best and at the end; always strict JSON). However a call ends, it tells the truth: ``status``
+  is ``finished``, ``interrupted`` (SIGINT or SIGTERM, named in ``stopped_by``) or ``failed`` (with ``error``),
+  with ``timesteps_done`` and ``last_checkpoint`` (the file ``--resume`` continues from);
 * ``best_model.zip`` + ``best_vecnormalize.pkl``: the best model by periodic evaluation on the task's
   validation seeds, with the normalisation statistics it was scored with; ``eval.csv`` the evaluation history;
 * ``checkpoints/model_<N>_steps.zip`` + ``model_vecnormalize_<N>_steps.pkl`` every ``checkpoint_freq`` steps
@@ -18,11 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import re
 import time
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -31,6 +35,7 @@ from servegym import ENV_ID
 from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS, get_task
 from servegym.rl.evaluation import FINAL_MODEL, FINAL_STATS, SeedListEval, write_json
 from servegym.rl.fast_dist import policy_for
+from servegym.rl.stopping import StopOnSignals, TrainingInterrupted
 from servegym.rl.wrappers import TrainSeeds, rank_grid, wrap
 
 if TYPE_CHECKING:
@@ -140,7 +145,11 @@ def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
     start = cfg.seed * 10_007 + offset
     factories = [partial(make_training_env, cfg.env_kwargs(), cfg.resolved_mode, cfg.max_episode_steps,
                          (start + rank, cfg.n_envs)) for rank in range(cfg.n_envs)]
-    return SubprocVecEnv(factories) if subprocess and cfg.n_envs > 1 else DummyVecEnv(factories)
+    if subprocess and cfg.n_envs > 1:
+        # spawn, not SB3's default forkserver: each worker is this process's own child, known by its pid from the
+        # start, so a stop during set-up ends it at once (a forkserver's children outlived a SIGTERM by ~30 s).
+        return SubprocVecEnv(factories, start_method="spawn")
+    return DummyVecEnv(factories)
 
 
 def algorithm_class(name: str) -> type[BaseAlgorithm]:
@@ -154,29 +163,31 @@ def algorithm_class(name: str) -> type[BaseAlgorithm]:
 
 
 def train(cfg: TrainConfig, progress: bool = True, subprocess: bool = True) -> Path:
-    """Train from scratch, evaluating periodically on the validation seeds; return the run directory."""
-    from stable_baselines3.common.vec_env import VecNormalize
+    """Train from scratch, evaluating periodically on the validation seeds; return the run directory.
 
+    SIGINT or SIGTERM raises :class:`~servegym.rl.stopping.TrainingInterrupted` (``exit_status`` 130 or 143)
+    after ``config.json`` says ``interrupted``; any other error is re-raised after it says ``failed``."""
     run = Path(cfg.out) / cfg.run_name
     if run.is_dir() and any(run.iterdir()):
         raise ValueError(f"{run} already holds a run; continue it with --resume {run}, or pick another --out or "
                          "--seed")
     run.mkdir(parents=True, exist_ok=True)
     state = {"status": "running", "timesteps_done": 0, "wall_s": 0.0, "best_mean_reward": None,
-             "best_timesteps": None}
-    _write_config(run, cfg, state)
-    venv = _vec_env(cfg, subprocess)
-    if cfg.normalize:
-        venv = VecNormalize(venv, norm_obs=True, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99))
-    model = algorithm_class(cfg.algo)(policy_for(cfg.algo, venv.action_space), venv, seed=cfg.seed, verbose=0,
-                                      tensorboard_log=str(run / "tb"), **cfg.hyperparams)
-    return _learn(model, cfg, run, state, cfg.timesteps, progress, reset=True)
+             "best_timesteps": None, "last_checkpoint": None}
+    with _Session(run, cfg, state) as session:
+        from stable_baselines3.common.vec_env import VecNormalize
+
+        venv = _vec_env(cfg, subprocess)
+        if cfg.normalize:
+            venv = VecNormalize(venv, norm_obs=True, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99))
+        session.model = algorithm_class(cfg.algo)(policy_for(cfg.algo, venv.action_space), venv, seed=cfg.seed,
+                                                  verbose=0, tensorboard_log=str(run / "tb"), **cfg.hyperparams)
+        return _learn(session, cfg.timesteps, progress, reset=True)
 
 
 def resume(run: str | Path, progress: bool = True, subprocess: bool = True) -> Path:
-    """Continue a run from its latest checkpoint (model and normalisation statistics) to its timesteps."""
-    from stable_baselines3.common.vec_env import VecNormalize
-
+    """Continue a run from its latest checkpoint (model and normalisation statistics) to its timesteps; a stop
+    or an error is recorded in ``config.json`` as in :func:`train`."""
     run = Path(run)
     data = _read_config(run)
     cfg = TrainConfig.from_json(data)
@@ -184,19 +195,21 @@ def resume(run: str | Path, progress: bool = True, subprocess: bool = True) -> P
     if checkpoint is None:
         raise ValueError(f"{run} has no checkpoint to resume from (checkpoints/model_<N>_steps.zip)")
     steps = int(CHECKPOINT_RE.search(checkpoint.name).group(1))
-    venv = _vec_env(cfg, subprocess, offset=steps)  # fresh training seeds, not the episodes already seen
     stats = checkpoint.with_name(f"model_vecnormalize_{steps}_steps.pkl")
-    if cfg.normalize:
-        if not stats.is_file():
-            raise ValueError(f"{checkpoint} has no matching statistics {stats.name}")
-        venv = VecNormalize.load(str(stats), venv)
-        venv.training = True
-    model = algorithm_class(cfg.algo).load(checkpoint, env=venv, device="cpu",
-                                          tensorboard_log=str(run / "tb"))
+    if cfg.normalize and not stats.is_file():
+        raise ValueError(f"{checkpoint} has no matching statistics {stats.name}")
     state = {key: data.get(key) for key in ("timesteps_done", "wall_s", "best_mean_reward", "best_timesteps")}
-    state.update(status="running", resumed_from=steps)
-    _write_config(run, cfg, state)
-    return _learn(model, cfg, run, state, max(0, cfg.timesteps - model.num_timesteps), progress, reset=False)
+    state.update(status="running", resumed_from=steps, last_checkpoint=_relative(run, checkpoint))
+    with _Session(run, cfg, state) as session:
+        from stable_baselines3.common.vec_env import VecNormalize
+
+        venv = _vec_env(cfg, subprocess, offset=steps)  # fresh training seeds, not the episodes already seen
+        if cfg.normalize:
+            venv = VecNormalize.load(str(stats), venv)
+            venv.training = True
+        session.model = algorithm_class(cfg.algo).load(checkpoint, env=venv, device="cpu",
+                                                       tensorboard_log=str(run / "tb"))
+        return _learn(session, max(0, cfg.timesteps - session.model.num_timesteps), progress, reset=False)
 
 
 def latest_checkpoint(run: Path) -> Path | None:
@@ -205,25 +218,94 @@ def latest_checkpoint(run: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def _learn(model: BaseAlgorithm, cfg: TrainConfig, run: Path, state: dict[str, Any], timesteps: int,
-           progress: bool, reset: bool) -> Path:
+class _Session:
+    """One :func:`train` or :func:`resume` call: keeps the run's ``config.json`` true however the call ends, and
+    stops the env workers it started when the call does not end normally."""
+
+    def __init__(self, run: Path, cfg: TrainConfig, state: dict[str, Any]) -> None:
+        self.run, self.cfg, self.state = run, cfg, state
+        self.model: BaseAlgorithm | None = None
+        self.stop = StopOnSignals()
+        self._wall_before = float(state.get("wall_s") or 0.0)
+        self._started = time.perf_counter()
+        self._children: set[multiprocessing.process.BaseProcess] = set()
+
+    def write(self, **changes: Any) -> None:
+        """Update the state (and the wall time so far) and write ``config.json``."""
+        self.state.update(changes, wall_s=self._wall_before + time.perf_counter() - self._started)
+        _write_config(self.run, self.cfg, self.state)
+
+    def progress(self) -> dict[str, Any]:
+        """The steps the model has taken and the checkpoint a resume would start from."""
+        done = (self.state.get("timesteps_done") or 0) if self.model is None else self.model.num_timesteps
+        checkpoint = latest_checkpoint(self.run)
+        return {"timesteps_done": int(done),
+                "last_checkpoint": None if checkpoint is None else _relative(self.run, checkpoint)}
+
+    def __enter__(self) -> _Session:
+        self._children = set(multiprocessing.active_children())
+        self.stop.__enter__()
+        self.write()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if err is not None:
+                with self.stop.saving():  # a second signal waits until the record is written
+                    self._record(err)
+                    self._stop_workers()
+        finally:
+            self.stop.__exit__(kind, err, tb)
+
+    def _record(self, err: BaseException) -> None:
+        if isinstance(err, KeyboardInterrupt):
+            progress = self.progress()
+            name = err.signal_name if isinstance(err, TrainingInterrupted) else "SIGINT"
+            self.write(status="interrupted", stopped_by=name, **progress)
+            if isinstance(err, TrainingInterrupted):
+                err.run, err.progress = self.run, progress
+        elif isinstance(err, Exception):
+            self.write(status="failed", error=f"{type(err).__name__}: {err}", **self.progress())
+
+    def _stop_workers(self) -> None:
+        """Terminate the env workers (SubprocVecEnv's daemon processes) this call started, set-up included."""
+        started = [p for p in multiprocessing.active_children() if p not in self._children and p.daemon]
+        for process in started:
+            process.terminate()
+        for process in started:
+            process.join(timeout=30)
+
+
+def _relative(run: Path, path: Path) -> str:
+    return path.relative_to(run).as_posix()
+
+
+def _learn(session: _Session, timesteps: int, progress: bool, reset: bool) -> Path:
     import torch
     from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
 
+    class Checkpoints(CheckpointCallback):
+        """SB3's checkpoints, each written whole before a signal stops the run."""
+
+        def _on_step(self) -> bool:
+            with session.stop.saving():
+                return super()._on_step()
+
+    model, cfg, run, state = session.model, session.cfg, session.run, session.state
     # Validating every distribution's arguments costs more than an env step in the admit mode (32 slots).
     torch.distributions.Distribution.set_default_validate_args(False)
     eval_env = make_training_env(cfg.env_kwargs(), cfg.resolved_mode, cfg.max_episode_steps, monitor=False)
 
     def on_best(score: float, timesteps_done: int) -> None:
-        state.update(best_mean_reward=score, best_timesteps=timesteps_done)
-        _write_config(run, cfg, state)
+        session.write(best_mean_reward=score, best_timesteps=timesteps_done)
 
     best = state["best_mean_reward"]
     evaluation = SeedListEval(eval_env, VALIDATION_SEEDS[: cfg.eval_episodes], max(1, cfg.eval_freq // cfg.n_envs),
-                              run, cfg.algo == "maskable-ppo", on_best, -float("inf") if best is None else best)
-    checkpoints = CheckpointCallback(max(1, cfg.checkpoint_freq // cfg.n_envs), str(run / "checkpoints"),
-                                     name_prefix="model", save_vecnormalize=True)
-    started = time.perf_counter()
+                              run, cfg.algo == "maskable-ppo", on_best, -float("inf") if best is None else best,
+                              saving=session.stop.saving)
+    checkpoints = Checkpoints(max(1, cfg.checkpoint_freq // cfg.n_envs), str(run / "checkpoints"),
+                              name_prefix="model", save_vecnormalize=True)
     if timesteps > 0:
         model.learn(total_timesteps=timesteps, callback=CallbackList([checkpoints, evaluation]),
                     progress_bar=progress, tb_log_name="train", reset_num_timesteps=reset)
@@ -233,13 +315,12 @@ def _learn(model: BaseAlgorithm, cfg: TrainConfig, run: Path, state: dict[str, A
         model.set_logger(configure(str(run / "tb"), ["tensorboard"]))  # a loaded model has none before learn()
         evaluation.init_callback(model)
         evaluation.evaluate_now()
-    model.save(run / FINAL_MODEL)
     venv = model.get_env()
-    if cfg.normalize:
-        venv.save(str(run / FINAL_STATS))
-    state.update(status="finished", timesteps_done=int(model.num_timesteps),
-                 wall_s=float(state.get("wall_s") or 0.0) + time.perf_counter() - started)
-    _write_config(run, cfg, state)
+    with session.stop.saving():
+        model.save(run / FINAL_MODEL)
+        if cfg.normalize:
+            venv.save(str(run / FINAL_STATS))
+        session.write(status="finished", **session.progress())
     venv.close()
     eval_env.close()
     return run

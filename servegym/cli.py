@@ -254,24 +254,29 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     import json
 
+    from servegym.rl.stopping import TrainingInterrupted
     from servegym.rl.train import TrainConfig, resume, train
 
-    if args.resume:
-        print(f"servegym train: resuming {args.resume}")
-        run = resume(args.resume, progress=not args.quiet)
-    else:
-        engine = {"length_mode": args.length_mode or "predicted"}
-        engine.update(json_object("--engine", args.engine))
-        hyper = json_object("--hyperparams", args.hyperparams)
-        cfg = TrainConfig(algo=args.algo, mode=args.mode, task=args.task, workload=args.workload,
-                          profile=args.profile, engine=engine, pool=json_object("--pool", args.pool),
-                          env=json_object("--env", args.env),
-                          timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs,
-                          max_episode_steps=args.max_episode_steps, eval_freq=args.eval_freq,
-                          eval_episodes=args.eval_episodes, checkpoint_freq=args.checkpoint_freq,
-                          hyperparams=hyper, out=args.out)
-        print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
-        run = train(cfg, progress=not args.quiet)
+    try:
+        if args.resume:
+            print(f"servegym train: resuming {args.resume}")
+            run = resume(args.resume, progress=not args.quiet)
+        else:
+            engine = {"length_mode": args.length_mode or "predicted"}
+            engine.update(json_object("--engine", args.engine))
+            hyper = json_object("--hyperparams", args.hyperparams)
+            cfg = TrainConfig(algo=args.algo, mode=args.mode, task=args.task, workload=args.workload,
+                              profile=args.profile, engine=engine, pool=json_object("--pool", args.pool),
+                              env=json_object("--env", args.env),
+                              timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs,
+                              max_episode_steps=args.max_episode_steps, eval_freq=args.eval_freq,
+                              eval_episodes=args.eval_episodes, checkpoint_freq=args.checkpoint_freq,
+                              hyperparams=hyper, out=args.out)
+            print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
+            run = train(cfg, progress=not args.quiet)
+    except TrainingInterrupted as stop:  # SIGINT 130, SIGTERM 143
+        print(f"\nservegym train: {stop.message()}", file=sys.stderr)
+        return stop.exit_status
     info = json.loads((run / "config.json").read_text())
     best = info["best_mean_reward"]
     print(f"trained in {info['wall_s']:.0f} s; best validation return "

@@ -37,17 +37,22 @@ def test_config_is_strict_json_even_when_no_evaluation_falls_due(tmp_path):
     assert config["validation_seeds"] == list(VALIDATION_SEEDS[:2]) and config["task"] == "memory-tight"
 
 
-def test_config_is_written_before_training_starts(tmp_path, monkeypatch):
+def test_config_is_written_before_training_starts_and_a_crash_is_recorded_as_failed(tmp_path, monkeypatch):
     import servegym.rl.train as train_module
 
-    def boom(*args, **kwargs):
+    seen = []
+
+    def boom(session, *args, **kwargs):
+        seen.append(_strict(session.run / "config.json"))  # what a reader sees while training runs
         raise RuntimeError("killed")
 
     monkeypatch.setattr(train_module, "_learn", boom)
     with pytest.raises(RuntimeError, match="killed"):
         train(_cfg(tmp_path), progress=False, subprocess=False)
+    assert seen[0]["status"] == "running" and seen[0]["best_mean_reward"] is None
     config = _strict(next(tmp_path.glob("*/config.json")))
-    assert config["status"] == "running" and config["best_mean_reward"] is None
+    assert config["status"] == "failed" and config["error"] == "RuntimeError: killed"
+    assert config["timesteps_done"] == 0 and config["last_checkpoint"] is None
 
 
 @pytest.mark.slow

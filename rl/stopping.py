@@ -1,0 +1,95 @@
+"""Stopping a training run on SIGINT or SIGTERM at once, but never half-way through writing a file.
+
+Training holds no lock and no database transaction, so a signal may stop it anywhere: the handler raises
+:class:`TrainingInterrupted` in the main thread as soon as it runs (env set-up included), except inside a
+:meth:`StopOnSignals.saving` block (a checkpoint, the best model and its statistics), which finishes first so
+that a resume never meets a torn file. A second signal raises at once, even there. The trainer then writes the
+truth into the run's ``config.json`` and stops the env workers it started (:mod:`servegym.rl.train`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped training; the run's ``config.json`` says how far it got."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.run: Path | None = None
+        """The run directory, once the trainer has recorded the stop there."""
+        self.progress: dict[str, Any] = {}
+        """What the trainer recorded: ``timesteps_done`` and ``last_checkpoint``."""
+
+    def message(self) -> str:
+        """One line for the user: where it stopped and how to go on."""
+        if self.run is None:
+            return f"interrupted by {self.signal_name}"
+        checkpoint = self.progress.get("last_checkpoint")
+        then = (f"continue with: servegym train --resume {self.run}" if checkpoint else
+                f"no checkpoint was written yet: delete {self.run} to train again")
+        return (f"interrupted by {self.signal_name} after {self.progress.get('timesteps_done', 0)} timesteps "
+                f"({self.run / 'config.json'} says so); {then}")
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_status(self) -> int:
+        """The shell's status for a process stopped by this signal: 130 for SIGINT, 143 for SIGTERM."""
+        return 128 + self.signum
+
+
+class StopOnSignals:
+    """While active (``with``), SIGINT and SIGTERM raise :class:`TrainingInterrupted` in the main thread.
+
+    Handlers are installed from the main thread only, and a signal the process started with ignored stays
+    ignored; the previous handlers come back on exit.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.pending: int | None = None
+        self._saving = 0
+        self._previous: dict[int, Any] = {}
+
+    @contextlib.contextmanager
+    def saving(self) -> Iterator[None]:
+        """A block a first signal does not cut short: it raises when the block ends."""
+        self._saving += 1
+        try:
+            yield
+        finally:
+            self._saving -= 1
+        if not self._saving and self.pending is not None:
+            signum, self.pending = self.pending, None
+            raise TrainingInterrupted(signum)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._saving and self.pending is None:
+            self.pending = signum
+            return
+        raise TrainingInterrupted(signum)
+
+    def __enter__(self) -> StopOnSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
