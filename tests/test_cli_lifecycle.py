@@ -121,10 +121,17 @@ def test_compare_by_name_runs_the_shipped_file(tmp_path, monkeypatch):
     assert ran == ["twp_paper"]
 
 
-def test_reproduce_from_results_reads_the_shipped_experiments_from_any_folder(tmp_path, monkeypatch, capsys):
+def test_reproduce_reads_the_shipped_experiments_from_any_folder(tmp_path, monkeypatch):
+    # Rule: without --experiments, reproduce loads the five paper experiments shipped with the package, so it
+    # works from a folder that has no experiments/ (as after a wheel install).
+    import servegym.evaluation.reproduction as reproduction
+
+    read = []
+    monkeypatch.setattr(cli, "_saved_results", lambda folder, name: (read.append(name) or [], 3))
+    monkeypatch.setattr(reproduction, "write_reproduction", lambda results, seeds, doc: [])
     monkeypatch.chdir(tmp_path)
-    assert main(["reproduce", "--from-results", "--results", str(ROOT / "docs/results"), "--out", "out"]) == 0
-    assert (tmp_path / "out" / "REPRODUCTION.md").read_text().count("| TWP (Desai") == 8
+    assert main(["reproduce", "--from-results", "--results", "saved", "--out", "out"]) == 0
+    assert read == list(PAPER_EXPERIMENTS)
 
 
 def test_reproduce_from_results_with_nothing_saved_is_one_clear_line(tmp_path, capsys):

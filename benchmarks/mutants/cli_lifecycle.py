@@ -23,7 +23,7 @@ MUTATIONS = [
      "load_experiment(args.experiment)", (LIFE + "::test_compare_by_name_runs_the_shipped_file",), "cli lifecycle"),
     ("life-reproduce-reads-the-working-folder", "servegym/cli.py",
      "if args.experiments else SHIPPED_EXPERIMENTS", 'if args.experiments else Path("experiments")',
-     (LIFE + "::test_reproduce_from_results_reads_the_shipped_experiments_from_any_folder",), "cli lifecycle"),
+     (LIFE + "::test_reproduce_reads_the_shipped_experiments_from_any_folder",), "cli lifecycle"),
     ("life-wheel-without-experiments", "pyproject.toml", '"servegym.experiments" = ["*.yaml"]\n', "",
      (WHEEL,), "cli lifecycle"),
     # ------------------------------------------------------------------------------------------ saved results
