@@ -56,11 +56,17 @@ def _spec(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
+def _default_sigint() -> None:
+    """In the child before it starts: Ctrl-C's default action, even where this test runs with SIGINT ignored (a
+    background job inherits that, and Python then leaves Ctrl-C ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def _started(cmd: list[str], cwd: Path = ROOT):
     """A command in a process group of its own, killed with its whole group whatever happens."""
     proc = subprocess.Popen(cmd, cwd=cwd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_default_sigint)
     try:
         yield proc
     finally:
