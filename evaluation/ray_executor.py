@@ -131,8 +131,16 @@ class _Connection:
             self.ray.init(address=self.address, **options)
         except Exception as err:
             where = f"the Ray cluster at {self.address!r}" if self.address else "a local Ray instance"
-            raise ConnectionError(f"cannot start or join {where}: {str(err).strip().splitlines()[0]}") from None
+            raise ConnectionError(f"cannot start or join {where}: {str(err).strip().splitlines()[0]}"
+                                  f"{self._auth_hint()}") from None
         self.started = True
+
+    def _auth_hint(self) -> str:
+        """What to check when joining a cluster fails without token authentication set here (Ray >= 2.52)."""
+        if self.address is None or os.environ.get("RAY_AUTH_MODE") == "token":
+            return ""
+        return ("; if the cluster's nodes run with RAY_AUTH_MODE=token, set RAY_AUTH_MODE=token here too, with the "
+                "cluster's token in RAY_AUTH_TOKEN or ~/.ray/auth_token (docs/SCALE.md)")
 
     def __exit__(self, *exc: object) -> None:
         if not self.started:

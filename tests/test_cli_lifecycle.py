@@ -317,3 +317,37 @@ def test_bench_gives_no_verdict_from_fewer_than_three_seeds():
         assert board.verdict == "undetermined"
         text = markdown(_board_rows(seeds), rankings=rankings)
         assert "- **Decision-sensitive:** none" in text and "fewer than 3 seeds): relaxed" in text
+
+
+# --- joining a Ray cluster ------------------------------------------------------------------------------------
+
+
+class _UnreachableRay:
+    """Just enough of the ``ray`` module for a join that fails."""
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return False
+
+    @staticmethod
+    def init(**options) -> None:
+        raise RuntimeError("Failed to connect to Ray cluster at 10.0.0.1:6379\nmore detail")
+
+
+def test_a_failed_join_says_to_set_token_authentication_when_it_is_not_set(monkeypatch):
+    # Rule: a failed join by address, with RAY_AUTH_MODE not 'token' here, names the setting (with current Ray a
+    # node or driver without it is refused by a cluster that uses tokens); a local instance gets no such hint.
+    from servegym.evaluation.ray_executor import _Connection
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConnectionError, match=r"at '10.0.0.1:6379': Failed to connect .*; if the cluster's nodes run "
+                                              r"with RAY_AUTH_MODE=token, set RAY_AUTH_MODE=token here too"):
+        _Connection(_UnreachableRay, "10.0.0.1:6379", None).__enter__()
+    with pytest.raises(ConnectionError) as local:
+        _Connection(_UnreachableRay, None, 2).__enter__()
+    assert "RAY_AUTH_MODE" not in str(local.value)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    with pytest.raises(ConnectionError) as with_token:
+        _Connection(_UnreachableRay, "10.0.0.1:6379", None).__enter__()
+    assert "RAY_AUTH_MODE" not in str(with_token.value)
