@@ -13,7 +13,7 @@ import pytest
 
 from servegym.cli import main
 from servegym.evaluation.executor import Interrupted, JobFailed, RunStore, run_jobs, run_stored
-from tests.conftest import live_processes
+from tests.stop_helpers import DEADLINE_S, kill_session, wait_for_exit, wait_until, wait_until_gone
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,6 +90,8 @@ def test_a_failure_after_a_resume_reports_stored_and_fresh_results_by_job_index(
     assert caught.value.results == {0: 0, 1: 100, 3: 25}
 
 
+STOP_LIMIT_S = 60.0
+"""How long a stopped grid may take to exit: far above the 0.2-0.3 s measured on a quiet machine."""
 EXPERIMENT = """
 name: sigint
 seeds: 8
@@ -101,7 +103,9 @@ workloads: [medium]
 
 
 @pytest.mark.slow
-def test_sigint_stops_compare_within_two_seconds_and_the_rerun_finishes_only_the_rest(tmp_path):
+def test_sigint_stops_compare_promptly_and_the_rerun_finishes_only_the_rest(tmp_path):
+    # Rule: Ctrl-C keeps the finished runs, exits 130 with no worker left, and the rerun runs only the others.
+    # Waits are on files and processes, with generous deadlines (tests/stop_helpers.py): a loaded machine passes.
     spec = tmp_path / "sigint.yaml"
     spec.write_text(EXPERIMENT)
     out = tmp_path / "out"
@@ -110,20 +114,21 @@ def test_sigint_stops_compare_within_two_seconds_and_the_rerun_finishes_only_the
     proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     runs = out / "runs"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not runs.is_dir() or len(list(runs.glob("*.pkl"))) < 2):
-        time.sleep(0.05)
-    assert proc.poll() is None, "the grid finished before it could be interrupted"
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
-    sent = time.monotonic()
-    _, err = proc.communicate(timeout=30)
-    assert time.monotonic() - sent < 2.0
-    assert proc.returncode == 130 and "interrupted" in err
-    assert live_processes("pgid", proc.pid) == []  # no worker outlives the parent
+    try:
+        wait_until("two stored runs", lambda: runs.is_dir() and len(list(runs.glob("*.pkl"))) >= 2, proc)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+        sent = time.monotonic()
+        _, err = wait_for_exit(proc, sent)
+        # A hang guard, not a speed test: a stop that let the grid finish shows in the count of kept runs below.
+        assert time.monotonic() - sent < STOP_LIMIT_S
+        assert proc.returncode == 130 and "interrupted" in err
+        wait_until_gone("pgid", proc.pid, sent)  # no worker outlives the parent
+    finally:
+        kill_session(proc)
     kept = {p.name: p.stat().st_mtime_ns for p in runs.glob("*.pkl")}
     assert 2 <= len(kept) < 16
     assert (out / "summary.md").read_text().startswith("> **PARTIAL RESULTS**")
-    rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=2 * DEADLINE_S)
     assert rerun.returncode == 0, rerun.stderr
     assert "not run again" in rerun.stdout
     after = {p.name: p.stat().st_mtime_ns for p in runs.glob("*.pkl")}

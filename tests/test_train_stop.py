@@ -2,17 +2,18 @@
 ``interrupted`` or ``failed`` with the steps done and the last checkpoint, no torn checkpoint, and no process.
 
 The subprocess tests wait for what they can observe (a child process, a checkpoint file), never for a fixed
-time; their deadlines are minutes, and each prints the time it measured. Every process they start is killed in
-a ``finally``, with its whole session.
+time (:mod:`tests.stop_helpers`); every process they start dies in a ``finally``, with its whole session.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,11 +24,10 @@ pytest.importorskip("stable_baselines3")
 from servegym.rl.stopping import StopOnSignals, TrainingInterrupted
 from servegym.rl.train import TrainConfig, latest_checkpoint, resume, train
 from tests.conftest import live_processes
+from tests.stop_helpers import DEADLINE_S, kill_session, wait_for_exit, wait_until, wait_until_gone
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"n_steps": 64, "batch_size": 64, "n_epochs": 1}
-DEADLINE_S = 300.0
-"""For anything a subprocess test waits on: generous, as a loaded machine (load 8 on 2 cores) needs."""
 
 
 def train_command(out: Path) -> list[str]:
@@ -37,29 +37,9 @@ def train_command(out: Path) -> list[str]:
             "--checkpoint-freq", "128", "--hyperparams", json.dumps(TINY), "--out", str(out), "--quiet"]
 
 
-def wait_until(what: str, predicate, proc: subprocess.Popen) -> float:
-    """Poll until ``predicate()``; fail if the process ends first or the deadline passes. Returns the wait."""
-    started = time.monotonic()
-    while not predicate():
-        if proc.poll() is not None:
-            pytest.fail(f"train ended (status {proc.returncode}) before {what}: {proc.stderr.read()}")
-        if time.monotonic() - started > DEADLINE_S:
-            pytest.fail(f"no {what} after {DEADLINE_S:.0f} s")
-        time.sleep(0.05)
-    waited = time.monotonic() - started
-    print(f"{what} after {waited:.1f} s")
-    return waited
-
-
-def kill_session(proc: subprocess.Popen) -> None:
-    """The test's clean-up: whatever is left of the command's session dies."""
-    for row in live_processes("sid", proc.pid):
-        try:
-            os.kill(int(row.split()[1]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.kill()
-    proc.wait()
+def start_training(out: Path) -> subprocess.Popen:
+    return subprocess.Popen(train_command(out), cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def stop_and_wait(proc: subprocess.Popen, sig: signal.Signals, group: bool) -> str:
@@ -67,12 +47,8 @@ def stop_and_wait(proc: subprocess.Popen, sig: signal.Signals, group: bool) -> s
     for the exit and for every process of its session to be gone; return stderr."""
     sent = time.monotonic()
     (os.killpg if group else os.kill)(proc.pid, sig)
-    _, err = proc.communicate(timeout=DEADLINE_S)
-    print(f"exit {proc.returncode} {time.monotonic() - sent:.2f} s after {sig.name}")
-    while live_processes("sid", proc.pid) and time.monotonic() - sent < DEADLINE_S:
-        time.sleep(0.1)
-    print(f"session empty {time.monotonic() - sent:.2f} s after {sig.name}")
-    assert live_processes("sid", proc.pid) == [], "processes outlived the stopped run"
+    _, err = wait_for_exit(proc, sent)
+    wait_until_gone("sid", proc.pid, sent)
     return err
 
 
@@ -85,8 +61,7 @@ def test_sigterm_during_env_setup_exits_143_and_leaves_no_process(tmp_path):
     # Rule: a SIGTERM while SubprocVecEnv starts its workers stops them, the forkserver and the resource tracker
     # with the run (they outlived it by ~30 s on a loaded machine), and config.json records the stop.
     out = tmp_path / "out"
-    proc = subprocess.Popen(train_command(out), cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = start_training(out)
     try:
         wait_until("a child process (env set-up)", lambda: len(live_processes("sid", proc.pid)) > 1, proc)
         err = stop_and_wait(proc, signal.SIGTERM, group=False)
@@ -105,8 +80,7 @@ def test_a_stop_while_learning_records_the_steps_and_checkpoint_and_resume_finis
     # Rule: after a stop, config.json says interrupted, by which signal, the steps the model took and the last
     # checkpoint (whole: a resume loads it); the exit status is 128 + the signal.
     out = tmp_path / "out"
-    proc = subprocess.Popen(train_command(out), cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = start_training(out)
     try:
         wait_until("the first checkpoint", lambda: any(out.glob("*/checkpoints/model_vecnormalize_*.pkl")), proc)
         err = stop_and_wait(proc, sig, group=group)
@@ -152,10 +126,53 @@ def test_a_signal_during_a_checkpoint_waits_for_the_whole_checkpoint(tmp_path, m
     assert signal.getsignal(signal.SIGTERM) is before
     assert stop.value.exit_status == 143
     run, config = run_config(tmp_path)
-    assert config["status"] == "interrupted" and config["timesteps_done"] == 128
-    assert config["last_checkpoint"] == "checkpoints/model_128_steps.zip"
+    assert config["status"] == "interrupted" and config["stopped_by"] == "SIGTERM"
+    assert config["timesteps_done"] == 128 and config["last_checkpoint"] == "checkpoints/model_128_steps.zip"
     assert (run / "checkpoints" / "model_vecnormalize_128_steps.pkl").is_file()
     assert stop.value.progress == {"timesteps_done": 128, "last_checkpoint": "checkpoints/model_128_steps.zip"}
+    monkeypatch.setattr(CheckpointCallback, "_on_step", real)
+    resume(run, progress=False, subprocess=False)  # the whole checkpoint loads; the record is of this call
+    _, after = run_config(tmp_path)
+    assert after["status"] == "finished" and after["timesteps_done"] == 256 and after["resumed_from"] == 128
+    assert "stopped_by" not in after and after["last_checkpoint"] == "checkpoints/model_256_steps.zip"
+
+
+def child_processes() -> dict[int, str]:
+    """This process's children (pid -> command line), the process-wide resource tracker left out: multiprocessing
+    starts it once and it ends with this process."""
+    out = subprocess.run(["ps", "-ww", "-o", "pid=,stat=,args=", "--ppid", str(os.getpid())], capture_output=True,
+                         text=True).stdout
+    rows = [line.split(maxsplit=2) for line in out.splitlines()]
+    return {int(pid): args for pid, stat, args in rows
+            if not stat.startswith("Z") and "resource_tracker" not in args and not args.startswith("ps ")}
+
+
+def test_a_stop_during_env_setup_ends_every_worker_it_started(tmp_path):
+    # Rule: TrainingInterrupted leaves no process this call started: no worker and no forkserver (workers are
+    # spawned children, each terminated) -- checked at once, without waiting for them to notice.
+    before = child_processes()
+    sent: list[float] = []
+
+    def sigterm_at_setup() -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while not set(child_processes()) - set(before) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGTERM)  # always sent: the run below ends only by it
+
+    threading.Thread(target=sigterm_at_setup, daemon=True).start()
+    try:
+        with pytest.raises(TrainingInterrupted):
+            train(tiny(tmp_path, timesteps=1_000_000), progress=False, subprocess=True)
+        print(f"stopped {time.monotonic() - sent[0]:.2f} s after SIGTERM")
+        left = {pid: args for pid, args in child_processes().items() if pid not in before}
+        assert left == {}, "processes the stopped call started are still running"
+    finally:
+        for pid in set(child_processes()) - set(before):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    _, config = run_config(tmp_path)
+    assert config["status"] == "interrupted" and config["timesteps_done"] == 0
 
 
 def test_a_crash_while_learning_is_recorded_as_failed_with_the_steps_done(tmp_path, monkeypatch):
@@ -176,11 +193,10 @@ def test_a_crash_while_learning_is_recorded_as_failed_with_the_steps_done(tmp_pa
 def test_a_first_signal_in_a_saving_block_waits_for_its_end_and_a_second_does_not():
     before = signal.getsignal(signal.SIGINT)
     with StopOnSignals() as stop:
-        with pytest.raises(TrainingInterrupted) as first:
-            with stop.saving():
-                os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.01)
-                written = True  # the block goes on
+        with pytest.raises(TrainingInterrupted) as first, stop.saving():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+            written = True  # the block goes on
         assert written and first.value.signal_name == "SIGINT" and first.value.exit_status == 130
         assert stop.pending is None  # raised once
         with pytest.raises(TrainingInterrupted) as second, stop.saving():
