@@ -39,8 +39,15 @@ METRICS = "tests/test_bite_metrics.py"
 POLICIES = "tests/test_bite_policies.py"
 PROPS = "tests/test_properties.py"
 COMPILED = "tests/test_compiled_engine.py"
-IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis",
-                                "*.egg-info", "runs", "studies", "results", "out", "build", "dist")
+_ANYWHERE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis",
+                                   "*.egg-info")
+_AT_ROOT = {"runs", "studies", "results", "out", "build", "dist"}
+"""Output folders left out only at the top of the tree (``docs/results`` holds tracked results that tests read)."""
+
+
+def ignored_in_scratch(folder: str, names: list[str]) -> set[str]:
+    ignored = set(_ANYWHERE(folder, names))
+    return ignored | (_AT_ROOT & set(names)) if Path(folder) == ROOT else ignored
 
 
 @dataclass(frozen=True)
@@ -623,7 +630,7 @@ def validate(mutations: list[Mutation]) -> list[str]:
 def make_scratch(parent: Path, name: str) -> Path:
     """Copy the repository (without .venv, .git and caches) and link the package-dir mapping into servegym/."""
     repo = parent / name
-    shutil.copytree(ROOT, repo, ignore=IGNORE, symlinks=True)
+    shutil.copytree(ROOT, repo, ignore=ignored_in_scratch, symlinks=True)
     mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     for package, folder in mapping.items():
         parts = package.split(".")

@@ -16,7 +16,7 @@ from servegym.backends import load_profile
 from servegym.engine import EngineConfig
 from servegym.evaluation.grid import run_grid
 from servegym.evaluation.spec import Experiment, PolicySpec, WorkloadSpec
-from servegym.evaluation.stats import mean_ci
+from servegym.evaluation.stats import MIN_VERDICT_SEEDS, mean_ci
 from servegym.stability import workload_stability
 from servegym.workloads import WORKLOADS, make_workload
 from servegym.workloads.scenarios import profile_for
@@ -99,7 +99,12 @@ def _cell(score: PolicyScore, metric: str, scale: float = 1.0, digits: int = 2) 
     return f"{mean * scale:.{digits}f}{half_text}"
 
 
+def _verdict(h: Headroom) -> str:
+    return "**decision-sensitive**" if h.sensitive else "flat"
+
+
 def markdown(rows: list[Headroom], seeds: int) -> str:
+    judged = seeds >= MIN_VERDICT_SEEDS  # the rule reproduce and bench apply
     sensitive = [h.scenario for h in rows if h.sensitive]
     flat = [h.scenario for h in rows if not h.sensitive]
     lines = [
@@ -114,7 +119,8 @@ def markdown(rows: list[Headroom], seeds: int) -> str:
         "request. A scenario is **decision-sensitive** when hindsight or the best policy is at least 15% better "
         "than FCFS on latency or goodput.",
         "",
-        f"**Decision-sensitive:** {', '.join(sensitive) or 'none'}. **Flat:** {', '.join(flat) or 'none'}.",
+        f"**Decision-sensitive:** {', '.join(sensitive) or 'none'}. **Flat:** {', '.join(flat) or 'none'}."
+        if judged else f"**No verdict:** {seeds} seeds per policy, fewer than the {MIN_VERDICT_SEEDS} a verdict needs.",
         "",
         "| scenario | profile | load ratio | KV peak (FCFS) | preemptions (FCFS) | random | FCFS | best | hindsight "
         "| best gain | hindsight gain | verdict |",
@@ -128,7 +134,7 @@ def markdown(rows: list[Headroom], seeds: int) -> str:
             f"{fcfs.mean('num_preemptions'):.0f} | {_cell(rand, 'e2e_mean')} s | {_cell(fcfs, 'e2e_mean')} s | "
             f"{best.policy}: {_cell(best, 'e2e_mean')} s | {_cell(hind, 'e2e_mean')} s | "
             f"{gains[0][0]:+.0%} lat, {gains[0][1]:+.0%} goodput | {gains[1][0]:+.0%} lat, {gains[1][1]:+.0%} goodput "
-            f"| {'**decision-sensitive**' if h.sensitive else 'flat'} |"
+            f"| {_verdict(h) if judged else 'undetermined'} |"
         )
     lines += ["", "## Goodput (req/s within SLO)", "", "| scenario | random | FCFS | best | hindsight |",
               "|---|---|---|---|---|"]

@@ -85,7 +85,9 @@ def _progress_bar(env: gym.Env):
         from tqdm import tqdm
     except ImportError:  # the bar is optional: install servegym[cli]
         return None
-    return tqdm(desc="steps", unit="step", total=env.spec.max_episode_steps if env.spec else None, leave=False)
+    # disable=None: drawn only on a terminal (a log gets no stream of carriage returns).
+    return tqdm(desc="steps", unit="step", total=env.spec.max_episode_steps if env.spec else None, leave=False,
+                disable=None)
 
 
 def write_csvs(log: EpisodeLog, out_dir: str | Path) -> tuple[Path, Path]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 
 import gymnasium as gym
@@ -14,6 +15,15 @@ from servegym.workloads import FixedWorkload, RequestSpec
 
 def fixed(arrival, prompt, output) -> FixedWorkload:
     return FixedWorkload(RequestSpec(np.asarray(arrival, dtype=float), np.asarray(prompt), np.asarray(output)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as a terminal gives it, whatever started pytest: a job started in the background of a non-interactive
+    shell inherits SIGINT ignored, and then neither this process's stop handlers (they leave an ignored signal
+    ignored) nor the children that the stop tests interrupt would see the SIGINT those tests send. A Python handler
+    resets to the default action across exec, so every child starts with Ctrl-C's default too."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 PAPER = "paper-v100-llama3.2-3b"

@@ -49,6 +49,15 @@ def test_markdown_names_the_sensitive_and_the_flat():
     assert "**Decision-sensitive:** x. **Flat:** y." in text and "| x | a100-llama3-8b | 0.50 |" in text
 
 
+def test_markdown_gives_no_verdict_from_fewer_than_three_seeds():
+    # Rule (as reproduce and bench): a decision-sensitivity verdict needs 3 seeds; with 2 every row is undetermined.
+    rows = [_headroom((10.0, 4.0), (8.0, 4.0), (7.0, 5.0))]
+    text = markdown(rows, 2)
+    assert "**No verdict:** 2 seeds per policy" in text and "Decision-sensitive:**" not in text
+    assert "| undetermined |" in text and "**decision-sensitive**" not in text
+    assert "| **decision-sensitive** |" in markdown(rows, 3)
+
+
 def test_scenarios_run_on_their_own_profiles_unless_told_otherwise():
     assert profile_for("medium") == "a100-llama3-8b" == servegym.backends.DEFAULT_PROFILE
     assert profile_for("tight-memory") == SCENARIO_PROFILES["tight-memory"] == "a40-llama2-7b"

@@ -78,4 +78,8 @@ MUTATIONS = [
     ("life-verdict-seeds-two", "evaluation/stats.py", "MIN_VERDICT_SEEDS = 3\n", "MIN_VERDICT_SEEDS = 2\n",
      (LIFE + "::test_bench_gives_no_verdict_from_fewer_than_three_seeds",
       "tests/test_jobs.py::test_reproduce_refuses_a_verdict_from_fewer_than_three_seeds"), "cli lifecycle"),
+    ("scenarios-verdict-from-any-seeds", "evaluation/headroom.py",
+     "    judged = seeds >= MIN_VERDICT_SEEDS  # the rule reproduce and bench apply",
+     "    judged = seeds >= 1",
+     ("tests/test_scenarios.py::test_markdown_gives_no_verdict_from_fewer_than_three_seeds",), "cli lifecycle"),
 ]
