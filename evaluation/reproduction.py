@@ -1,19 +1,13 @@
 """docs/REPRODUCTION.md: each claim of the two papers, what servegym measured, and a verdict.
 
-Verdicts are computed from per-seed paired comparisons (the same seed gives every policy the same requests):
-- a relative-gain claim is *reproduced* when the gain's 95% CI reaches the claimed value, *partly* when the
-  gain is positive but the CI stays below the claim, *not reproduced* when the CI does not exclude zero or
-  the gain is negative;
-- a "lowest" claim is reproduced when the policy has the lowest mean, partly when the lowest is within the
-  policy's own CI, not reproduced otherwise;
-- a "beats" claim counts (baseline, workload) pairs where the policy is better on mean latency with a CI
-  that excludes zero: all of them reproduce the claim, some of them partly, none of them do not.
-A claim checked per workload is reproduced when it holds in every workload, not reproduced when it fails
-outright in more than half of them, and partly reproduced otherwise.
+How verdicts are decided is stated once, in :data:`VERDICT_RULES`, which the report prints in its header; the
+functions below apply it. In short: a claim is *reproduced* only when the whole 95% CI of the compared quantity
+supports it, and baselines with identical per-seed results are counted once.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +15,57 @@ from pathlib import Path
 import numpy as np
 
 from servegym.evaluation.grid import TaskResult
-from servegym.evaluation.stats import mean_ci
+from servegym.evaluation.stats import Interval, mean_ci, paired_difference, paired_ratio
 
 REPRODUCED, PARTLY, NOT = "reproduced", "partly reproduced", "not reproduced"
+
+VERDICT_RULES = [
+    "Every comparison is a 95% CI on a per-seed paired difference or ratio (the same seed gives every policy the "
+    "same requests); the verdict says when the two sides ran different seeds and the CI is unpaired.",
+    "A claim about a range (\"within 10% of hindsight\", \"+45% throughput\") is *reproduced* only when the whole "
+    "CI lies inside the range, *partly reproduced* when the CI straddles the range's edge, *not reproduced* when "
+    "the whole CI lies outside it. A gain claim whose CI lies wholly above zero but below the claimed gain is "
+    "*partly reproduced* (the direction holds, the size does not).",
+    "A \"lowest\" claim is reproduced when the paired difference to every other policy excludes zero in the "
+    "policy's favour, not reproduced when some other policy is lower with a CI that excludes zero, partly "
+    "reproduced otherwise.",
+    "A \"beats\" claim counts (baseline, workload) pairs whose paired-difference CI excludes zero in the policy's "
+    "favour: all of them reproduce the claim, some of them partly, none of them do not.",
+    "Baselines with identical per-seed results in a workload on every metric the setting's claims compare (for "
+    "example MC and MC-SF with unknown lengths) are one baseline there, named together (\"mc = mc-sf (identical "
+    "per-seed results)\") and counted once.",
+    "A claim checked per workload is reproduced when it holds in every workload, not reproduced when it fails "
+    "outright in more than half of them, and partly reproduced otherwise.",
+]
+"""The verdict rule, stated once: the report's header prints it and the claim functions below implement it."""
+
+
+def range_verdict(ci: Interval, low: float = -math.inf, high: float = math.inf) -> str:
+    """Reproduced when the whole CI lies in ``[low, high]``, not reproduced when none of it does, partly when it
+    straddles an edge (also when the CI is undefined)."""
+    if ci.low >= low and ci.high <= high:
+        return REPRODUCED
+    if ci.high < low or ci.low > high:
+        return NOT
+    return PARTLY
+
+
+def gain_verdict(ci: Interval, claimed: float) -> str:
+    """A claimed relative gain: the range ``[claimed, inf)``, with a real but smaller gain (CI wholly above zero)
+    partly reproduced."""
+    verdict = range_verdict(ci, low=claimed)
+    return PARTLY if verdict == NOT and ci.low > 0 else verdict
+
+
+def within_verdict(ci: Interval, tolerance: float) -> str:
+    """Within ``tolerance`` of a reference, for a relative excess (lower is better): the range
+    ``(-inf, tolerance]``."""
+    return range_verdict(ci, high=tolerance)
+
+
+def _pairing(intervals: list[Interval]) -> str:
+    unpaired = sum(not ci.paired for ci in intervals)
+    return "paired per seed" if not unpaired else f"{unpaired} of {len(intervals)} unpaired (different seeds)"
 
 
 @dataclass(frozen=True)
@@ -55,6 +97,32 @@ class Table:
         cells = self.values[(workload, policy, metric)]
         return np.array([cells[s] for s in sorted(cells)])
 
+    def cells(self, workload: str, policy: str, metric: str) -> dict[int, float]:
+        """Per-seed values of one (workload, policy, metric)."""
+        return self.values[(workload, policy, metric)]
+
+    def identical(self, workload: str, a: str, b: str, metrics: tuple[str, ...]) -> bool:
+        """Whether ``a`` and ``b`` have identical per-seed values of every one of ``metrics`` in ``workload``."""
+        for m in metrics:
+            if (workload, a, m) not in self.values or (workload, b, m) not in self.values:
+                return False
+            ca, cb = self.cells(workload, a, m), self.cells(workload, b, m)
+            if ca.keys() != cb.keys() or not np.array_equal([ca[s] for s in sorted(ca)],
+                                                            [cb[s] for s in sorted(cb)], equal_nan=True):
+                return False
+        return True
+
+    def equivalence_groups(self, workload: str, policies: list[str], metrics: tuple[str, ...]) -> list[list[str]]:
+        """``policies`` grouped by identical per-seed ``metrics`` in ``workload``, in their given order."""
+        groups: list[list[str]] = []
+        for p in policies:
+            group = next((g for g in groups if self.identical(workload, g[0], p, metrics)), None)
+            if group is None:
+                groups.append([p])
+            else:
+                group.append(p)
+        return groups
+
     def mean(self, workload: str, policy: str, metric: str) -> tuple[float, float]:
         return mean_ci(self.series(workload, policy, metric))
 
@@ -85,71 +153,86 @@ class Table:
         return out, chosen
 
 
+def group_name(group: list[str]) -> str:
+    """``mc = mc-sf (identical per-seed results)`` for a group of equivalent baselines, the name for one."""
+    return group[0] if len(group) == 1 else " = ".join(group) + " (identical per-seed results)"
+
+
 def gain_claim(table: Table, paper: str, text: str, policy: str, others: list[str], metric: str,
                claimed: float) -> Claim:
     """Relative gain of ``policy`` over the per-seed mean of ``others`` on ``metric`` (higher is better)."""
-    parts, verdicts = [], []
+    parts, verdicts, intervals = [], [], []
     for w in table.workloads:
-        ours = table.series(w, policy, metric)
-        theirs = np.mean([table.series(w, o, metric) for o in others], axis=0)
-        mean, half = mean_ci(ours / theirs - 1.0)
-        parts.append(f"{w}: {mean:+.0%} ± {half:.0%}")
-        if mean - half > 0 and mean + half >= claimed:
-            verdicts.append(REPRODUCED)
-        elif mean - half > 0:
-            verdicts.append(PARTLY)
-        else:
-            verdicts.append(NOT)
-    return _combine(paper, text, "; ".join(parts), verdicts, f"claimed {claimed:+.0%}; per workload: gain 95% CI")
+        theirs_cells = [table.cells(w, o, metric) for o in others]
+        seeds = sorted(set.intersection(*(set(c) for c in theirs_cells)))
+        theirs = {s: float(np.mean([c[s] for c in theirs_cells])) for s in seeds}
+        ci = paired_ratio(table.cells(w, policy, metric), theirs)
+        verdict = gain_verdict(ci, claimed)
+        parts.append(f"{w}: {ci.describe('+.0%')}: {verdict}")
+        verdicts.append(verdict)
+        intervals.append(ci)
+    return _combine(paper, text, "; ".join(parts), verdicts,
+                    f"gain's 95% CI vs claimed {claimed:+.0%}, {_pairing(intervals)}")
 
 
 def lowest_claim(table: Table, paper: str, text: str, policy: str, metric: str, fmt: str) -> Claim:
-    parts, verdicts = [], []
+    """``policy`` has the lowest ``metric``: the paired difference to each other policy, the least favourable
+    shown."""
+    parts, verdicts, intervals = [], [], []
     for w in table.workloads:
-        means = {p: table.mean(w, p, metric)[0] for p in table.policies}
-        best = min(means, key=means.get)
-        ours, half = table.mean(w, policy, metric)
-        parts.append(f"{w}: {policy} {ours:{fmt}} ± {half:{fmt}}, lowest {best} {means[best]:{fmt}}")
-        if best == policy:
-            verdicts.append(REPRODUCED)
-        elif ours - half <= means[best]:
-            verdicts.append(PARTLY)
+        diffs = {p: paired_difference(table.cells(w, p, metric), table.cells(w, policy, metric))
+                 for p in table.policies if p != policy and (w, p, metric) in table.values}  # > 0: policy lower
+        if any(ci.high < 0 for ci in diffs.values()):
+            verdict = NOT
+        elif all(ci.low > 0 for ci in diffs.values()):
+            verdict = REPRODUCED
         else:
-            verdicts.append(NOT)
-    return _combine(paper, text, "; ".join(parts), verdicts, "lowest mean per workload")
+            verdict = PARTLY
+        closest = min(diffs, key=lambda p: diffs[p].low)
+        ours, half = table.mean(w, policy, metric)
+        parts.append(f"{w}: {policy} {ours:{fmt}} ± {half:{fmt}}; {closest} − {policy} "
+                     f"{diffs[closest].describe('+' + fmt)}: {verdict}")
+        verdicts.append(verdict)
+        intervals += diffs.values()
+    return _combine(paper, text, "; ".join(parts), verdicts,
+                    f"95% CI of the difference to every other policy, least favourable shown, {_pairing(intervals)}")
 
 
 def beats_claim(table: Table, paper: str, text: str, policy: str, baselines: list[str], metric: str,
-                higher_is_better: bool = False) -> Claim:
-    wins, total, parts = 0, 0, []
+                same_on: tuple[str, ...], higher_is_better: bool = False) -> Claim:
+    """``policy`` better than each baseline on ``metric``; baselines identical on every metric of ``same_on`` (the
+    metrics the setting's claims compare) are one baseline."""
+    wins, total, parts, intervals = 0, 0, [], []
     sign = -1.0 if higher_is_better else 1.0
     for w in table.workloads:
-        won = []
-        for b in baselines:
-            if (w, b, metric) not in table.values:
-                continue
-            diff = sign * (table.series(w, b, metric) - table.series(w, policy, metric))  # > 0: policy better
-            mean, half = mean_ci(diff)
-            total += 1
-            if mean - half > 0:
-                wins += 1
-                won.append(b)
-        parts.append(f"{w}: better than {', '.join(won) if won else 'none'}")
+        present = [b for b in baselines if (w, b, metric) in table.values]
+        pairs = []
+        for group in table.equivalence_groups(w, present, same_on):
+            ci = paired_difference(table.cells(w, group[0], metric), table.cells(w, policy, metric))
+            ci = Interval(sign * ci.mean, ci.half, ci.paired)  # > 0: policy better
+            won = ci.low > 0
+            total, wins = total + 1, wins + won
+            intervals.append(ci)
+            pairs.append(f"{group_name(group)} {ci.describe('+.3g')}{' (better)' if won else ''}")
+        parts.append(f"{w}: " + ", ".join(pairs))
     verdict = REPRODUCED if wins == total else PARTLY if wins else NOT
     better = "higher" if higher_is_better else "lower"
-    return Claim(paper, text, f"{wins} of {total} (baseline, workload) pairs; " + "; ".join(parts), verdict,
-                 f"{better} mean {metric} with a 95% CI on the paired difference that excludes zero")
+    return Claim(paper, text, f"{wins} of {total} (baseline, workload) pairs, identical baselines counted once; "
+                 "policy's advantage per baseline: " + "; ".join(parts), verdict,
+                 f"{better} mean {metric} with a 95% CI on the difference that excludes zero, {_pairing(intervals)}")
 
 
 def near_claim(table: Table, paper: str, text: str, policy: str, reference: str, metric: str,
                tolerance: float) -> Claim:
-    parts, verdicts = [], []
+    parts, verdicts, intervals = [], [], []
     for w in table.workloads:
-        mean, half = mean_ci(table.series(w, policy, metric) / table.series(w, reference, metric) - 1.0)
-        parts.append(f"{w}: {mean:+.1%} ± {half:.1%}")
-        verdicts.append(REPRODUCED if mean - half <= tolerance else PARTLY if mean - 2 * half <= tolerance else NOT)
+        ci = paired_ratio(table.cells(w, policy, metric), table.cells(w, reference, metric))
+        verdict = within_verdict(ci, tolerance)
+        parts.append(f"{w}: {ci.describe('+.1%')} vs tolerance {tolerance:.0%}: {verdict}")
+        verdicts.append(verdict)
+        intervals.append(ci)
     return _combine(paper, text, "; ".join(parts), verdicts,
-                    f"{metric} relative to {reference} within {tolerance:.0%} (95% CI)")
+                    f"whole 95% CI of {metric} relative to {reference} within {tolerance:.0%}, {_pairing(intervals)}")
 
 
 def _combine(paper: str, text: str, measured: str, verdicts: list[str], reason: str) -> Claim:
@@ -167,6 +250,8 @@ TWP = "TWP (Desai, N K, Addya)"
 FLOW = "Flow control (Dong & Cao)"
 CONVENTIONAL = ["fcfs", "round-robin", "priority", "dynamic-batch"]
 FLOW_BASELINES = ["alpha-protection", "mc", "mc-sf", "amin"]
+FLOW_METRICS = ("e2e_mean", "e2e_p95", "throughput_tps", "kv_util_std")
+"""The metrics flow control's claims compare; baselines identical on all of them are counted once."""
 
 
 def twp_claims(table: Table, condition: str) -> list[Claim]:
@@ -186,13 +271,14 @@ def flow_claims(table: Table, setting: str) -> list[Claim]:
     suffix = f" [best of the grid per workload: {grid}]" if grid else ""
     claims = [
         beats_claim(table, FLOW, f"beats alpha-protection greedy, MC, MC-SF and A_min on latency ({setting})",
-                    "flow-control", FLOW_BASELINES, "e2e_mean"),
-        beats_claim(table, FLOW, f"beats them on P95 latency ({setting})", "flow-control", FLOW_BASELINES, "e2e_p95"),
+                    "flow-control", FLOW_BASELINES, "e2e_mean", FLOW_METRICS),
+        beats_claim(table, FLOW, f"beats them on P95 latency ({setting})", "flow-control", FLOW_BASELINES, "e2e_p95",
+                    FLOW_METRICS),
         near_claim(table, FLOW, f"comes near hindsight ({setting})", "flow-control", "hindsight", "e2e_mean", 0.10),
         beats_claim(table, FLOW, f"higher token throughput than the baselines ({setting})", "flow-control",
-                    FLOW_BASELINES, "throughput_tps", higher_is_better=True),
+                    FLOW_BASELINES, "throughput_tps", FLOW_METRICS, higher_is_better=True),
         beats_claim(table, FLOW, f"more stable KV cache utilization than the baselines ({setting})",
-                    "flow-control", FLOW_BASELINES, "kv_util_std"),
+                    "flow-control", FLOW_BASELINES, "kv_util_std", FLOW_METRICS),
     ]
     known = table.restricted([w for w in table.workloads if w.endswith("/known")])
     if "flow-control-per-class" in table.policies and known.workloads:
@@ -223,8 +309,11 @@ def render(claims: list[Claim], notes: list[str], sources: list[str]) -> str:
         "",
         "Generated by `servegym reproduce` from the experiment files in `experiments/` (tables, tidy results "
         "and plots under `docs/results/<experiment>/`). Nothing in the environment was tuned toward the papers' "
-        "numbers; the verdicts report what the simulator says. How verdicts are decided: "
-        "`evaluation/reproduction.py`.",
+        "numbers; the verdicts report what the simulator says.",
+        "",
+        "How verdicts are decided (`evaluation/reproduction.py`, `VERDICT_RULES`):",
+        "",
+        *[f"- {rule}" for rule in VERDICT_RULES],
         "",
         "| paper | claim | servegym measured | verdict |",
         "|---|---|---|---|",

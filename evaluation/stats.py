@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -40,3 +41,47 @@ def mean_ci(values: np.ndarray) -> tuple[float, float]:
     if values.size == 1:
         return float(values[0]), math.nan
     return float(values.mean()), float(t_critical(values.size - 1) * values.std(ddof=1) / math.sqrt(values.size))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean and the half-width of its 95% CI; ``paired``: computed from per-seed differences over the same seeds
+    (otherwise from the two sides' own intervals, which are wider)."""
+
+    mean: float
+    half: float
+    paired: bool
+
+    @property
+    def low(self) -> float:
+        return self.mean - self.half
+
+    @property
+    def high(self) -> float:
+        return self.mean + self.half
+
+    def describe(self, fmt: str) -> str:
+        """``+12.2% ± 3.8%, CI [8.4%, 16.0%]`` for ``fmt = "+.1%"`` (the half-width drops the sign)."""
+        return (f"{self.mean:{fmt}} ± {self.half:{fmt.lstrip('+')}}, "
+                f"CI [{self.low:{fmt.lstrip('+')}}, {self.high:{fmt.lstrip('+')}}]")
+
+
+def paired_difference(a: dict[int, float], b: dict[int, float]) -> Interval:
+    """``a - b`` over seeds: per-seed differences when both sides ran the same seeds; otherwise the difference of
+    the means with half-width ``sqrt(ha**2 + hb**2)``."""
+    if a.keys() == b.keys():
+        seeds = sorted(a)
+        return Interval(*mean_ci(np.array([a[s] - b[s] for s in seeds])), paired=True)
+    (ma, ha), (mb, hb) = mean_ci(np.array(list(a.values()))), mean_ci(np.array(list(b.values())))
+    return Interval(ma - mb, math.hypot(ha, hb), paired=False)
+
+
+def paired_ratio(a: dict[int, float], b: dict[int, float]) -> Interval:
+    """``a / b - 1`` over seeds: per-seed ratios when both sides ran the same seeds; otherwise the ratio of the
+    means with the two relative half-widths added in quadrature."""
+    if a.keys() == b.keys():
+        seeds = sorted(a)
+        return Interval(*mean_ci(np.array([a[s] / b[s] - 1.0 for s in seeds])), paired=True)
+    (ma, ha), (mb, hb) = mean_ci(np.array(list(a.values()))), mean_ci(np.array(list(b.values())))
+    ratio = ma / mb
+    return Interval(ratio - 1.0, abs(ratio) * math.hypot(ha / ma, hb / mb), paired=False)
