@@ -1,0 +1,37 @@
+"""Mutations of the reproduction report's verdict rule (issue 25): the whole CI must lie in the claimed range,
+identical baselines count once, pairing by seed, the rule printed in the header (``tests/test_verdicts.py``)."""
+
+VERDICTS = "tests/test_verdicts.py"
+
+MUTATIONS = [
+    ("verdicts-ci-upper-edge-by-lower-end", "evaluation/reproduction.py",
+     "    if ci.low >= low and ci.high <= high:\n", "    if ci.low >= low and ci.low <= high:\n",
+     (VERDICTS,), "verdict"),
+    ("verdicts-ci-lower-edge-by-upper-end", "evaluation/reproduction.py",
+     "    if ci.low >= low and ci.high <= high:\n", "    if ci.high >= low and ci.high <= high:\n",
+     (VERDICTS,), "verdict"),
+    ("verdicts-gain-smaller-is-not", "evaluation/reproduction.py",
+     "    return PARTLY if verdict == NOT and ci.low > 0 else verdict", "    return verdict",
+     (VERDICTS,), "verdict"),
+    ("verdicts-lowest-by-mean", "evaluation/reproduction.py",
+     "        elif all(ci.low > 0 for ci in diffs.values()):",
+     "        elif all(ci.mean > 0 for ci in diffs.values()):",
+     (VERDICTS,), "verdict"),
+    ("verdicts-beats-by-mean", "evaluation/reproduction.py",
+     "            won = ci.low > 0", "            won = ci.mean > 0", (VERDICTS,), "verdict"),
+    ("verdicts-equivalence-never", "evaluation/reproduction.py",
+     "            group = next((g for g in groups if self.identical(workload, g[0], p, metrics)), None)",
+     "            group = None", (VERDICTS,), "verdict"),
+    ("verdicts-equivalence-one-metric", "evaluation/reproduction.py",
+     "        for m in metrics:\n            if (workload, a, m) not in self.values",
+     "        for m in metrics[:1]:\n            if (workload, a, m) not in self.values", (VERDICTS,), "verdict"),
+    ("verdicts-equivalence-ignores-seeds", "evaluation/reproduction.py",
+     "            if ca.keys() != cb.keys() or not np.array_equal(", "            if not np.array_equal(",
+     (VERDICTS,), "verdict"),
+    ("verdicts-never-paired", "evaluation/stats.py",
+     "    if a.keys() == b.keys():\n        seeds = sorted(a)\n        return Interval(*mean_ci(np.array([a[s] - b[s]",
+     "    if False:\n        seeds = sorted(a)\n        return Interval(*mean_ci(np.array([a[s] - b[s]",
+     (VERDICTS,), "verdict"),
+    ("verdicts-header-without-rule", "evaluation/reproduction.py",
+     '        *[f"- {rule}" for rule in VERDICT_RULES],\n', "", (VERDICTS,), "verdict"),
+]
