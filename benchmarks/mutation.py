@@ -374,7 +374,7 @@ MUTATIONS: list[Mutation] = [
       "        key = amin_estimate(output_lo.astype(np.float64), output_hi.astype(np.float64), generated)",
       "        key = generated", "tests/test_engine.py", "-k", "shortest_predicted", kind="memory-aware"),
     m("twp-no-parallelism-floor", "policies/twp.py",
-      "return min(p.window_max, max(p.window_min, p.min_active_requests * mean))", "return p.window_min",
+      "return min(p.window_max, max(p.window_min, b0 * mean))", "return p.window_min",
       "tests/test_twp.py", "-k", "floor", kind="twp"),
     m("twp-floor-from-queue-always", "policies/twp.py",
       "floor = self._window_floor(mean_remaining if batch else None, want)",

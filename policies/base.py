@@ -5,13 +5,16 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from servegym.engine.config import LengthMode
 from servegym.envs.observation import ENGINE_INDEX, QUEUE_FEATURES
 from servegym.policies.params import PolicyParams
+
+if TYPE_CHECKING:
+    from servegym.backends import Profile
 
 Observation = dict[str, np.ndarray]
 
@@ -54,6 +57,10 @@ class Policy(ABC):
     def pool_overrides(self) -> dict[str, Any]:
         """PoolConfig fields this policy needs (its router, its loader's cold-start scale)."""
         return {}
+
+    def bind_profile(self, profile: Profile | None) -> None:
+        """Take what the policy reads from the latency profile it will run on (TWP: its ``B0``). ``make_env`` calls
+        it with the env's profile, None for another backend or a mixture of envs."""
 
     def reset(self) -> None:
         """Forget per-episode state."""

@@ -2,6 +2,10 @@
 
 Each decode step, in this order: monitor the smoothed ITL, update the token window, rank the waiting
 requests, gate them against the window and the KV guard, and stage admitted prompts in chunks of ``C``.
+
+The paper's engine is one GPU. In a pool TWP keeps one controller per container (its window, ITL filter,
+``l_min`` estimate and KV guard), each fed only by its own engine's steps; ``shared_controller=True`` keeps the
+one controller that every container fed in turn before (its window zig-zags between the engines' values).
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from servegym.envs.observation import QUEUE_INDEX
+from servegym.engine.validation import boolean
+from servegym.envs.observation import POOL_FEATURES, POOL_INDEX, QUEUE_INDEX
 from servegym.policies.base import Observation, Policy, engine_feature, ranks_action, register_policy
 from servegym.policies.common import (
     admission_blocks,
@@ -27,10 +32,29 @@ from servegym.policies.params import PolicyParams, in_range, optional, param, po
 if TYPE_CHECKING:
     import optuna
 
+    from servegym.backends import Profile
+
 _Q = QUEUE_INDEX
 TRACE_FIELDS = ("window", "window_floor", "target", "sigma", "kv_guard", "token_load", "forced", "num_admitted",
-                "num_waiting", "num_running")
-"""What :meth:`TokenWindowPacing.diagnostics` reports per step."""
+                "num_waiting", "num_running", "container")
+"""What :meth:`TokenWindowPacing.diagnostics` reports per step (``container``: the deciding one)."""
+DEFAULT_B0 = 8
+"""``min_active_requests="profile"`` without a profile (a torch backend, a mixture): the paper's V100 ``B0``."""
+CONTROLLER_STATE = ("window", "itl_hat", "itl_floor", "kv_guard")
+"""The per-engine feedback state: one copy per container unless ``shared_controller``."""
+
+
+def _b0(name: str, value: object) -> None:
+    if value is not None and value != "profile":
+        positive_int(name, value)
+
+
+def deciding_container(obs: Observation) -> int:
+    """The container whose decision ``obs`` asks for (``obs["pool"]``'s ``deciding`` column; 0 without a pool)."""
+    pool = obs.get("pool")
+    if pool is None or pool.size == 0:
+        return 0
+    return int(np.argmax(pool.reshape(-1, len(POOL_FEATURES))[:, POOL_INDEX["deciding"]]))
 
 
 def _chunking(name: str, value: object) -> None:
@@ -58,10 +82,13 @@ class TWPParams(PolicyParams):
     unknown_output_tokens: float | None = param(
         128.0, "length estimate when lengths are unknown (None: use max_tokens)", optional(positive_number)
     )
-    min_active_requests: int | None = param(
-        8, "B0: the window never falls below this many requests' mean estimated remaining tokens, so enough "
-        "requests stay active to use the GPU's parallelism (the paper's B0 = 8); None: window_min alone",
-        optional(positive_int))
+    min_active_requests: int | str | None = param(
+        "profile", "B0: the window never falls below this many requests' mean estimated remaining tokens, so "
+        "enough requests stay active to use the GPU's parallelism; 'profile': the env profile's saturation batch "
+        "(8 on the paper's V100, 20 on a100-llama3-8b), 8 without one; None: window_min alone", _b0)
+    shared_controller: bool = param(
+        False, "one window, ITL filter, l_min estimate and KV guard fed by every container of a pool in turn; "
+        "default: one per container (the paper's engine is one GPU)", boolean)
     chunking: str = param(
         "per_request", "'per_request': each prompt ingests at most C tokens per step, the paper's fixed-size "
         "chunks, one per decode step; 'total': at most C prefill tokens per step over all prompts", _chunking)
@@ -108,18 +135,50 @@ class TokenWindowPacing(Policy):
         c = self.params.prefill_chunk_tokens
         return {"prefill_chunk_tokens": c, "max_prefill_tokens": c if self.params.chunking == "total" else None}
 
+    profile_b0: int | None = None
+    """The saturation batch of the profile :meth:`bind_profile` saw (None: none seen)."""
+
+    def bind_profile(self, profile: Profile | None) -> None:
+        self.profile_b0 = None if profile is None else int(profile.latency.saturation_batch)
+
+    @property
+    def min_active_requests(self) -> int | None:
+        """``B0`` in force: the explicit parameter, else the bound profile's, else :data:`DEFAULT_B0`."""
+        b0 = self.params.min_active_requests
+        if b0 != "profile":
+            return b0
+        return self.profile_b0 or DEFAULT_B0
+
     def reset(self) -> None:
         self.window = self.params.initial_window
         self.itl_hat: float | None = None
         self.itl_floor = math.inf
         self.kv_guard = self.params.kv_guard
         self.forced_total = 0
+        """Forced admissions over all containers."""
+        self._initial = self._controller_state()
+        self._controllers: dict[int, tuple[Any, ...]] = {}
+        """Each container's :data:`CONTROLLER_STATE` while another one's is loaded."""
+        self._container = 0
+        """The container whose controller state the attributes hold."""
         self._trace: list[tuple[float, ...]] = []
         """One row of :data:`TRACE_FIELDS` per step."""
 
+    def _controller_state(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in CONTROLLER_STATE)
+
+    def _load_controller(self, container: int) -> None:
+        """Put ``container``'s controller state in the attributes the five stages read, keeping the one there."""
+        if container == self._container:
+            return
+        self._controllers[self._container] = self._controller_state()
+        for name, value in zip(CONTROLLER_STATE, self._controllers.get(container, self._initial), strict=True):
+            setattr(self, name, value)
+        self._container = container
+
     def diagnostics(self) -> dict[str, np.ndarray]:
         """Per step: H_t, its floor H_min, H*, sigma, delta_kv, token load K_t, forced and total admissions, queue,
-        batch."""
+        batch, and the deciding container (in a pool the other columns are that container's controller's)."""
         rows = np.asarray(self._trace, dtype=np.float64).reshape(-1, len(TRACE_FIELDS))
         return {name: rows[:, i] for i, name in enumerate(TRACE_FIELDS)}
 
@@ -143,14 +202,14 @@ class TokenWindowPacing(Policy):
     def _window_floor(self, running_mean: float | None, queued_remaining: np.ndarray) -> float:
         """``H_min``: ``window_min``, raised to ``B0`` times the mean estimated remaining tokens of the running
         requests (``running_mean``, None while nothing runs: then of the waiting ones), capped at ``window_max``."""
-        p = self.params
-        if p.min_active_requests is None:
+        p, b0 = self.params, self.min_active_requests
+        if b0 is None:
             return p.window_min
         if running_mean is not None:
             mean = running_mean
         else:
             mean = float(queued_remaining.sum() / queued_remaining.size) if queued_remaining.size else 0.0
-        return min(p.window_max, max(p.window_min, p.min_active_requests * mean))
+        return min(p.window_max, max(p.window_min, b0 * mean))
 
     def _update_kv_guard(self, obs: Observation) -> None:
         p = self.params
@@ -173,6 +232,8 @@ class TokenWindowPacing(Policy):
 
     def act(self, obs: Observation) -> np.ndarray:
         p = self.params
+        container = deciding_container(obs)
+        self._load_controller(0 if p.shared_controller else container)
         depth = engine_feature(obs, "num_waiting")
         batch = int(engine_feature(obs, "num_running"))
         remaining = remaining_running(obs, p.unknown_output_tokens)
@@ -190,7 +251,7 @@ class TokenWindowPacing(Policy):
         admitted, num_forced = self._gate(obs, queue, want, token_load, mean_remaining) if queue.shape[0] else ([], 0)
         self.forced_total += num_forced
         self._trace.append((self.window, floor, target, sigma, self.kv_guard, token_load, num_forced, len(admitted),
-                            depth, batch))
+                            depth, batch, container))
         return ranks_action(obs, admitted)
 
     def _gate(self, obs: Observation, queue: np.ndarray, want: np.ndarray, token_load: float,

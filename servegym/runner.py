@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 
 from servegym import ENV_ID
+from servegym.backends import CalibratedBackend, Profile
 from servegym.engine import STEP_FIELDS, EpisodeLog, State
 from servegym.engine.validation import positive_int
 from servegym.envs import MixtureEnv, ServingEnv
@@ -41,7 +42,19 @@ def make_env(policy: Policy | None = None, max_episode_steps: int | None = None,
     if policy is not None:
         engine = {**engine, **policy.engine_overrides()}
         pool = {**pool, **policy.pool_overrides()}
-    return gym.make(ENV_ID, engine=engine, pool=pool, max_episode_steps=max_episode_steps, **env_kwargs)
+    env = gym.make(ENV_ID, engine=engine, pool=pool, max_episode_steps=max_episode_steps, **env_kwargs)
+    if policy is not None:
+        policy.bind_profile(env_profile(env))
+    return env
+
+
+def env_profile(env: gym.Env) -> Profile | None:
+    """The latency profile of a serving env's calibrated backends; None for another backend or a mixture."""
+    inner = env.unwrapped
+    if not isinstance(inner, ServingEnv):
+        return None
+    backend = inner.cluster.engines[0].backend
+    return backend.profile if isinstance(backend, CalibratedBackend) else None
 
 
 CHECKPOINT_STEPS = 256

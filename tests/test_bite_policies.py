@@ -90,8 +90,9 @@ def test_twp_smooths_itl_before_computing_sigma():
 def test_twp_window_moves_by_gain_toward_a_queue_capped_target():
     # sigma = 1 (no ITL yet). Queue depth 16 of Q = 32: target 400 (1 + 16/32) = 600, window 400 + 0.15 (200)
     # = 430. Depth 64: the queue term is capped at 1, target 800, window 430 + 0.15 (370) = 485.5.
-    # The batch is full (num_running = max_num_seqs), so nothing is admitted from the zero queue rows.
-    policy = TokenWindowPacing()
+    # The batch is full (num_running = max_num_seqs), so nothing is admitted from the zero queue rows. B0 = 8
+    # given: the flat test profile's B0 (10^6) would hold the window at window_max.
+    policy = TokenWindowPacing(min_active_requests=8)
     env, obs = reset_obs(policy)
     full = env.unwrapped.engine_config.max_num_seqs
     for depth in (16, 64):
@@ -137,7 +138,7 @@ def test_twp_forces_in_only_requests_waiting_more_than_t_max():
 def test_twp_floor_comes_from_the_running_requests_while_any_run():
     # B0 = 8, known lengths. Two running requests with 100 and 300 tokens left (mean 200): the floor is 1600.
     # The waiting request (50 tokens) sets it only while nothing runs: 8 x 50 = 400.
-    policy = TokenWindowPacing(window_min=32.0, window_max=4096.0)
+    policy = TokenWindowPacing(window_min=32.0, window_max=4096.0, min_active_requests=8)
     _, obs = reset_obs(policy, length_mode="known")
     waiting = [{"num_prompt_tokens": 10, "wait_s": 0.0, "output_lo": 50, "output_hi": 50}]
     busy = crafted(obs, waiting, num_running=2)

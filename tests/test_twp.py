@@ -48,7 +48,8 @@ def test_window_contracts_when_step_latency_rises():
 
 
 def test_window_expands_when_the_queue_grows_while_itl_stays_low():
-    policy = TokenWindowPacing(max_wait_steps=10**6)
+    # B0 = 8 given: the flat test profile's own B0 (10^6) would pin the window at window_max.
+    policy = TokenWindowPacing(max_wait_steps=10**6, min_active_requests=8)
     # 20 requests per second for 30 s against a window that admits ~8 at a time: the queue builds up.
     n = 600
     workload = fixed(np.linspace(0, 30, n), np.full(n, 20), np.full(n, 50))
