@@ -30,6 +30,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from servegym.signals import exit_status
+
 POLL_S = 0.1
 """How often the parent checks its workers while it waits for results."""
 
@@ -43,11 +45,6 @@ class Terminated(KeyboardInterrupt):
 def signal_of(stop: KeyboardInterrupt) -> int:
     """The signal behind a ``KeyboardInterrupt``: SIGTERM for :class:`Terminated`, else SIGINT (Ctrl-C)."""
     return int(getattr(stop, "signum", signal.SIGINT))
-
-
-def exit_status(signum: int) -> int:
-    """The shell's exit status of a command stopped by ``signum``: 130 for SIGINT, 143 for SIGTERM."""
-    return 128 + signum
 
 
 class Interrupted(Exception):

@@ -10,20 +10,19 @@ truth into the run's ``config.json`` and stops the env workers it started (:mod:
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any
 
+from servegym.signals import SignalScope, SignalStop
 
-class TrainingInterrupted(KeyboardInterrupt):
+
+class TrainingInterrupted(SignalStop):
     """SIGINT or SIGTERM stopped training; the run's ``config.json`` says how far it got."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+        super().__init__(signum)
         self.run: Path | None = None
         """The run directory, once the trainer has recorded the stop there."""
         self.progress: dict[str, Any] = {}
@@ -39,29 +38,15 @@ class TrainingInterrupted(KeyboardInterrupt):
         return (f"interrupted by {self.signal_name} after {self.progress.get('timesteps_done', 0)} timesteps "
                 f"({self.run / 'config.json'} says so); {then}")
 
-    @property
-    def signal_name(self) -> str:
-        return signal.Signals(self.signum).name
 
-    @property
-    def exit_status(self) -> int:
-        """The shell's status for a process stopped by this signal: 130 for SIGINT, 143 for SIGTERM."""
-        return 128 + self.signum
-
-
-class StopOnSignals:
-    """While active (``with``), SIGINT and SIGTERM raise :class:`TrainingInterrupted` in the main thread.
-
-    Handlers are installed from the main thread only, and a signal the process started with ignored stays
-    ignored; the previous handlers come back on exit.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+class StopOnSignals(SignalScope):
+    """While active (``with``), SIGINT and SIGTERM raise :class:`TrainingInterrupted` in the main thread (see
+    :class:`~servegym.signals.SignalScope` for which handlers are installed)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.pending: int | None = None
         self._saving = 0
-        self._previous: dict[int, Any] = {}
 
     @contextlib.contextmanager
     def saving(self) -> Iterator[None]:
@@ -80,16 +65,3 @@ class StopOnSignals:
             self.pending = signum
             return
         raise TrainingInterrupted(signum)
-
-    def __enter__(self) -> StopOnSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                if signal.getsignal(sig) is not signal.SIG_IGN:
-                    self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()

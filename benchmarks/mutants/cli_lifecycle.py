@@ -54,7 +54,7 @@ MUTATIONS = [
      "    signum = signal.SIGINT\n",
      (LIFE + "::test_exit_status_names_the_signal",
       LIFE + "::test_a_signal_stops_a_running_grid_with_its_status_and_leaves_no_process"), "cli lifecycle"),
-    ("life-exit-status-always-130", "evaluation/executor.py", "    return 128 + signum", "    return 130",
+    ("life-exit-status-always-130", "servegym/signals.py", "    return 128 + signum", "    return 130",
      (LIFE + "::test_exit_status_names_the_signal",), "cli lifecycle"),
     ("life-interrupted-forgets-its-signal", "evaluation/executor.py",
      "        raise Interrupted(results, signal_of(stop)) from None\n    pool.close()",
