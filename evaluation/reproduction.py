@@ -301,6 +301,13 @@ CHANGES = [
     "and on the trace alpha-protection (best alpha) = MC on every compared metric.",
     "The \"lowest\" claims now need the paired difference to every other policy to exclude zero (before: the "
     "lowest mean); the \"beats\" and \"lowest\" cells show each interval used.",
+    "TWP keeps one controller (window, ITL filter, l_min estimate, KV guard) per container, each fed by its own "
+    "engine (the paper's engine is one GPU); before, one controller was fed by both containers in turn and its "
+    "window zig-zagged between them (`shared_controller: true` keeps that). B0 now comes from the profile, 8 on "
+    "the V100 profile as before. Every TWP number moved, no verdict changed: warm pool TTFT P99 at 4 req/s 1.83 "
+    "-> 2.37 s, at 18 req/s 13.76 -> 14.00 s (still above round-robin's, not reproduced); ITL CV high 0.210 -> "
+    "0.185, burst 0.156 -> 0.129 (warm), 18 req/s 0.278 -> 0.212, medium 0.201 -> 0.166 (cold), still lowest "
+    "(reproduced); throughput gains over ServerlessLLM stay negative but cold-pool high (+6% -> +5%, partly).",
 ]
 """One line per verdict that changed since the previous report (written by hand from the two runs)."""
 
