@@ -111,6 +111,9 @@ def run_task(task: Task) -> TaskResult:
     series = {}
     diagnostics = policy.diagnostics()
     if diagnostics:  # the policy's own per-step signals beside the step log's batch, queue and KV use
+        if "container" in diagnostics:  # a pool's rows interleave its containers: keep container 0's, as the log
+            mine = np.asarray(diagnostics["container"]) == 0
+            diagnostics = {name: np.asarray(values)[mine] for name, values in diagnostics.items()}
         steps = log.steps(0)
         n = min(steps.shape[0], *(len(values) for values in diagnostics.values()))
         series = {

@@ -109,3 +109,17 @@ def test_b0_from_the_profile_reaches_the_window_floor_in_a_run():
 def test_bad_values_are_refused_with_the_name(name, value):
     with pytest.raises(ValueError, match=name):
         TWPParams(**{name: value})
+
+
+def test_the_grid_plots_container_zeros_controller_beside_container_zeros_log(tmp_path):
+    # Rule: the TWP feedback series (window beside the step log's batch and queue) is container 0's alone; in a
+    # pool TWP's diagnostics interleave both containers' rows, which must not be lined up with log.steps(0).
+    from servegym.evaluation import run_task, tasks
+    from servegym.evaluation.spec import load_experiment
+
+    spec = tmp_path / "pool.yaml"
+    spec.write_text("name: pool\nseeds: 1\nmax_steps: 600\nengine: {length_mode: predicted}\n"
+                    "pool: {num_containers: 2, router: round_robin}\npolicies: [twp]\nworkloads: [medium]\n")
+    result = run_task(tasks(load_experiment(spec))[0])
+    assert result.series and np.all(result.series["container"] == 0)
+    assert len(result.series["window"]) == len(result.series["time_s"]) > 50

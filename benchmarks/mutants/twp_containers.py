@@ -21,3 +21,7 @@ MUTATIONS = [
     ("twp-make-env-binds-no-profile", "servegym/runner.py",
      "policy.bind_profile(env_profile(env))", "policy.bind_profile(None)", (B0, B0_RUN), "twp"),
 ]
+MUTATIONS.append(
+    ("grid-series-mixes-containers", "evaluation/grid.py", '        if "container" in diagnostics:',
+     '        if False:', ("tests/test_twp_containers.py::test_the_grid_plots_container_zeros_controller_beside_"
+                          "container_zeros_log",), "twp containers"))
