@@ -342,7 +342,10 @@ NOTES = [
     "experiments pin their own.)",
     "TWP's window floor. The paper: the minimum keeps \"enough requests active to use available GPU "
     "parallelism\". Reading: H_min is B0 = 8 times the mean estimated remaining tokens of the running requests "
-    "(of the waiting ones when none runs), never below `window_min` = 32 tokens (`min_active_requests`).",
+    "(of the waiting ones when none runs), never below `window_min` = 32 tokens (`min_active_requests`, by "
+    "default the profile's saturation batch: 8 on the V100 profile these experiments use). In a pool each "
+    "container has its own controller (window, ITL filter, l_min, KV guard), as each of the paper's engines is "
+    "one GPU; `shared_controller: true` feeds one controller from every container in turn.",
     "TWP's chunked prefill. The paper: \"fixed-size chunks processed one per decode step\". Reading: each "
     "admitted prompt ingests at most C = 64 tokens per step (`chunking: per_request`, the default); the earlier "
     "reading, at most C prefill tokens per step over all prompts (about 1.25k tokens/s at 43 ms), is kept as "
