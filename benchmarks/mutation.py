@@ -723,6 +723,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], metavar="ID", help="run only these ids (repeatable)")
     parser.add_argument("--jobs", type=int, default=1, help="parallel scratch copies (default 1)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mutation before it counts as a hang")
+    parser.add_argument("--baseline-timeout", type=float, default=1800.0,
+                        help="seconds for the unmutated run of every target file together (default 1800)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = parser.parse_args(argv)
 
@@ -754,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
         repos = [make_scratch(scratch, f"repo{j}") for j in range(jobs)]
         check_imports(repos[0])
         files = tuple(sorted({t.split("::")[0] for mut in chosen for t in mut.targets if t.startswith("tests/")}))
-        rc, output, seconds = run_pytest(repos[0], files, args.timeout)
+        rc, output, seconds = run_pytest(repos[0], files, args.baseline_timeout)
         if rc != 0:
             print(f"baseline failed: the unmutated tests must pass first ({' '.join(files)}):\n{output[-3000:]}",
                   file=sys.stderr)
