@@ -2,7 +2,7 @@
 
 from servegym.engine.cluster import Cluster, ClusterStep, PoolConfig, length_intervals
 from servegym.engine.compiled import CompiledEngine, compiled_available, engine_class
-from servegym.engine.config import EngineConfig, LengthMode, PreemptionRule
+from servegym.engine.config import EngineConfig, LengthMode, PreemptionRule, Recompute
 from servegym.engine.engine import RUNNING_OBS_COLUMNS, Col, Engine, EngineBase, Plan, StepOutcome
 from servegym.engine.log import STEP_FIELDS, STEP_INDEX, EpisodeLog, RejectReason, State, StepRow
 from servegym.engine.routing import Router
@@ -23,6 +23,7 @@ __all__ = [
     "Plan",
     "PoolConfig",
     "PreemptionRule",
+    "Recompute",
     "RejectReason",
     "Router",
     "State",

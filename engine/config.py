@@ -22,6 +22,16 @@ class PreemptionRule(StrEnum):
     end of the observed interval, doubled each time the request outgrows it (Chen, Ye, Zhou 2025)."""
 
 
+class Recompute(StrEnum):
+    """What an evicted request keeps of its progress when it is admitted again."""
+
+    KEEP_OUTPUT = "keep_output"
+    """vLLM's recompute: its generated tokens stay generated; the prefill re-ingests prompt plus output."""
+    RESTART = "restart"
+    """The scheduling papers' model (Dong & Cao; Jaillet et al.): an overflow loses the request's progress, and it
+    starts again from its prompt, regenerating every output token."""
+
+
 class LengthMode(StrEnum):
     """What a policy may know about each request's output length."""
 
@@ -62,6 +72,9 @@ class EngineConfig:
     preemption: PreemptionRule = field(
         default=PreemptionRule.LIFO, metadata={"help": "victim rule when an iteration would overflow the KV cache"}
     )
+    recompute: Recompute = field(
+        default=Recompute.KEEP_OUTPUT, metadata={"help": "what an evicted request keeps: keep_output or restart"}
+    )
     length_mode: LengthMode = field(
         default=LengthMode.UNKNOWN, metadata={"help": "what policies observe of output lengths"}
     )
@@ -89,6 +102,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "preemption", as_enum(PreemptionRule, "preemption", self.preemption))
+        object.__setattr__(self, "recompute", as_enum(Recompute, "recompute", self.recompute))
         object.__setattr__(self, "length_mode", as_enum(LengthMode, "length_mode", self.length_mode))
         for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk_tokens", "max_tokens"):
             positive_int(name, getattr(self, name))

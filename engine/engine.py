@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from servegym.backends.base import EMPTY, Backend, StepBatch
-from servegym.engine.config import EngineConfig
+from servegym.engine.config import EngineConfig, Recompute
 from servegym.engine.kv import first_chunk_tokens, num_blocks
 from servegym.engine.log import EpisodeLog, RejectReason, State, StepRow
 from servegym.engine.preemption import pick_victims
@@ -239,11 +239,12 @@ class EngineBase:
     # ------------------------------------------------------------------ preemption
     def _evict(self, rows: np.ndarray) -> int:
         """Preempt ``rows`` by recompute: free their blocks and put them at the queue front (a rare path, shared by
-        both engines; ``_remove_rows`` is each engine's own)."""
+        both engines; ``_remove_rows`` is each engine's own). Under ``recompute="restart"`` they lose their
+        generated tokens and start again from the prompt."""
         run, log = self._run, self.log
         ids = run[rows, REQ].copy()
         log.state[ids] = State.PREEMPTED
-        log.num_generated_at_preemption[ids] = run[rows, GEN]
+        log.num_generated_at_preemption[ids] = run[rows, GEN] if self.config.recompute is Recompute.KEEP_OUTPUT else 0
         log.num_preemptions[ids] += 1
         seg = run[rows, SEG]
         opened = seg >= 0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from servegym.backends import load_profile, step_latency
-from servegym.engine import PreemptionRule, State
+from servegym.engine import EngineConfig, PreemptionRule, State, compiled_available
 from servegym.engine.preemption import pick_victims
 from servegym.workloads import Choice, MarkovModulated, SyntheticWorkload
 from tests.conftest import admit_all, fixed, make, no_action
@@ -109,6 +109,42 @@ def test_preempted_request_recomputes_and_keeps_its_tokens():
         times = log.token_times(r)
         assert times.size == 100 and np.all(np.diff(times) > 0)
     assert np.all(log.state == State.FINISHED)
+
+
+@pytest.mark.parametrize("engine", ["python", "compiled"])
+@pytest.mark.parametrize("recompute, finish, emitted", [("keep_output", [6.0, 8.0], [6, 6]),
+                                                        ("restart", [6.0, 11.0], [6, 10])])
+def test_restart_loses_the_evicted_requests_progress(monkeypatch, engine, recompute, finish, emitted):
+    # Discrete time (1 s a step), 16 one-token blocks, two 4-token prompts wanting 6 tokens each, admitted at once.
+    # After 4 tokens each, step 5 needs 2 x (4 + 4 + 1) = 18 blocks: LIFO evicts the second with 4 generated.
+    # keep_output: it needs 8 blocks to come back, A holds 9 then 10 of 16, so it returns at step 7 after A
+    # finishes (t = 6), re-ingests prompt and tokens in one step and emits tokens 5, 6 at t = 7, 8.
+    # restart: it needs only its 4 prompt blocks, returns at step 6 beside A (10 + 4 <= 16) and regenerates all
+    # 6 tokens, at t = 6..11: 10 tokens emitted in all, 4 of them wasted.
+    if engine == "compiled" and not compiled_available():
+        pytest.skip("the compiled engine is not built")
+    monkeypatch.setenv("SERVEGYM_ENGINE", engine)
+    env = make(fixed([0.0, 0.0], [4, 4], [6, 6]), profile="discrete-time",
+               engine={"num_kv_blocks": 16, "block_size": 1, "preemption": "lifo", "recompute": recompute,
+                       "max_num_seqs": 8, "max_num_batched_tokens": 64, "prefill_chunk_tokens": 64})
+    env.reset(seed=0)
+    log = env.unwrapped.engine.log
+    for step in range(1, 20):
+        _, _, terminated, _, info = env.step(admit_all(env))
+        if info["num_preemptions"]:
+            assert step == 5
+            assert log.num_generated_at_preemption.tolist() == [0, 4 if recompute == "keep_output" else 0]
+        if terminated:
+            break
+    assert log.num_preemptions.tolist() == [0, 1]
+    assert log.finish_s.tolist() == finish
+    assert [log.token_times(r).size for r in range(2)] == emitted
+    env.close()
+
+
+def test_recompute_is_checked():
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        EngineConfig(recompute="resume")
 
 
 def test_victim_rules():
