@@ -28,7 +28,7 @@ DEFAULT_EXPERIMENT = {
     "seeds": 5,
     "engine": {"length_mode": "predicted"},
     "policies": ["twp", "flow-control", "fcfs", "round-robin", "priority", "dynamic-batch", "serverless-llm",
-                 "alpha-protection", "mc", "mc-sf", "amin", "vllm", "sarathi", "hindsight"],
+                 "alpha-protection", "mc", "mc-sf", "amin", "vllm", "sarathi", "clairvoyant-greedy"],
     "workloads": ["low", "medium", "high", "burst"],
 }
 

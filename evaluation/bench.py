@@ -2,7 +2,7 @@
 
 Each episode builds its env from the task alone (``make_env(policy, task=NAME)``), so the leaderboard measures
 exactly the problem an agent trains on: the task's workload, profile, engine and pool, reward, length mode and
-episode limits, with only the policy's own engine/pool overrides on top (TWP's chunk size, the hindsight
+episode limits, with only the policy's own engine/pool overrides on top (TWP's chunk size, the clairvoyant
 reference's true lengths). Results come back one :class:`BenchRow` per (task, policy, seed), in a fixed order
 whatever the number of worker processes; :func:`write_leaderboard` writes them as ``leaderboard.csv`` and
 ``leaderboard.md`` (:mod:`servegym.evaluation.leaderboard`).
@@ -24,9 +24,11 @@ from servegym.evaluation.leaderboard import markdown
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import EpisodeResult, make_env, run_episode
 
-DEFAULT_POLICIES = ("random", "fcfs", "twp", "flow-control", "sarathi", "mc-sf", "vllm", "priority", "hindsight")
+DEFAULT_POLICIES = ("random", "fcfs", "twp", "flow-control", "sarathi", "mc-sf", "vllm", "priority",
+                    "clairvoyant-greedy")
 """The default field: the two references a scheduler must beat (random admission, FCFS), the seed papers'
-policies with their default parameters, the strongest baselines, and the hindsight reference (true lengths)."""
+policies with their default parameters, the strongest baselines, and the clairvoyant greedy packer (true lengths;
+not a bound)."""
 
 
 @dataclass(frozen=True)

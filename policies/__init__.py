@@ -3,10 +3,10 @@
 from servegym.policies import (  # noqa: F401  (each module registers its policy)
     alpha_protection,
     amin,
+    clairvoyant_greedy,
     dynamic_batch,
     fcfs,
     flow_control,
-    hindsight,
     mc,
     mc_sf,
     priority,

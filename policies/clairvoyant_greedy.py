@@ -1,4 +1,6 @@
-"""A clairvoyant reference point, not a deployable policy."""
+"""A clairvoyant greedy packer: a point of comparison that knows every output length, not a deployable policy and
+not a bound (tuned policies and FCFS can beat it: it does not plan around future arrivals or the cost of
+waiting)."""
 
 from __future__ import annotations
 
@@ -17,14 +19,15 @@ from servegym.policies.common import (
 
 
 @register_policy
-class Hindsight(Policy):
-    """REFERENCE ONLY. Runs with true output lengths revealed (``length_mode="known"``) and packs greedily,
-    shortest remaining work first, as many requests as the exact future-memory check allows. It knows lengths
-    no real scheduler knows; it does not plan around future arrivals."""
+class ClairvoyantGreedy(Policy):
+    """CLAIRVOYANT, NOT A BOUND. Runs with true output lengths revealed (``length_mode="known"``) and packs
+    greedily, shortest remaining work first, as many requests as the exact future-memory check allows. It knows
+    lengths no real scheduler knows, yet it is greedy: it does not plan around future arrivals, so other
+    policies can beat it."""
 
-    name = "hindsight"
-    source = "reference point (clairvoyant), after the flow-control paper's hindsight comparison"
-    rule = "REFERENCE: true lengths, shortest remaining first, packed to exact future-memory feasibility"
+    name = "clairvoyant-greedy"
+    source = "comparison point (clairvoyant greedy packer), after the flow-control paper's hindsight comparison"
+    rule = "CLAIRVOYANT: true lengths, shortest remaining first, packed to exact future-memory feasibility"
 
     def engine_overrides(self) -> dict[str, Any]:
         return {"length_mode": "known", "preemption": "lifo"}

@@ -33,7 +33,7 @@ def make_env(policy: Policy | None = None, max_episode_steps: int | None = None,
     """``gym.make`` the serving env with ``engine``/``pool`` settings, then the policy's own overrides on top.
 
     A policy's overrides are part of its definition (TWP's chunk size, flow control's LIFO eviction, the
-    hindsight reference's true lengths), so they win; change them through the policy's parameters.
+    clairvoyant greedy packer's true lengths), so they win; change them through the policy's parameters.
     """
     if max_episode_steps is not None:
         positive_int("max_episode_steps", max_episode_steps)

@@ -27,7 +27,7 @@ CASES = [
     ("mc-sf-burst-predicted", "mc-sf", {}, "burst", {"num_kv_blocks": 400, "length_mode": "predicted"}, {}, 7, 600),
     ("amin-burst-predicted", "amin", {}, "burst", {"num_kv_blocks": 120, "length_mode": "predicted"}, {}, 8, 600),
     ("alpha-medium-tight", "alpha-protection", {}, "medium", {"num_kv_blocks": 300}, {}, 9, 600),
-    ("hindsight-burst", "hindsight", {}, "burst", {"num_kv_blocks": 400}, {}, 10, 600),
+    ("clairvoyant-greedy-burst", "clairvoyant-greedy", {}, "burst", {"num_kv_blocks": 400}, {}, 10, 600),
     ("dynamic-batch-high", "dynamic-batch", {}, "high", {}, {}, 11, 500),
     ("priority-pool-cold", "priority", {}, "burst", {"num_kv_blocks": 600},
      {"num_containers": 3, "keep_alive_s": 5.0, "start_cold": True}, 12, 900),

@@ -35,7 +35,7 @@ def crowded(n=60):
 SMALL_KV = {"num_kv_blocks": 300, "block_size": 16, "length_mode": "known", "check_invariants": True}
 
 
-@pytest.mark.parametrize("name", ["mc", "mc-sf", "hindsight"])
+@pytest.mark.parametrize("name", ["mc", "mc-sf", "clairvoyant-greedy"])
 def test_future_memory_policies_never_overflow_where_fcfs_does(name):
     fcfs_log, _ = drive("fcfs", crowded(), engine=SMALL_KV)
     assert fcfs_log.num_preemptions.sum() > 0
@@ -172,8 +172,8 @@ def test_sarathi_keeps_every_step_within_its_token_budget():
     assert np.all(prefill + decode <= 512 + steps[:, 3])  # first tokens of completed prefills ride along
 
 
-def test_hindsight_sees_true_lengths():
-    policy = make_policy("hindsight")
+def test_clairvoyant_greedy_sees_true_lengths():
+    policy = make_policy("clairvoyant-greedy")
     env = make_env(policy, workload="low")
     env.reset(seed=0)
     log = env.unwrapped.cluster.log

@@ -124,10 +124,10 @@ def _rows(task: str, scores: dict[str, tuple[float, float]], metric: str) -> lis
 
 RANKINGS = {"relaxed": "e2e_mean_all_s", "slo-goodput": "goodput_rps"}
 SENSITIVE_ROWS = _rows("relaxed", {"random": (2.0, 2.0), "fcfs": (1.9, 1.9), "twp": (0.9, 1.1),
-                                   "hindsight": (1.5, 1.5), "sarathi": (1.8, 1.8)}, "e2e_mean_all_s")
-# best policy twp: +20% vs random but only +14.3% vs FCFS; hindsight +15% vs random, +9.5% vs FCFS
+                                   "clairvoyant-greedy": (1.5, 1.5), "sarathi": (1.8, 1.8)}, "e2e_mean_all_s")
+# best policy twp: +20% vs random but only +14.3% vs FCFS; clairvoyant greedy +15% vs random, +9.5% vs FCFS
 FLAT_ROWS = _rows("slo-goodput", {"random": (10.0, 10.0), "fcfs": (10.5, 10.5), "twp": (12.0, 12.0),
-                                  "hindsight": (11.5, 11.5), "vllm": (9.0, 9.0)}, "goodput_rps")
+                                  "clairvoyant-greedy": (11.5, 11.5), "vllm": (9.0, 9.0)}, "goodput_rps")
 
 
 def _table_order(text: str, task: str) -> list[str]:
@@ -137,8 +137,10 @@ def _table_order(text: str, task: str) -> list[str]:
 
 def test_markdown_sorts_best_first_by_each_tasks_ranking_metric():
     text = markdown(SENSITIVE_ROWS + FLAT_ROWS, "servegym bench", RANKINGS)
-    assert _table_order(text, "relaxed") == ["twp", "hindsight", "sarathi", "fcfs", "random"]  # lower is better
-    assert _table_order(text, "slo-goodput") == ["twp", "hindsight", "fcfs", "random", "vllm"]  # higher is better
+    assert _table_order(text, "relaxed") == ["twp", "clairvoyant-greedy", "sarathi", "fcfs",
+                                                 "random"]  # lower is better
+    assert _table_order(text, "slo-goodput") == ["twp", "clairvoyant-greedy", "fcfs", "random",
+                                                     "vllm"]  # higher is better
     # mean ± 95% CI half-width: (0.9, 1.1, 1.0) -> 1.00 ± t(2) * 0.1 / sqrt(3) = 0.25
     twp_line = next(line for line in text.splitlines() if line.startswith("| 1 | twp | -100 ± 0 |"))
     assert "| 1.00 ± 0.25 |" in twp_line and twp_line.endswith("| 0/3 |")
@@ -154,16 +156,16 @@ def test_headroom_verdicts_sensitive_and_flat():
     text = markdown(SENSITIVE_ROWS + FLAT_ROWS, rankings=RANKINGS)
     assert "- **Decision-sensitive:** relaxed\n- **Flat:** slo-goodput\n" in text
     assert "best policy `twp` (1.00; +50.0% vs random, +47.4% vs FCFS)" in text
-    assert "hindsight (11.5; +15.0% vs random, +9.5% vs FCFS) → **flat**" in text
+    assert "clairvoyant greedy (11.5; +15.0% vs random, +9.5% vs FCFS) → **flat**" in text
 
 
 def test_negative_returns_rank_and_gain_like_latency():
     # The latency reward's return is minus request-seconds: higher (closer to 0) is better, and the gain over a
     # reference is the latency reduction.
     rows = _rows("relaxed", {"random": (-2000.0, -2000.0), "fcfs": (-1900.0, -1900.0), "twp": (-1000.0, -1000.0),
-                             "hindsight": (-1500.0, -1500.0)}, "episode_return")
+                             "clairvoyant-greedy": (-1500.0, -1500.0)}, "episode_return")
     (board,) = boards(rows, {"relaxed": "episode_return"})
-    assert [s.policy for s in board.scores] == ["twp", "hindsight", "fcfs", "random"]
+    assert [s.policy for s in board.scores] == ["twp", "clairvoyant-greedy", "fcfs", "random"]
     assert board.gain(board.best, board.score("fcfs")) == pytest.approx(900 / 1900)
     assert board.gain(board.score("random"), board.score("fcfs")) == pytest.approx(-100 / 1900)
     assert board.verdict == "decision-sensitive"
@@ -175,9 +177,9 @@ def test_tasks_rank_by_their_registered_metric_and_an_unknown_one_is_an_error():
         boards(SENSITIVE_ROWS, {"relaxed": "makespan_s"})
 
 
-def test_hindsight_alone_can_make_a_task_sensitive_and_missing_references_leave_it_undetermined():
+def test_clairvoyant_greedy_alone_can_make_a_task_sensitive_and_missing_references_leave_it_undetermined():
     rows = _rows("relaxed", {"random": (2.0, 2.0), "fcfs": (2.0, 2.0), "twp": (1.9, 1.9),
-                             "hindsight": (1.0, 1.0)}, "e2e_mean_all_s")
+                             "clairvoyant-greedy": (1.0, 1.0)}, "e2e_mean_all_s")
     rankings = {"relaxed": "e2e_mean_all_s"}
     assert boards(rows, rankings)[0].verdict == "decision-sensitive"
     without_fcfs = [r for r in rows if r.policy != "fcfs"]
@@ -260,7 +262,7 @@ def test_cli_writes_the_leaderboard_and_prints_it(tmp_path, capsys):
 
 def test_default_field_has_the_references_and_strongest_baselines():
     assert set(bench_module.DEFAULT_POLICIES) >= {"random", "fcfs", "twp", "flow-control", "sarathi", "mc-sf",
-                                                  "vllm", "priority", "hindsight"}
+                                                  "vllm", "priority", "clairvoyant-greedy"}
     assert [e.label for e in make_entries()] == list(bench_module.DEFAULT_POLICIES)
 
 

@@ -261,12 +261,12 @@ def test_mc_sf_sorts_by_the_predicted_midpoint_and_plans_at_the_upper_bound():
     assert policy.act(crafted(obs, [a, b]))[:2].tolist() == [0, 1]
 
 
-def test_hindsight_packs_shortest_remaining_first():
+def test_clairvoyant_greedy_packs_shortest_remaining_first():
     # Known lengths, 15 blocks of 16 = 240 tokens, 10-token prompts, outputs 200, 5, 50 in queue order.
     # Shortest first: 5 (peak 15 + 15 slack), then 50 (peak max(30, 60) + 30 = 90), then 200 would make the
     # peak 210 + 45 = 255 > 240. So slot 1 gets rank 1, slot 2 rank 2, slot 0 waits.
     # (Longest first would admit 200 (225) and 50 (210 + 30 = 240): ranks [1, 0, 2].)
-    policy = make_policy("hindsight")
+    policy = make_policy("clairvoyant-greedy")
     env = make_env(policy, workload=fixed(np.zeros(3), np.full(3, 10), [200, 5, 50]), profile=flat_profile(),
                    engine={"num_kv_blocks": 15, "block_size": 16})
     first, log = drive(policy, env)

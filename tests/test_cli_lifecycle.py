@@ -302,7 +302,7 @@ def test_no_progress_bar_is_drawn_into_a_log(tmp_path):
 
 def _board_rows(seeds: int) -> list[BenchRow]:
     """A task where twp is 50% faster than random and FCFS: decision-sensitive, given enough seeds."""
-    latency = {"random": 2.0, "fcfs": 2.0, "twp": 1.0, "hindsight": 1.0}
+    latency = {"random": 2.0, "fcfs": 2.0, "twp": 1.0, "clairvoyant-greedy": 1.0}
     return [BenchRow("relaxed", policy, seed, -100.0, 1.0, value, 0.5, 0, False, 10)
             for policy, value in latency.items() for seed in TEST_SEEDS[:seeds]]
 

@@ -17,12 +17,12 @@ def _score(policy, e2e, goodput, unfinished=0.0):
                                 "num_preemptions": (0.0, 0.0), "num_unfinished": (unfinished, 0.0)})
 
 
-def _headroom(fcfs, best, hindsight, unfinished_best=0.0):
+def _headroom(fcfs, best, clairvoyant, unfinished_best=0.0):
     scores = {p: _score(p, fcfs[0] * 1.2, fcfs[1]) for p in HAND_CODED}
     scores["fcfs"] = _score("fcfs", *fcfs)
     scores["twp"] = _score("twp", *best, unfinished=unfinished_best)
     scores["random"] = _score("random", fcfs[0] * 1.5, fcfs[1] * 0.5)
-    scores["hindsight"] = _score("hindsight", *hindsight)
+    scores["clairvoyant-greedy"] = _score("clairvoyant-greedy", *clairvoyant)
     return Headroom("x", "a100-llama3-8b", 0.5, scores)
 
 
@@ -30,7 +30,7 @@ def test_decision_sensitivity_is_a_15_percent_gain_on_latency_or_goodput():
     # FCFS 10 s: a best policy at 8.6 s is 14% better (flat), at 8.4 s 16% better (sensitive).
     assert not _headroom((10.0, 4.0), (8.6, 4.0), (8.9, 4.0)).sensitive
     assert _headroom((10.0, 4.0), (8.4, 4.0), (8.9, 4.0)).sensitive
-    # Goodput alone: hindsight 4.0 -> 4.64 req/s is +16%.
+    # Goodput alone: clairvoyant greedy 4.0 -> 4.64 req/s is +16%.
     assert _headroom((10.0, 4.0), (9.9, 4.0), (9.9, 4.64)).sensitive
     assert not _headroom((10.0, 4.0), (9.9, 4.0), (9.9, 4.56)).sensitive
 
@@ -39,7 +39,7 @@ def test_best_policy_must_finish_every_request():
     # A policy that leaves requests waiting shows a low mean over the finished ones; it cannot be "best".
     room = _headroom((10.0, 4.0), (1.0, 4.0), (9.9, 4.0), unfinished_best=12.0)
     assert room.best.policy != "twp" and not room.sensitive
-    gains = room.gain(room.scores["hindsight"])
+    gains = room.gain(room.scores["clairvoyant-greedy"])
     assert gains[0] == pytest.approx(0.01) and gains[1] == pytest.approx(0.0)
 
 
@@ -70,6 +70,6 @@ def test_scenarios_run_on_their_own_profiles_unless_told_otherwise():
 @pytest.mark.slow
 def test_measure_runs_every_policy_on_a_scenario():
     room = measure("low", seeds=2, workers=1)
-    assert set(room.scores) == {*HAND_CODED, "random", "hindsight"}
+    assert set(room.scores) == {*HAND_CODED, "random", "clairvoyant-greedy"}
     assert all(not math.isnan(s.mean("e2e_mean")) for s in room.scores.values())
     assert room.profile == "a100-llama3-8b" and 0 < room.load_ratio < 1

@@ -238,7 +238,7 @@ def test_tasks_command_lists_every_task_with_its_headroom(tmp_path, capsys):
 
     rows = [BenchRow("memory-tight", policy, seed, value, 1.0, 1.0, 1.0, 0, False, 10)
             for seed in (1, 2, 3) for policy, value in (("random", -100.0 - seed), ("fcfs", -90.0 - seed),
-                                                     ("mc-sf", -50.0 - seed), ("hindsight", -60.0 - seed))]
+                                                     ("mc-sf", -50.0 - seed), ("clairvoyant-greedy", -60.0 - seed))]
     csv_path, _ = write_leaderboard(rows, tmp_path)
     assert main(["tasks", "--leaderboard", str(csv_path)]) == 0
     out = capsys.readouterr().out
