@@ -300,6 +300,18 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_flow_regime(args: argparse.Namespace) -> int:
+    from servegym.evaluation.regime import cells, markdown, sweep
+
+    print(f"servegym flow-regime: {len(cells())} cells, {args.seeds} seeds", flush=True)
+    text = markdown(sweep(args.seeds, args.workers, progress=not args.quiet), args.seeds)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_policies(args: argparse.Namespace) -> int:
     width = max(len(name) for name in POLICIES)
     for name, cls in sorted(POLICIES.items()):
@@ -426,13 +438,19 @@ def build_parser() -> argparse.ArgumentParser:
     stab.set_defaults(func=cmd_stability)
     sub.add_parser("policies", help="list the registered policies").set_defaults(func=cmd_policies)
     sub.add_parser("workloads", help="list the named workloads").set_defaults(func=cmd_workloads)
-    scen = sub.add_parser("scenarios", help="each scenario's headroom: random, FCFS, best policy, hindsight")
+    scen = sub.add_parser("scenarios", help="each scenario's headroom: random, FCFS, best policy, clairvoyant greedy")
     scen.add_argument("--seeds", type=int, default=10)
     scen.add_argument("--workers", type=int, default=None)
     scen.add_argument("--only", nargs="+", default=None, choices=sorted(WORKLOADS), help="these scenarios only")
     scen.add_argument("--out", default=None, help="write the Markdown report here (docs/SCENARIOS.md)")
     scen.add_argument("--quiet", action="store_true")
     scen.set_defaults(func=cmd_scenarios)
+    reg = sub.add_parser("flow-regime", help="where flow control's throttle pays: load x memory x eviction cost")
+    reg.add_argument("--seeds", type=int, default=5)
+    reg.add_argument("--workers", type=int, default=None)
+    reg.add_argument("--out", default=None, help="write the Markdown report here (docs/FLOW_REGIME.md)")
+    reg.add_argument("--quiet", action="store_true")
+    reg.set_defaults(func=cmd_flow_regime)
     add_profile_parser(sub)
     add_bench_parser(sub)
     add_tasks_parser(sub)
