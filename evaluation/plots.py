@@ -130,7 +130,8 @@ def twp_feedback(plt: Any, g: Grid) -> Figure | None:
 
 def flow_control_panels(plt: Any, g: Grid) -> Figure:
     fig, axes = plt.subplots(2, 2, figsize=(max(10, g.wide), 7))
-    panels = (("e2e_mean", "average latency (s)"), ("e2e_p95", "P95 latency (s)"),
+    panels = (("e2e_mean_all_s", "average latency, unfinished to the end (s)"),
+              ("e2e_p95_all_s", "P95 latency, unfinished to the end (s)"),
               ("throughput_rps", "request throughput (req/s)"), ("throughput_tps", "token throughput (tok/s)"))
     for ax, (metric, label) in zip(axes.ravel(), panels, strict=True):
         _grouped_bars(ax, g.summary, g.workloads, g.policies, metric, ylabel=label)

@@ -141,6 +141,19 @@ class Table:
         out.workloads, out.policies = list(self.workloads), list(self.policies)
         return out
 
+    def with_envelope(self, name: str, metric: str) -> Table:
+        """A copy with one more policy, ``name``: per workload and seed, the lowest ``metric`` of every policy that
+        ran that seed."""
+        out = Table([])
+        out.values.update({k: dict(v) for k, v in self.values.items()})
+        for w in self.workloads:
+            per_policy = [self.values[(w, p, metric)] for p in self.policies if (w, p, metric) in self.values]
+            if per_policy:
+                seeds = set.intersection(*(set(c) for c in per_policy))
+                out.values[(w, name, metric)] = {s: min(c[s] for c in per_policy) for s in sorted(seeds)}
+        out.workloads, out.policies = list(self.workloads), [*self.policies, name]
+        return out
+
     def best_variants(self, metric: str) -> tuple[Table, dict[tuple[str, str], str]]:
         """A copy where each family with variants (``name setting`` labels) is its lowest-``metric`` variant per
         workload, renamed to the family; also which variant was chosen, by (workload, family)."""
@@ -258,8 +271,13 @@ TWP = "TWP (Desai, N K, Addya)"
 FLOW = "Flow control (Dong & Cao)"
 CONVENTIONAL = ["fcfs", "round-robin", "priority", "dynamic-batch"]
 FLOW_BASELINES = ["alpha-protection", "mc", "mc-sf", "amin"]
-FLOW_METRICS = ("e2e_mean", "e2e_p95", "throughput_tps", "kv_util_std")
-"""The metrics flow control's claims compare; baselines identical on all of them are counted once."""
+FLOW_METRICS = ("e2e_mean_all_s", "e2e_p95_all_s", "throughput_tps", "kv_util_std")
+"""The metrics flow control's claims compare; baselines identical on all of them are counted once. Latency counts
+every arrived request, the unfinished to the episode's end: a policy that thrashes and finishes a few requests
+quickly (alpha-protection with restarts) must not look fast by leaving the rest unserved."""
+BEST_MEASURED = "best measured"
+"""The per-seed lowest latency of every policy run (the clairvoyant greedy packer included): the hindsight optimum
+can only be lower, so coming within X% of it is necessary for "near hindsight", not sufficient."""
 
 
 TWP_TTFT_BEATEN = ["round-robin", "dynamic-batch", "serverless-llm"]
@@ -286,20 +304,22 @@ the paper's claims are not checked against them there."""
 
 
 def flow_claims(table: Table, setting: str) -> list[Claim]:
-    table, chosen = table.best_variants("e2e_mean")
+    table, chosen = table.best_variants("e2e_mean_all_s")
     table = table.without(UNKNOWN_LENGTH_ADDITIONS, [w for w in table.workloads if w.endswith("/unknown")])
+    table = table.with_envelope(BEST_MEASURED, "e2e_mean_all_s")
     grid = "; ".join(f"{w}: {v}" for (w, f), v in chosen.items() if f in ("flow-control", "alpha-protection"))
     suffix = f" [best of the grid per workload: {grid}]" if grid else ""
     claims = [
         beats_claim(table, FLOW, f"beats alpha-protection greedy, MC, MC-SF and A_min on latency ({setting})",
-                    "flow-control", FLOW_BASELINES, "e2e_mean", FLOW_METRICS),
-        beats_claim(table, FLOW, f"beats them on P95 latency ({setting})", "flow-control", FLOW_BASELINES, "e2e_p95",
-                    FLOW_METRICS),
-        near_claim(table, FLOW, f"comes near hindsight ({setting}; servegym's stand-in is the clairvoyant greedy "
-                   "packer, not an optimum)", "flow-control", "clairvoyant-greedy", "e2e_mean", 0.10),
+                    "flow-control", FLOW_BASELINES, "e2e_mean_all_s", FLOW_METRICS),
+        beats_claim(table, FLOW, f"beats them on P95 latency ({setting})", "flow-control", FLOW_BASELINES,
+                    "e2e_p95_all_s", FLOW_METRICS),
+        near_claim(table, FLOW, f"comes near hindsight ({setting}; checked against the per-seed best measured, "
+                   "the clairvoyant greedy packer included, which the optimum can only undercut)", "flow-control",
+                   BEST_MEASURED, "e2e_mean_all_s", 0.10),
         beats_claim(table, FLOW, f"the throttle pays: flow control beats unthrottled FCFS admission on latency "
-                    f"({setting}; servegym's check of the paper's premise)", "flow-control", ["fcfs"], "e2e_mean",
-                    FLOW_METRICS),
+                    f"({setting}; servegym's check of the paper's premise)", "flow-control", ["fcfs"],
+                    "e2e_mean_all_s", FLOW_METRICS),
         beats_claim(table, FLOW, f"higher token throughput than the baselines ({setting})", "flow-control",
                     FLOW_BASELINES, "throughput_tps", FLOW_METRICS, higher_is_better=True),
         beats_claim(table, FLOW, f"more stable KV cache utilization than the baselines ({setting})",
@@ -308,8 +328,8 @@ def flow_claims(table: Table, setting: str) -> list[Claim]:
     known = table.restricted([w for w in table.workloads if w.endswith("/known")])
     if "flow-control-per-class" in table.policies and known.workloads:
         claims.append(near_claim(known, FLOW, f"with per-class budgets b_k (known lengths) comes near hindsight "
-                                 f"({setting}; the clairvoyant greedy packer stands in)", "flow-control-per-class",
-                                 "clairvoyant-greedy", "e2e_mean", 0.10))
+                                 f"({setting}; against the per-seed best measured)", "flow-control-per-class",
+                                 BEST_MEASURED, "e2e_mean_all_s", 0.10))
     return [Claim(c.paper, c.claim, c.measured + (suffix if i == 0 else ""), c.verdict, c.reason)
             for i, c in enumerate(claims)]
 
@@ -394,8 +414,19 @@ NOTES = [
     "requests. (Before this run b was floored above 1: b = 1.5 admitted one per step, which made l10-o60 look "
     "+164% worse than hindsight.)",
     "Flow control's grid searches. The paper reports the best b and the best alpha of a grid search per "
-    "workload; servegym runs b in {1.5, 2, 3, 4.5, 6, 9, 12} and alpha in {0, 0.05, 0.1, 0.2, 0.3} and the "
-    "claims compare the best variant per workload (named in the first claim of each setting).",
+    "workload; servegym runs b in {1.25, 1.5, 1.7, 2, 2.5, 3, 3.4, 4, 5, 7.5, 10, 12.5, 15, 20} (synthetic and "
+    "mixed; 0.2-2.8 on the trace) and alpha in {0, 0.05, 0.1, 0.2, 0.3}, and the claims compare the best variant "
+    "per workload (named in the first claim of each setting). alpha-protection with alpha = 0 is FCFS with "
+    "clear-all eviction; FCFS is unthrottled greedy admission with LIFO eviction, flow control without its "
+    "budget.",
+    "Flow control's regime. `servegym flow-regime` (docs/FLOW_REGIME.md) sweeps class, load (a fraction of the "
+    "necessary bound lambda*), memory and what an eviction costs: at 70-80% of lambda* no budget beats "
+    "unthrottled FCFS in any cell, and with vLLM's recompute (an evicted request keeps its tokens and "
+    "re-ingests them in one free prefill step) the throttle pays only at 95% with 4,096 tokens, for o = 20 and "
+    "40. When an eviction loses the request's progress (`recompute: restart`, the scheduling papers' model) it "
+    "pays in 7 of the 12 cells at 90-95% of lambda* (5 seeds each). Reading: the flow-control experiments run "
+    "there, at 95% of lambda* with restarts (they ran at 80% with vLLM's recompute before, where the best b was "
+    "the grid's top edge and equal to FCFS).",
     "The flow-control synthetic setting runs on the `discrete-time` profile (1 s per step, no batch cost): the "
     "paper's model is discrete time. Latencies there are in steps. The classes run alone (`flow_control_"
     "synthetic`) and together in one system (`flow_control_mixed`: equal shares at 80% of the mixture's "
@@ -408,12 +439,20 @@ NOTES = [
     "evicted by fewest generated tokens before.",
     "The flow-control paper's real-data source is replaced by the bundled Azure LLM code trace (CC-BY-4.0), "
     "compressed to 10 and 50 req/s; its long prompts (mean 2,048 tokens) make prefill the bottleneck on the V100 "
-    "profile, a regime the paper's memory-only analysis does not model.",
+    "profile, a regime the paper's memory-only analysis does not model. With the profile's 192,000 KV tokens the "
+    "cache never passed 48% and every budget tied FCFS exactly, so the trace runs with the cache capped at "
+    "32,000 tokens, where memory binds.",
+    "The clairvoyant reference. The papers compare with a hindsight optimum; servegym's stand-in, "
+    "`clairvoyant-greedy` (called `hindsight` before), knows every output length but packs greedily, shortest "
+    "remaining first: it is no optimum and no bound, and tuned or plain policies can beat it. \"Comes near "
+    "hindsight\" is checked against it as a comparison point only.",
+    "MC-SF is the Jaillet et al. rule the flow-control paper runs with known lengths; servegym also runs it with "
+    "unknown lengths (the interval [1, max_tokens]) but leaves it out of the claims there. The TWP paper's P99 "
+    "TTFT claim is checked as its TTFT-percentile figure shows it (TWP below round-robin, dynamic batching and "
+    "ServerlessLLM; Priority and FCFS are lower than TWP there), and its ITL-CV claim as its text states it (its "
+    "figure shows ServerlessLLM lower).",
     "MC and MC-SF plan with upper-bound lengths: with unknown lengths (the interval [1, max_tokens]) they admit "
     "very few requests, which is what their rule implies, not a tuning choice.",
-    "The best b sits at the top of the grid (12) in every synthetic workload, and the best alpha at 0.1: in "
-    "discrete time with no batch cost, faster activation only shortens waits while the cache holds, so the "
-    "grid's edge, not an interior optimum, wins.",
     "Passages quoted above are the ones available to servegym's authors; for the other readings (equal class "
     "shares, the b and alpha grids) the papers' exact wording was not at hand, and each reading is stated as "
     "such.",

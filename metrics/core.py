@@ -148,6 +148,7 @@ def summarize(log: EpisodeLog, ttft_slo_s: float = 2.0, itl_slo_s: float = 0.2) 
         **percentiles(ttft(log), "ttft"),
         "e2e_mean": float(e2e_latency(log).mean()) if finished else float("nan"),
         "e2e_mean_all_s": float(censored.mean()) if censored.size else float("nan"),
+        "e2e_p95_all_s": float(np.percentile(censored, 95)) if censored.size else float("nan"),
         "num_arrived": float(counts["num_arrived"]),
         **percentiles(e2e_latency(log), "e2e"),
         "itl_mean": float(gaps.mean()) if gaps.size else float("nan"),

@@ -66,6 +66,9 @@ def test_summary_separates_finished_unfinished_rejected_and_pending():
     out = summarize(pool_log(), ttft_slo_s=1.5, itl_slo_s=10.0)
     assert out["e2e_mean_all_s"] == pytest.approx(23.0 / 4, rel=REL)  # censored mean, not the 5.0 of finished
     assert out["e2e_mean"] == pytest.approx(5.0, rel=REL)
+    # Censored [3, 6, 7, 7]: P95 at rank 0.95 x 3 = 2.85 is 7.0; the finished ones alone [3, 7] give 3 + 0.95 x 4.
+    assert out["e2e_p95_all_s"] == pytest.approx(7.0, rel=REL)
+    assert out["e2e_p95"] == pytest.approx(6.8, rel=REL)
     assert out["num_unfinished"] == 2.0  # one running + one preempted (waiting); not the rejected, not pending
     assert (out["num_arrived"], out["num_rejected"], out["num_finished"]) == (5.0, 1.0, 2.0)
     assert out["makespan_s"] == 9.0

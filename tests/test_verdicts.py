@@ -97,7 +97,8 @@ def test_near_claim_reports_the_interval_and_labels_the_issue_case_partly():
     ratios = [1.10, 1.12, 1.14, 1.08, 1.16]
     table = Table(_results({("w", "flow-control-per-class"): [100 * r for r in ratios],
                             ("w", "clairvoyant-greedy"): [100.0] * 5}))
-    claim = near_claim(table, "P", "near hindsight", "flow-control-per-class", "clairvoyant-greedy", "e2e_mean", 0.10)
+    claim = near_claim(table, "P", "near hindsight", "flow-control-per-class", "clairvoyant-greedy", "e2e_mean_all_s",
+                       0.10)
     mean, half = mean_ci(np.array(ratios) - 1)
     print(f"ratio CI: {mean:+.4f} ± {half:.4f}")
     assert mean - half < 0.10 < mean + half
@@ -111,7 +112,7 @@ def test_identical_baselines_are_counted_once_and_named_together():
     table = Table(_results({("w", "flow-control"): [1.0, 1.1, 0.9], ("w", "mc"): [5.0, 5.2, 4.9],
                             ("w", "mc-sf"): [5.0, 5.2, 4.9], ("w", "amin"): [3.0, 3.1, 2.8]}))
     assert table.equivalence_groups("w", ["mc", "mc-sf", "amin"], FLOW_METRICS) == [["mc", "mc-sf"], ["amin"]]
-    claim = beats_claim(table, "P", "beats", "flow-control", ["mc", "mc-sf", "amin"], "e2e_mean", FLOW_METRICS)
+    claim = beats_claim(table, "P", "beats", "flow-control", ["mc", "mc-sf", "amin"], "e2e_mean_all_s", FLOW_METRICS)
     assert claim.measured.startswith("2 of 2 (baseline, workload) pairs")
     assert "mc = mc-sf (identical per-seed results)" in claim.measured
     assert claim.verdict == REPRODUCED
@@ -125,7 +126,7 @@ def test_baselines_equal_on_one_metric_but_not_another_stay_apart():
             r.metrics["kv_util_std"] += 0.01  # one compared metric differs
     table = Table(results)
     assert table.equivalence_groups("w", ["mc", "mc-sf"], FLOW_METRICS) == [["mc"], ["mc-sf"]]
-    claim = beats_claim(table, "P", "beats", "flow-control", ["mc", "mc-sf"], "e2e_mean", FLOW_METRICS)
+    claim = beats_claim(table, "P", "beats", "flow-control", ["mc", "mc-sf"], "e2e_mean_all_s", FLOW_METRICS)
     assert claim.measured.startswith("2 of 2") and "identical" not in claim.measured.split(";", 1)[1]
 
 
@@ -139,7 +140,7 @@ def test_a_seed_apart_is_not_identical():
 def test_beats_needs_the_whole_difference_interval_above_zero():
     # Policy ahead of mc on average (+0.2) but the paired CI crosses zero: not a win.
     table = Table(_results({("w", "flow-control"): [1.0, 2.0, 0.5], ("w", "mc"): [1.5, 1.8, 0.8]}))
-    claim = beats_claim(table, "P", "beats", "flow-control", ["mc"], "e2e_mean", FLOW_METRICS)
+    claim = beats_claim(table, "P", "beats", "flow-control", ["mc"], "e2e_mean_all_s", FLOW_METRICS)
     assert claim.verdict == NOT and claim.measured.startswith("0 of 1")
 
 
@@ -174,7 +175,7 @@ def test_paired_intervals_use_the_seeds_and_say_so():
     assert ratio.paired and ratio.mean == pytest.approx(1.0) and ratio.half == pytest.approx(0.0, abs=1e-12)
     table = Table(_results({("w", "flow-control"): [10.0, 20.0, 30.0], ("w", "mc"): [11.0, 21.0, 31.0]},
                            seeds={"flow-control": [0, 1, 2], "mc": [1, 2, 3]}))
-    claim = beats_claim(table, "P", "beats", "flow-control", ["mc"], "e2e_mean", FLOW_METRICS)
+    claim = beats_claim(table, "P", "beats", "flow-control", ["mc"], "e2e_mean_all_s", FLOW_METRICS)
     assert "1 of 1 unpaired (different seeds)" in claim.reason and claim.verdict == NOT
 
 
@@ -215,3 +216,26 @@ def test_twp_p99_ttft_claim_is_against_the_three_the_papers_figure_shows_above_i
     claim = next(c for c in twp_claims(table, "c") if "P99 TTFT" in c.claim)
     assert claim.verdict == REPRODUCED and claim.measured.startswith("3 of 3")
     assert "priority" not in claim.measured and "fcfs" not in claim.measured
+
+
+def test_best_measured_is_the_per_seed_lowest_of_every_policy():
+    table = Table(_results({("w", "a"): [5.0, 1.0, 4.0], ("w", "b"): [2.0, 3.0, 6.0], ("w", "c"): [9.0, 9.0, 3.0]}))
+    envelope = table.with_envelope("best", "e2e_mean_all_s")
+    assert envelope.cells("w", "best", "e2e_mean_all_s") == {0: 2.0, 1: 1.0, 2: 3.0}
+    assert envelope.policies[-1] == "best" and "best" not in table.policies
+
+
+def test_flow_claims_rank_by_latency_over_every_request_not_the_finished_few():
+    # alpha-protection a=0.0 finishes few requests fast (e2e_mean 1) but leaves the rest waiting (censored 100);
+    # a=0.1 serves everyone (censored 20). The grid's best is a=0.1, and flow control (censored 10) beats it.
+    results = _results({("w/known", "flow-control"): [10.0, 10.5, 11.0], ("w/known", "alpha-protection a=0.0"):
+                        [100.0, 101.0, 99.0], ("w/known", "alpha-protection a=0.1"): [20.0, 21.0, 22.0],
+                        ("w/known", "fcfs"): [30.0, 31.0, 29.0], ("w/known", "clairvoyant-greedy"): [9.5, 10.0, 10.5]})
+    for r in results:
+        r.metrics["e2e_mean"] = 1.0 if r.policy == "alpha-protection a=0.0" else r.metrics["e2e_mean_all_s"]
+    claims = flow_claims(Table(results), "s")
+    assert "w/known: alpha-protection a=0.1" in claims[0].measured
+    assert claims[0].verdict == REPRODUCED and "alpha-protection +10" in claims[0].measured
+    # Near hindsight against the per-seed best measured (the clairvoyant packer here): 10/9.5, 10.5/10, 11/10.5.
+    near = next(c for c in claims if c.claim.startswith("comes near hindsight"))
+    assert near.verdict == REPRODUCED and "+5.0%" in near.measured
