@@ -150,7 +150,7 @@ def test_reproduction_report_has_every_claim_and_a_verdict(tmp_path):
     assert len(claims) == 4 + 4 + 6 + 7 + 6
     assert all(c.verdict in ("reproduced", "partly reproduced", "not reproduced") for c in claims)
     assert "+45% throughput over ServerlessLLM (warm pool" in text
-    assert "comes near hindsight (mixed classes; servegym's stand-in" in text
+    assert "comes near hindsight (mixed classes; checked against the per-seed best measured" in text
     assert "more stable KV cache utilization" in text and "best of the grid per workload" in text
     table = Table(results["twp_paper"])
     assert set(table.policies) == {"twp", "serverless-llm", "fcfs", "round-robin", "priority", "dynamic-batch"}
