@@ -1,11 +1,15 @@
 """The benchmark leaderboard: every policy on every task over the frozen test seeds (``servegym bench``).
 
-Each episode builds its env from the task alone (``make_env(policy, task=NAME)``), so the leaderboard measures
-exactly the problem an agent trains on: the task's workload, profile, engine and pool, reward, length mode and
-episode limits, with only the policy's own engine/pool overrides on top (TWP's chunk size, the clairvoyant
-reference's true lengths). Results come back one :class:`BenchRow` per (task, policy, seed), in a fixed order
-whatever the number of worker processes; :func:`write_leaderboard` writes them as ``leaderboard.csv`` and
-``leaderboard.md`` (:mod:`servegym.evaluation.leaderboard`).
+Evaluation is locked: a test-track episode builds its env from the task alone (``make_env(policy, task=NAME,
+apply_overrides=False)``), so the leaderboard measures exactly the problem an agent trains on (the task's
+workload, profile, engine and pool, reward, length mode and episode limits) whatever the policy or agent would set
+for itself. A policy whose own engine/pool settings change the task's (TWP's chunk size, Sarathi's token budget,
+alpha-protection's clear-all, an agent trained with known lengths) also runs with them in the task's
+*engine-config* track, labelled ``<label> [engine-config]``; a policy that means nothing without them (the
+clairvoyant greedy packer's true lengths, :attr:`Policy.needs_overrides`) runs there only. Results come back one
+:class:`BenchRow` per (task, track, policy, seed), in a fixed order whatever the number of worker processes;
+:func:`write_leaderboard` writes them as ``leaderboard.csv`` and ``leaderboard.md``
+(:mod:`servegym.evaluation.leaderboard`).
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from servegym.engine import EngineConfig, PoolConfig
 from servegym.envs.tasks import TEST_SEEDS, get_task
 from servegym.evaluation.executor import PROCESSES, Executor, RunStore, progress_bar, run_stored
-from servegym.evaluation.leaderboard import markdown
+from servegym.evaluation.leaderboard import ENGINE_CONFIG_SUFFIX, markdown
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import EpisodeResult, make_env, run_episode
 
@@ -49,6 +54,9 @@ class Entry:
         return not self.tasks or task in self.tasks
 
 
+TEST_TRACK, ENGINE_CONFIG_TRACK = "test", "engine-config"
+
+
 @dataclass(frozen=True)
 class BenchJob:
     """One episode of the leaderboard."""
@@ -56,6 +64,12 @@ class BenchJob:
     task: str
     entry: Entry
     seed: int
+    track: str = TEST_TRACK
+    """``test``: exactly the task's settings; ``engine-config``: the policy's own engine/pool settings on top."""
+
+    @property
+    def label(self) -> str:
+        return self.entry.label + (ENGINE_CONFIG_SUFFIX if self.track == ENGINE_CONFIG_TRACK else "")
 
 
 @dataclass(frozen=True)
@@ -148,21 +162,55 @@ def check_entry(entry: Entry) -> None:
         raise ValueError(f"policy {entry.label!r}: {err}") from None
 
 
+def own_settings(entry: Entry) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """The entry's own engine and pool settings and whether it needs them (an agent's: its training length mode,
+    read from its run's ``config.json`` without loading the model)."""
+    if entry.policy.startswith("rl:"):
+        config = json.loads((Path(entry.policy.removeprefix("rl:")) / "config.json").read_text())
+        mode = config.get("engine", {}).get("length_mode")
+        return ({"length_mode": mode} if mode else {}), {}, False
+    policy = make_policy(entry.policy, **entry.params)
+    return policy.engine_overrides(), policy.pool_overrides(), type(policy).needs_overrides
+
+
+def changed_settings(task: str, engine: dict[str, Any], pool: dict[str, Any]) -> dict[str, Any]:
+    """The settings of ``engine``/``pool`` that differ from ``task``'s (any component's, for a mixture)."""
+    spec = get_task(task)
+    changed: dict[str, Any] = {}
+    for name in spec.components or (spec.name,):
+        own = get_task(name)
+        for config, base, extra in ((EngineConfig, own.engine, engine), (PoolConfig, own.pool, pool)):
+            before, after = config(**base), config(**{**base, **extra})
+            changed.update({k: getattr(after, k) for k in extra if getattr(before, k) != getattr(after, k)})
+    return changed
+
+
+def tracks(task: str, entry: Entry, settings: tuple[dict[str, Any], dict[str, Any], bool]) -> tuple[str, ...]:
+    """Where ``entry`` runs on ``task``: the test track unless it needs settings the task does not have, and the
+    engine-config track when its own settings change the task's."""
+    engine, pool, needs = settings
+    if not changed_settings(task, engine, pool):
+        return (TEST_TRACK,)
+    return (ENGINE_CONFIG_TRACK,) if needs else (TEST_TRACK, ENGINE_CONFIG_TRACK)
+
+
 def make_jobs(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[int] = TEST_SEEDS) -> list[BenchJob]:
-    """Every (task, entry, seed), task-major; unknown tasks and an empty seed list are errors."""
+    """Every (task, entry, track, seed), task-major; unknown tasks and an empty seed list are errors."""
     for name in tasks:
         get_task(name)
     seeds = tuple(seeds)
     if not seeds:
         raise ValueError("no seeds to run")
-    return [BenchJob(task, entry, seed) for task in tasks for entry in entries if entry.runs_on(task)
-            for seed in seeds]
+    settings = {entry.label: own_settings(entry) for entry in entries}
+    return [BenchJob(task, entry, seed, track) for task in tasks for entry in entries if entry.runs_on(task)
+            for track in tracks(task, entry, settings[entry.label]) for seed in seeds]
 
 
 def play(job: BenchJob) -> EpisodeResult:
-    """Run one leaderboard episode: the task's env, the entry's policy, the job's seed."""
+    """Run one leaderboard episode: the task's env (with the policy's own settings on top only in the
+    engine-config track), the entry's policy, the job's seed."""
     policy = make_policy(job.entry.policy, **job.entry.params)
-    env = make_env(policy, task=job.task)
+    env = make_env(policy, task=job.task, apply_overrides=job.track == ENGINE_CONFIG_TRACK)
     try:
         return run_episode(env, policy, seed=job.seed)
     finally:
@@ -171,7 +219,7 @@ def play(job: BenchJob) -> EpisodeResult:
 
 def bench_row(job: BenchJob, result: EpisodeResult) -> BenchRow:
     summary = result.summary
-    return BenchRow(job.task, job.entry.label, job.seed, float(result.total_reward), summary["goodput_rps"],
+    return BenchRow(job.task, job.label, job.seed, float(result.total_reward), summary["goodput_rps"],
                     summary["e2e_mean_all_s"], summary["ttft_p99"], int(summary["num_unfinished"]),
                     bool(result.truncated), int(result.steps))
 
@@ -199,7 +247,7 @@ def run_bench(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[in
 
 
 def _describe(job: BenchJob) -> str:
-    return f"episode of {job.entry.label} on {job.task} seed {job.seed}"
+    return f"episode of {job.label} on {job.task} seed {job.seed}"
 
 
 def write_leaderboard(rows: Sequence[BenchRow], out_dir: str | Path, command: str = "servegym bench",

@@ -1,8 +1,14 @@
 """The leaderboard's Markdown: per task, the policies best-first, and whether the task's decisions matter.
 
-A task is *decision-sensitive* when the best non-reference policy or the clairvoyant greedy packer is at least 15%
-better than both random admission and FCFS on the task's ranking metric; otherwise it is *flat* (any sensible
-policy scores about the same there). Gains are relative to the reference's magnitude and positive when better:
+A task is *decision-sensitive* when the best non-reference policy of the test track is at least 15% better than
+both random admission and FCFS on the task's ranking metric; otherwise it is *flat* (any sensible policy scores
+about the same there). Rows labelled ``<policy> [engine-config]`` ran with the policy's own engine settings (its
+chunk size, token budget, eviction rule or true lengths) instead of the task's: they are shown in their own table
+and never ranked against, or counted in the headroom of, the test track.
+
+Each test-track row also carries a normalized score, 0 = FCFS and 100 = the best hand-coded heuristic of the
+same run on the task (an agent above 100 beats every heuristic measured), and the per-seed paired difference
+to that best heuristic with its 95% CI. Gains are relative to the reference's magnitude and positive when better:
 ``(value - reference) / |reference|`` where higher is better (the episode return, goodput), the negative of that
 where lower is better (latency). For a negative return (minus request-seconds) that is the latency reduction.
 """
@@ -17,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servegym.envs.tasks import get_task
-from servegym.evaluation.stats import MIN_VERDICT_SEEDS, mean_ci
+from servegym.evaluation.stats import MIN_VERDICT_SEEDS, Interval, mean_ci, paired_difference
 
 if TYPE_CHECKING:
     from servegym.evaluation.bench import BenchRow
@@ -25,6 +31,8 @@ if TYPE_CHECKING:
 REFERENCES = ("random", "fcfs", "clairvoyant-greedy")
 """Labels of the reference policies: the floors to beat (random, FCFS) and the clairvoyant greedy packer (true
 lengths; a comparison point, not a ceiling: tuned policies beat it)."""
+ENGINE_CONFIG_SUFFIX = " [engine-config]"
+"""Label suffix of the rows a policy ran with its own engine settings instead of the task's."""
 SENSITIVE = 0.15
 """Relative gain over both random and FCFS that makes a task decision-sensitive."""
 LOWER_IS_BETTER = {"episode_return": False, "goodput_rps": False, "e2e_mean_all_s": True, "ttft_p99_s": True,
@@ -42,9 +50,21 @@ class Score:
     metrics: dict[str, tuple[float, float]]
     episodes: int
     truncated: int
+    per_seed: dict[int, float]
+    """The ranking metric, by seed (for paired differences)."""
 
     def mean(self, metric: str) -> float:
         return self.metrics[metric][0]
+
+
+def is_engine_config(label: str) -> bool:
+    return label.endswith(ENGINE_CONFIG_SUFFIX)
+
+
+def is_heuristic(label: str) -> bool:
+    """A hand-coded policy of the test track (default or tuned parameters, FCFS included): not an agent, not
+    random admission or the clairvoyant packer."""
+    return not (label.startswith("rl:") or label in ("random", "clairvoyant-greedy") or is_engine_config(label))
 
 
 @dataclass(frozen=True)
@@ -54,6 +74,9 @@ class TaskBoard:
     task: str
     ranking: str
     scores: tuple[Score, ...]
+    """The test track: every policy on exactly the task's settings, best first."""
+    engine_config: tuple[Score, ...] = ()
+    """Policies on their own engine settings, best first (not ranked against the test track)."""
 
     @property
     def lower_is_better(self) -> bool:
@@ -64,8 +87,26 @@ class TaskBoard:
 
     @property
     def best(self) -> Score | None:
-        """The best policy that is not a reference."""
+        """The best test-track policy that is not a reference."""
         return next((s for s in self.scores if s.policy not in REFERENCES), None)
+
+    @property
+    def best_heuristic(self) -> Score | None:
+        """The best hand-coded policy of the test track (FCFS and tuned variants included)."""
+        return next((s for s in self.scores if is_heuristic(s.policy)), None)
+
+    def normalized(self, score: Score) -> float:
+        """0 = FCFS, 100 = the best heuristic, on the ranking metric; NaN when they tie or one is missing."""
+        fcfs, best = self.score("fcfs"), self.best_heuristic
+        if fcfs is None or best is None:
+            return math.nan
+        span = best.mean(self.ranking) - fcfs.mean(self.ranking)
+        return math.nan if span == 0 else 100.0 * (score.mean(self.ranking) - fcfs.mean(self.ranking)) / span
+
+    def versus_best_heuristic(self, score: Score) -> Interval | None:
+        """``score`` minus the best heuristic on the ranking metric, paired per seed (positive: higher)."""
+        best = self.best_heuristic
+        return None if best is None else paired_difference(score.per_seed, best.per_seed)
 
     def gain(self, score: Score, reference: Score) -> float:
         """Relative improvement of ``score`` over ``reference`` on the ranking metric (positive: better)."""
@@ -82,7 +123,7 @@ class TaskBoard:
         """``decision-sensitive``, ``flat``, or ``undetermined`` (random or FCFS, or every candidate, missing, or
         fewer than ``MIN_VERDICT_SEEDS`` episodes of one of them)."""
         random, fcfs = self.score("random"), self.score("fcfs")
-        candidates = [s for s in (self.best, self.score("clairvoyant-greedy")) if s is not None]
+        candidates = [s for s in (self.best,) if s is not None]
         if random is None or fcfs is None or not candidates:
             return "undetermined"
         if min(s.episodes for s in (random, fcfs, *candidates)) < MIN_VERDICT_SEEDS:
@@ -105,10 +146,12 @@ def boards(rows: Sequence[BenchRow], rankings: Mapping[str, str] | None = None) 
         for label in dict.fromkeys(row.policy for row in task_rows):
             runs = [row for row in task_rows if row.policy == label]
             metrics = {m: mean_ci(np.array([float(getattr(row, m)) for row in runs])) for m in METRICS}
-            scores.append(Score(label, metrics, len(runs), sum(bool(row.truncated) for row in runs)))
+            scores.append(Score(label, metrics, len(runs), sum(bool(row.truncated) for row in runs),
+                                {row.seed: float(getattr(row, ranking)) for row in runs}))
         sign = 1.0 if LOWER_IS_BETTER[ranking] else -1.0
         scores.sort(key=lambda s: (math.isnan(s.mean(ranking)), sign * np.nan_to_num(s.mean(ranking))))
-        result.append(TaskBoard(task, ranking, tuple(scores)))
+        result.append(TaskBoard(task, ranking, tuple(s for s in scores if not is_engine_config(s.policy)),
+                                tuple(s for s in scores if is_engine_config(s.policy))))
     return result
 
 
@@ -134,11 +177,10 @@ def _percent(gain: float) -> str:
 
 
 def headroom_line(board: TaskBoard) -> str:
-    """The best policy's and the clairvoyant greedy packer's gains over random and FCFS, and the verdict."""
+    """The best test-track policy's gains over random and FCFS, and the verdict."""
     random, fcfs = board.score("random"), board.score("fcfs")
     parts = []
-    for name, score in ((f"best policy `{board.best.policy}`" if board.best else "", board.best),
-                        ("clairvoyant greedy", board.score("clairvoyant-greedy"))):
+    for name, score in ((f"best policy `{board.best.policy}`" if board.best else "", board.best),):
         if score is None:
             continue
         gains = ", ".join(f"{_percent(board.gain(score, ref))} vs {ref_name}"
@@ -149,18 +191,47 @@ def headroom_line(board: TaskBoard) -> str:
     return f"**Headroom** on `{board.ranking}`: {text} → **{board.verdict}**."
 
 
+def _versus(board: TaskBoard, score: Score) -> str:
+    best = board.best_heuristic
+    if best is None or score is best:
+        return "best heuristic" if score is best else "n/a"
+    diff = board.versus_best_heuristic(score)
+    digits = _decimals(diff.mean)
+    low, high = (-diff.high, -diff.low) if board.lower_is_better else (diff.low, diff.high)  # > 0: better
+    verdict = " (better)" if low > 0 else " (worse)" if high < 0 else ""
+    return f"{diff.mean:+.{digits}f}, CI [{diff.low:.{digits}f}, {diff.high:.{digits}f}]{verdict}"
+
+
+def _rows(board: TaskBoard, scores: Sequence[Score], paired: bool) -> list[str]:
+    lines = []
+    for rank, score in enumerate(scores, 1):
+        cells = [_cell(*score.metrics[m]) for m in METRICS]
+        extra = f"{_score_cell(board.normalized(score))} | {_versus(board, score)} | " if paired else ""
+        lines.append(f"| {rank} | {score.policy} | {extra}" + " | ".join(cells)
+                     + f" | {score.truncated}/{score.episodes} |")
+    return lines
+
+
+def _score_cell(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.0f}"
+
+
 def task_table(board: TaskBoard) -> list[str]:
     direction = "lower is better" if board.lower_is_better else "higher is better"
-    episodes = max(s.episodes for s in board.scores)
+    episodes = max(s.episodes for s in (*board.scores, *board.engine_config))
     task = get_task(board.task)
+    best = board.best_heuristic
     lines = [f"## {board.task}", "", f"{task.summary}.", "",
-             f"Reward `{task.reward}`; ranked by `{board.ranking}` ({direction}); {episodes} seeds per policy.", "",
-             "| # | policy | " + " | ".join(HEADERS) + " | truncated |",
-             "|---:|---|" + "---:|" * (len(HEADERS) + 1)]
-    for rank, score in enumerate(board.scores, 1):
-        cells = [_cell(*score.metrics[m]) for m in METRICS]
-        lines.append(f"| {rank} | {score.policy} | " + " | ".join(cells) + f" | {score.truncated}/{score.episodes} |")
-    return [*lines, "", headroom_line(board), ""]
+             f"Reward `{task.reward}`; ranked by `{board.ranking}` ({direction}); {episodes} seeds per policy; "
+             f"best heuristic: `{best.policy if best else 'none'}`.", "",
+             "| # | policy | score | vs best heuristic (paired, 95% CI) | " + " | ".join(HEADERS) + " | truncated |",
+             "|---:|---|---:|---|" + "---:|" * (len(HEADERS) + 1),
+             *_rows(board, board.scores, paired=True), "", headroom_line(board), ""]
+    if board.engine_config:
+        lines += ["Engine-config track: each policy on its own engine settings, not the task's (not ranked against "
+                  "the table above).", "", "| # | policy | " + " | ".join(HEADERS) + " | truncated |",
+                  "|---:|---|" + "---:|" * (len(HEADERS) + 1), *_rows(board, board.engine_config, paired=False), ""]
+    return lines
 
 
 def markdown(rows: Sequence[BenchRow], command: str = "servegym bench",
@@ -174,16 +245,18 @@ def markdown(rows: Sequence[BenchRow], command: str = "servegym bench",
         "",
         f"Generated by `servegym bench` (do not edit by hand): `{command}`.",
         "",
-        "Every task runs its own settings (`gym.make(\"servegym/Serving-v0\", task=NAME)`) on the frozen test "
-        "seeds; cells are mean ± 95% CI half-width over seeds. *Return* is the episode's undiscounted reward sum "
+        "Every task runs exactly its own settings (`gym.make(\"servegym/Serving-v0\", task=NAME)`: workload, "
+        "profile, engine, pool, reward, length mode) on the frozen test seeds, whatever a policy or an agent "
+        "would set for itself; a policy that changes those settings also runs in its task's *engine-config* "
+        "track, shown apart. Cells are mean ± 95% CI half-width over seeds. *Score* is 0 for FCFS and 100 for the "
+        "task's best hand-coded heuristic on the ranking metric; *vs best heuristic* is the per-seed paired "
+        "difference on that metric. *Return* is the episode's undiscounted reward sum "
         "in the task's reward units (`latency`: minus request-seconds in the system; `slo_goodput`: requests "
         "within both SLOs). *E2E mean, all* counts every arrived, unrejected request, the unfinished up to the "
         "episode's end. Policies are sorted best-first by the task's ranking metric. A task is "
-        f"**decision-sensitive** when the best non-reference policy or the clairvoyant greedy packer is at least "
-        f"{SENSITIVE:.0%} "
+        f"**decision-sensitive** when the best non-reference policy is at least {SENSITIVE:.0%} "
         "better than both random and FCFS on that metric (gains are relative to the reference's magnitude, "
-        "positive when better); "
-        "otherwise it is **flat**.",
+        "positive when better); otherwise it is **flat**.",
         "",
         f"- **Decision-sensitive:** {', '.join(groups['decision-sensitive']) or 'none'}",
         f"- **Flat:** {', '.join(groups['flat']) or 'none'}",

@@ -50,6 +50,10 @@ class Policy(ABC):
             self.params = self.Params(**params)
         self.reset()
 
+    needs_overrides: ClassVar[bool] = False
+    """True for a policy that means nothing without its engine overrides (the clairvoyant greedy packer's true
+    lengths): a benchmark runs it only in a task's engine-config track."""
+
     def engine_overrides(self) -> dict[str, Any]:
         """EngineConfig fields this policy needs (its preemption rule, prefill chunk); runners apply them."""
         return {}

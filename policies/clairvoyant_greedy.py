@@ -28,6 +28,7 @@ class ClairvoyantGreedy(Policy):
     name = "clairvoyant-greedy"
     source = "comparison point (clairvoyant greedy packer), after the flow-control paper's hindsight comparison"
     rule = "CLAIRVOYANT: true lengths, shortest remaining first, packed to exact future-memory feasibility"
+    needs_overrides = True
 
     def engine_overrides(self) -> dict[str, Any]:
         return {"length_mode": "known", "preemption": "lifo"}

@@ -29,17 +29,20 @@ class EpisodeResult:
     total_reward: float
 
 
-def make_env(policy: Policy | None = None, max_episode_steps: int | None = None, **env_kwargs: Any) -> gym.Env:
+def make_env(policy: Policy | None = None, max_episode_steps: int | None = None, apply_overrides: bool = True,
+             **env_kwargs: Any) -> gym.Env:
     """``gym.make`` the serving env with ``engine``/``pool`` settings, then the policy's own overrides on top.
 
     A policy's overrides are part of its definition (TWP's chunk size, flow control's LIFO eviction, the
-    clairvoyant greedy packer's true lengths), so they win; change them through the policy's parameters.
+    clairvoyant greedy packer's true lengths), so they win; change them through the policy's parameters. With
+    ``apply_overrides=False`` the env is exactly the one the arguments describe (a benchmark's locked test track),
+    and the policy only reads its profile.
     """
     if max_episode_steps is not None:
         positive_int("max_episode_steps", max_episode_steps)
     engine = dict(env_kwargs.pop("engine", None) or {})
     pool = dict(env_kwargs.pop("pool", None) or {})
-    if policy is not None:
+    if policy is not None and apply_overrides:
         engine = {**engine, **policy.engine_overrides()}
         pool = {**pool, **policy.pool_overrides()}
     env = gym.make(ENV_ID, engine=engine, pool=pool, max_episode_steps=max_episode_steps, **env_kwargs)

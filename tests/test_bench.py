@@ -11,20 +11,27 @@ from itertools import product
 import pytest
 
 from servegym.cli_bench import add_bench_parser
+from servegym.engine import LengthMode
 from servegym.envs import TASKS, TEST_SEEDS
 from servegym.evaluation import bench as bench_module
 from servegym.evaluation.bench import (
+    ENGINE_CONFIG_TRACK,
+    TEST_TRACK,
     BenchRow,
     Entry,
     bench_row,
+    changed_settings,
     check_entry,
     make_entries,
     make_jobs,
+    own_settings,
     play,
     run_bench,
+    tracks,
     write_leaderboard,
 )
 from servegym.evaluation.leaderboard import boards, markdown
+from servegym.evaluation.stats import t_critical
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
 
@@ -93,14 +100,19 @@ def test_latency_return_is_minus_arrived_unrejected_times_censored_latency(task,
 def test_length_aware_policies_keep_the_tasks_predicted_lengths():
     # TWP reads output lengths; the bench must run it with the task's length mode, not known or unknown lengths.
     assert TASKS["memory-tight"].engine["length_mode"] == "predicted"
-    row = run_bench(["memory-tight"], make_entries(["twp"]), SEEDS[:1], workers=1)[0]
+    row, own = run_bench(["memory-tight"], make_entries(["twp"]), SEEDS[:1], workers=1)
     returns = {}
     for mode in ("predicted", "known", "unknown"):
         policy = make_policy("twp")
-        returns[mode] = run_episode(make_env(policy, task="memory-tight", engine={"length_mode": mode}), policy,
-                                    SEEDS[0]).total_reward
+        env = make_env(policy, task="memory-tight", engine={"length_mode": mode}, apply_overrides=False)
+        returns[mode] = run_episode(env, policy, SEEDS[0]).total_reward
+    assert (row.policy, own.policy) == ("twp", "twp [engine-config]")
     assert row.episode_return == returns["predicted"]
     assert row.episode_return not in (returns["known"], returns["unknown"])
+    # Its own chunk size runs apart, in the engine-config track, and scores differently.
+    policy = make_policy("twp")
+    assert own.episode_return == run_episode(make_env(policy, task="memory-tight"), policy, SEEDS[0]).total_reward
+    assert own.episode_return != row.episode_return
 
 
 def test_slo_goodput_return_counts_slo_good_requests():
@@ -142,7 +154,8 @@ def test_markdown_sorts_best_first_by_each_tasks_ranking_metric():
     assert _table_order(text, "slo-goodput") == ["twp", "clairvoyant-greedy", "fcfs", "random",
                                                      "vllm"]  # higher is better
     # mean ± 95% CI half-width: (0.9, 1.1, 1.0) -> 1.00 ± t(2) * 0.1 / sqrt(3) = 0.25
-    twp_line = next(line for line in text.splitlines() if line.startswith("| 1 | twp | -100 ± 0 |"))
+    twp_line = next(line for line in text.splitlines() if line.startswith("| 1 | twp | 100 | best heuristic | "
+                                                                         "-100 ± 0 |"))
     assert "| 1.00 ± 0.25 |" in twp_line and twp_line.endswith("| 0/3 |")
 
 
@@ -156,7 +169,14 @@ def test_headroom_verdicts_sensitive_and_flat():
     text = markdown(SENSITIVE_ROWS + FLAT_ROWS, rankings=RANKINGS)
     assert "- **Decision-sensitive:** relaxed\n- **Flat:** slo-goodput\n" in text
     assert "best policy `twp` (1.00; +50.0% vs random, +47.4% vs FCFS)" in text
-    assert "clairvoyant greedy (11.5; +15.0% vs random, +9.5% vs FCFS) → **flat**" in text
+    assert "+14.3% vs FCFS) → **flat**" in text
+    # Score 0 = FCFS (1.9), 100 = the best heuristic twp (1.0): sarathi at 1.8 scores 100 (1.8 - 1.9) / (1.0 - 1.9).
+    # Its per-seed differences to twp 0.9, 0.7, 0.8: +0.8 ± t(2) 0.1 / sqrt(3) = 0.248, higher latency: worse.
+    assert relaxed.normalized(relaxed.score("sarathi")) == pytest.approx(100 * 0.1 / 0.9)
+    diff = relaxed.versus_best_heuristic(relaxed.score("sarathi"))
+    assert diff.mean == pytest.approx(0.8) and diff.half == pytest.approx(t_critical(2) * 0.1 / 3**0.5)  # t(2) = 4.303
+    assert "| sarathi | 11 | +0.800, CI [0.552, 1.048] (worse) |" in text
+    assert relaxed.normalized(relaxed.score("fcfs")) == 0.0 and relaxed.best_heuristic.policy == "twp"
 
 
 def test_negative_returns_rank_and_gain_like_latency():
@@ -177,11 +197,13 @@ def test_tasks_rank_by_their_registered_metric_and_an_unknown_one_is_an_error():
         boards(SENSITIVE_ROWS, {"relaxed": "makespan_s"})
 
 
-def test_clairvoyant_greedy_alone_can_make_a_task_sensitive_and_missing_references_leave_it_undetermined():
+def test_the_clairvoyant_packer_alone_no_longer_makes_a_task_sensitive_and_missing_references_leave_it_undetermined():
+    # It is no bound: only a deployable test-track policy beating random and FCFS by 15% makes a task sensitive.
     rows = _rows("relaxed", {"random": (2.0, 2.0), "fcfs": (2.0, 2.0), "twp": (1.9, 1.9),
                              "clairvoyant-greedy": (1.0, 1.0)}, "e2e_mean_all_s")
     rankings = {"relaxed": "e2e_mean_all_s"}
-    assert boards(rows, rankings)[0].verdict == "decision-sensitive"
+    assert boards(rows, rankings)[0].verdict == "flat"
+    assert boards(rows, rankings)[0].best_heuristic.policy == "twp"
     without_fcfs = [r for r in rows if r.policy != "fcfs"]
     assert boards(without_fcfs, rankings)[0].verdict == "undetermined"
     assert "**Undetermined**" in markdown(without_fcfs, rankings=rankings)
@@ -285,3 +307,59 @@ def test_tuned_dir_and_trained_runs_enter_only_their_own_task(tmp_path):
                for t in tasks}
     assert by_task["relaxed"] == {("fcfs", None), ("flow-control (tuned)", 3.0), ("rl:run", None)}
     assert by_task["memory-tight"] == {("fcfs", None), ("flow-control (tuned)", 0.5)}
+
+
+def test_engine_overrides_cannot_move_a_test_track_score(monkeypatch):
+    # FCFS asking for a 4x KV cache and true lengths (as an agent trained with known lengths asks for its mode):
+    # the test-track row is byte-identical to plain FCFS's; the changed engine runs apart, labelled, and scores
+    # differently on this KV-bound task.
+    from servegym.policies.fcfs import FCFS
+
+    entries = make_entries(["fcfs"])
+    (plain,) = run_bench(["memory-tight"], entries, SEEDS[:1], workers=1)
+    monkeypatch.setattr(FCFS, "engine_overrides", lambda self: {"num_kv_blocks": 4 * 3300, "length_mode": "known"})
+    locked, own = run_bench(["memory-tight"], entries, SEEDS[:1], workers=1)
+    assert locked == plain
+    assert own.policy == "fcfs [engine-config]" and own.episode_return != plain.episode_return
+
+
+def test_an_agent_trained_with_known_lengths_is_tested_in_the_tasks_length_mode(tmp_path):
+    run = tmp_path / "agent"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"task": "memory-tight", "engine": {"length_mode": "known"}}))
+    entry = Entry("rl:agent", f"rl:{run}", {}, ("memory-tight",))
+    assert own_settings(entry) == ({"length_mode": "known"}, {}, False)
+    assert changed_settings("memory-tight", {"length_mode": "known"}, {}) == {"length_mode": LengthMode.KNOWN}
+    assert tracks("memory-tight", entry, own_settings(entry)) == (TEST_TRACK, ENGINE_CONFIG_TRACK)
+    predicted = Entry("rl:p", f"rl:{run}")
+    (run / "config.json").write_text(json.dumps({"task": "memory-tight", "engine": {"length_mode": "predicted"}}))
+    assert tracks("memory-tight", predicted, own_settings(predicted)) == (TEST_TRACK,)
+
+
+def test_tracks_follow_what_a_policy_changes_and_the_clairvoyant_packer_runs_only_with_true_lengths():
+    settings = {name: own_settings(Entry(name, name)) for name in ("fcfs", "flow-control", "twp",
+                                                                   "clairvoyant-greedy", "alpha-protection")}
+    assert tracks("memory-tight", Entry("fcfs", "fcfs"), settings["fcfs"]) == (TEST_TRACK,)
+    # Flow control's LIFO is every task's rule already: nothing changes, so no engine-config row.
+    assert tracks("memory-tight", Entry("f", "flow-control"), settings["flow-control"]) == (TEST_TRACK,)
+    assert tracks("memory-tight", Entry("t", "twp"), settings["twp"]) == (TEST_TRACK, ENGINE_CONFIG_TRACK)
+    assert tracks("memory-tight", Entry("a", "alpha-protection"), settings["alpha-protection"]) == \
+        (TEST_TRACK, ENGINE_CONFIG_TRACK)
+    assert tracks("memory-tight", Entry("c", "clairvoyant-greedy"), settings["clairvoyant-greedy"]) == \
+        (ENGINE_CONFIG_TRACK,)
+    # A mixture changes when any component does.
+    assert changed_settings("mixture", {"preemption": "clear_all"}, {}) == {"preemption": "clear_all"}
+
+
+def test_engine_config_rows_are_shown_apart_and_never_ranked_or_counted_in_the_headroom():
+    # twp [engine-config] is far better than everything, but it ran on its own engine: the test track's best is
+    # still sarathi, and the verdict comes from the test track alone.
+    rows = _rows("relaxed", {"random": (2.0, 2.0), "fcfs": (1.9, 1.9), "sarathi": (1.8, 1.8),
+                             "twp [engine-config]": (0.5, 0.5)}, "e2e_mean_all_s")
+    (board,) = boards(rows, {"relaxed": "e2e_mean_all_s"})
+    assert [s.policy for s in board.scores] == ["sarathi", "fcfs", "random"]
+    assert [s.policy for s in board.engine_config] == ["twp [engine-config]"]
+    assert board.best.policy == "sarathi" and board.verdict == "flat"
+    text = markdown(rows, rankings={"relaxed": "e2e_mean_all_s"})
+    assert _table_order(text, "relaxed")[:3] == ["sarathi", "fcfs", "random"]
+    assert "Engine-config track" in text and "| 1 | twp [engine-config] | -100 ± 0 |" in text

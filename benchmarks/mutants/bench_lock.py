@@ -1,0 +1,26 @@
+"""Mutations of the benchmark's locked evaluation (issue 26): the test track runs exactly the task's settings,
+engine-config rows stay apart, the normalized score and the paired difference to the best heuristic."""
+
+BENCH = "tests/test_bench.py"
+
+MUTATIONS = [
+    ("bench-test-track-takes-overrides", "evaluation/bench.py",
+     "apply_overrides=job.track == ENGINE_CONFIG_TRACK)", "apply_overrides=True)", (BENCH,), "bench"),
+    ("bench-no-engine-config-track", "evaluation/bench.py",
+     "return (ENGINE_CONFIG_TRACK,) if needs else (TEST_TRACK, ENGINE_CONFIG_TRACK)",
+     "return (TEST_TRACK,)", (BENCH,), "bench"),
+    ("bench-needs-ignored", "evaluation/bench.py",
+     "return (ENGINE_CONFIG_TRACK,) if needs else (TEST_TRACK, ENGINE_CONFIG_TRACK)",
+     "return (TEST_TRACK, ENGINE_CONFIG_TRACK)", (BENCH,), "bench"),
+    ("bench-changed-compares-nothing", "evaluation/bench.py",
+     "if getattr(before, k) != getattr(after, k)}", "if False}", (BENCH,), "bench"),
+    ("leaderboard-engine-config-ranked", "evaluation/leaderboard.py",
+     "    return label.endswith(ENGINE_CONFIG_SUFFIX)", "    return False", (BENCH,), "bench"),
+    ("leaderboard-score-anchored-on-random", "evaluation/leaderboard.py",
+     'fcfs, best = self.score("fcfs"), self.best_heuristic', 'fcfs, best = self.score("random"), self.best_heuristic',
+     (BENCH,), "bench"),
+    ("leaderboard-versus-unpaired", "evaluation/leaderboard.py",
+     "return None if best is None else paired_difference(score.per_seed, best.per_seed)",
+     "return None if best is None else paired_difference(score.per_seed, {-1: 0.0, **best.per_seed})",
+     (BENCH,), "bench"),
+]
