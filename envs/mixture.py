@@ -9,7 +9,7 @@ import numpy as np
 
 from servegym.engine import Cluster, Engine, EngineConfig, PoolConfig
 from servegym.envs.serving import ServingEnv
-from servegym.envs.tasks import Task, get_task
+from servegym.envs.tasks import SPLITS, Task, get_task
 
 
 class MixtureEnv(gym.Env):
@@ -92,15 +92,31 @@ def _merged(base: dict[str, Any], override: EngineConfig | PoolConfig | dict[str
     return override
 
 
-def make_serving_env(task: str | Task | None = None, **kwargs: Any) -> ServingEnv | MixtureEnv:
-    """The entry point of ``servegym/Serving-v0``: a :class:`ServingEnv` from ``kwargs``, or, with ``task``,
-    from the task's settings with ``kwargs`` on top (``engine`` and ``pool`` dicts merge key by key)."""
+VERSIONS = (0, 1)
+"""``servegym/Serving-v{N}``: 1 is current; 0 is legacy (see :data:`servegym.ENV_CHANGES`)."""
+V1_TRUNCATION_PENALTY_S = 600.0
+"""Serving-v1's charge per unserved request when the env truncates: ten times v0's 60 s, so that stalling until the
+idle guard ends an episode never pays (v0's charge let "never admit" tie FCFS on a heavy long-context window)."""
+
+
+def make_serving_env(task: str | Task | None = None, split: str = "train", version: int = VERSIONS[-1],
+                     **kwargs: Any) -> ServingEnv | MixtureEnv:
+    """The entry point of ``servegym/Serving-v1`` (and the legacy ``-v0``): a :class:`ServingEnv` from ``kwargs``,
+    or, with ``task``, from the task's settings with ``kwargs`` on top (``engine`` and ``pool`` dicts merge key
+    by key). ``split`` picks a trace task's training or held-out test data; v0 ignores it and charges 60 s per
+    unserved request at truncation, v1 600 s."""
+    if version not in VERSIONS:
+        raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if version >= 1:
+        kwargs.setdefault("truncation_penalty_s", V1_TRUNCATION_PENALTY_S)
     if task is None:
         return ServingEnv(**kwargs)
     spec = get_task(task)
     if spec.is_mixture:
-        return MixtureEnv({name: make_serving_env(name, **kwargs) for name in spec.components})
-    settings = spec.env_kwargs()
+        return MixtureEnv({name: make_serving_env(name, split, version, **kwargs) for name in spec.components})
+    settings = spec.env_kwargs(split if version >= 1 else None)
     engine = _merged(settings.pop("engine"), kwargs.pop("engine", None))
     pool = _merged(settings.pop("pool"), kwargs.pop("pool", None))
     return ServingEnv(**{**settings, **kwargs, "engine": engine, "pool": pool})

@@ -3,7 +3,9 @@
 A task fixes everything that defines the problem an agent solves: the workload, the GPU profile, the engine and
 pool, the reward and the episode limits. Its seeds are split three ways, disjoint by construction: training
 episodes draw from :data:`TRAIN_SEEDS`, periodic evaluation during training uses :data:`VALIDATION_SEEDS`, and
-results are reported on the frozen :data:`TEST_SEEDS` only (``servegym bench``).
+results are reported on the frozen :data:`TEST_SEEDS` only (``servegym bench``). A task drawn from a trace also
+splits its data: ``split="train"`` (training and validation) draws windows from the first part of the trace and
+``split="test"`` from the held-out rest (``test_workload``), so no test request is ever trained on.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ TRAIN_SEEDS = range(0, 100_000)
 """Seeds of training episodes (:class:`~servegym.rl.wrappers.TrainSeeds` cycles through them)."""
 VALIDATION_SEEDS = tuple(range(100_000, 100_005))
 """Seeds of the periodic evaluations that pick ``best_model.zip``."""
-TEST_SEEDS = tuple(range(900_000, 900_010))
+TEST_SEEDS = tuple(range(900_000, 900_030))
 """The frozen test set: the seeds every leaderboard row is measured on. Never train or select on these."""
 
 
@@ -33,6 +35,11 @@ class Task:
     summary: str
     """What makes the task hard (or, for a control task, why it is not)."""
     workload: str = "medium"
+    """The workload of training and validation episodes (``split="train"``)."""
+    test_workload: str | None = None
+    """The workload of test episodes (``split="test"``), held out from ``workload``'s data; None: the same."""
+    legacy_workload: str | None = None
+    """What ``servegym/Serving-v0`` drew every episode from (None: ``workload``); kept so v0 results reproduce."""
     profile: str | None = None
     engine: Mapping[str, Any] = field(default_factory=_frozen)
     pool: Mapping[str, Any] = field(default_factory=_frozen)
@@ -56,17 +63,28 @@ class Task:
     def is_mixture(self) -> bool:
         return bool(self.components)
 
-    def env_kwargs(self) -> dict[str, Any]:
-        """The serving env's arguments for this task (a mixture task has one set per component)."""
+    def workload_for(self, split: str | None) -> str:
+        """The workload of ``split`` (``train`` or ``test``); ``None``: the v0 legacy one, the same for both."""
+        if split is None:
+            return self.legacy_workload or self.workload
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        return self.test_workload if split == "test" and self.test_workload else self.workload
+
+    def env_kwargs(self, split: str | None = "train") -> dict[str, Any]:
+        """The serving env's arguments for this task and data split (a mixture task has one set per
+        component)."""
         if self.is_mixture:
             raise ValueError(f"task {self.name!r} is a mixture of {self.components}; build each component")
-        kwargs = {"workload": self.workload, "engine": dict(self.engine), "pool": dict(self.pool),
+        kwargs = {"workload": self.workload_for(split), "engine": dict(self.engine), "pool": dict(self.pool),
                   "reward": self.reward, "max_steps": self.max_steps, "idle_guard_steps": self.idle_guard_steps}
         if self.profile is not None:
             kwargs["profile"] = self.profile
         return kwargs
 
 
+SPLITS = ("train", "test")
+"""Data splits: ``train`` for training and validation episodes, ``test`` for the reported ones."""
 PREDICTED = {"length_mode": "predicted"}
 
 TASKS: dict[str, Task] = {
@@ -78,8 +96,11 @@ TASKS: dict[str, Task] = {
              "times an episode; the order of admission decides who recomputes", workload="tight-memory",
              profile="a40-llama2-7b", engine=PREDICTED),
         Task("long-context", "random 120 s windows of the Azure code trace (median prompt 1.5k, p99 7.4k tokens) "
-             "on an A100 whose KV cache is capped at 32k tokens: long prompts crowd out short ones and preempt",
-             workload="azure-code-window", profile="a100-llama3-8b", engine={**PREDICTED, "num_kv_blocks": 2048}),
+             "on an A100 whose KV cache is capped at 32k tokens: long prompts crowd out short ones and preempt; "
+             "test windows come from the held-out middle 35-65% of the trace, training windows from the rest",
+             workload="azure-code-window-train", test_workload="azure-code-window-test",
+             legacy_workload="azure-code-window", profile="a100-llama3-8b",
+             engine={**PREDICTED, "num_kv_blocks": 2048}),
         Task("serverless-burst", "bursts of 90 req/s reach a pool of 4 containers that start cold, go cold after "
              "2 s idle and take 13 s to load; the agent decides for whichever container's iteration ends first",
              workload="burst", engine=PREDICTED,

@@ -210,7 +210,7 @@ def play(job: BenchJob) -> EpisodeResult:
     """Run one leaderboard episode: the task's env (with the policy's own settings on top only in the
     engine-config track), the entry's policy, the job's seed."""
     policy = make_policy(job.entry.policy, **job.entry.params)
-    env = make_env(policy, task=job.task, apply_overrides=job.track == ENGINE_CONFIG_TRACK)
+    env = make_env(policy, task=job.task, split="test", apply_overrides=job.track == ENGINE_CONFIG_TRACK)
     try:
         return run_episode(env, policy, seed=job.seed)
     finally:

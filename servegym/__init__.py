@@ -1,15 +1,34 @@
 """servegym: a Gymnasium control environment for designing LLM-serving schedulers.
 
-Importing the package registers ``servegym/Serving-v0``.
+Importing the package registers ``servegym/Serving-v1`` (current), the legacy ``servegym/Serving-v0``, and one id
+per benchmark task (``servegym/MemoryTight-v1``, ...).
 """
 
 from gymnasium.envs.registration import register, registry
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-ENV_ID = "servegym/Serving-v0"
+ENV_ID = "servegym/Serving-v1"
+"""The current env id: what every runner, benchmark and training script builds."""
+LEGACY_ENV_ID = "servegym/Serving-v0"
+"""The previous version, kept so that its results reproduce (see :data:`ENV_CHANGES`)."""
+ENV_CHANGES = {
+    1: "trace tasks hold out their test data (long-context: test windows, split='test', from the middle 35-65% of "
+       "the Azure code trace, training and validation windows from the rest); the truncation charge per unserved "
+       "request is 600 s (v0: 60 s, which let 'never admit' tie FCFS on a heavy long-context window); servegym "
+       "bench locks evaluation to the task's settings (policies' own engine settings run in an engine-config "
+       "track)",
+    0: "the first version: test and training windows from the whole trace, 60 s per unserved request",
+}
+"""What each version changed, newest first."""
+TASK_IDS = {"relaxed": "Relaxed", "memory-tight": "MemoryTight", "long-context": "LongContext",
+            "serverless-burst": "ServerlessBurst", "slo-goodput": "SloGoodput", "mixture": "Mixture"}
+"""Benchmark task -> the name of its own id, ``servegym/<Name>-v1`` (``gym.make(id)`` is the task's env)."""
 
-if ENV_ID not in registry:
-    register(id=ENV_ID, entry_point="servegym.envs.mixture:make_serving_env", max_episode_steps=20_000)
+_ENTRY = "servegym.envs.mixture:make_serving_env"
+for _id, _kwargs in ((ENV_ID, {"version": 1}), (LEGACY_ENV_ID, {"version": 0}),
+                     *((f"servegym/{name}-v1", {"version": 1, "task": task}) for task, name in TASK_IDS.items())):
+    if _id not in registry:
+        register(id=_id, entry_point=_ENTRY, max_episode_steps=20_000, kwargs=_kwargs)
 
-__all__ = ["ENV_ID", "__version__"]
+__all__ = ["ENV_CHANGES", "ENV_ID", "LEGACY_ENV_ID", "TASK_IDS", "__version__"]

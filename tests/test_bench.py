@@ -251,7 +251,7 @@ def test_cli_rejects_bad_numbers_and_tasks_while_parsing(argv, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--policies", "fcfs", "nope"], "unknown policy 'nope'"),
     (["--params", "missing.json"], "does not exist"),
-    (["--seeds", "11"], "only 10 test seeds"),
+    (["--seeds", str(len(TEST_SEEDS) + 1)], f"only {len(TEST_SEEDS)} test seeds"),
     (["--out", "a_file/sub"], "is not a folder"),
     (["--out", "a_file"], "is not a folder"),
 ])

@@ -56,6 +56,13 @@ def gsm8k_pairs(tokens_per_word: float = 1.0) -> PairedEmpirical:
     return PairedEmpirical(tuple(prompts.tolist()), tuple(outputs.tolist()))
 
 
+TEST_SPANS = ((0.35, 0.65),)
+TRAIN_SPANS = ((0.0, 0.35), (0.65, 1.0))
+"""Trace tasks test on windows inside the middle 35-65% of the trace's time range and train and validate on windows
+inside the rest, so no test request appears in any training or validation window. The held-out part is the middle,
+not the end, because the bundled trace is busier in its first two thirds: a held-out tail would test on lighter
+load (376 requests per 120 s in the middle, 272 outside it, 148 in the last 30%)."""
+
 WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
     "low": (
         lambda: _twp(SCENARIO_RATES["low"]),
@@ -103,6 +110,18 @@ WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
         lambda: TraceWorkload(str(bundled_trace()), duration_s=120.0, random_window=True, min_requests=100),
         "a random 120 s window of the Azure code trace (drawn per episode; windows with under 100 requests are "
         "redrawn), replayed in real time",
+    ),
+    "azure-code-window-train": (
+        lambda: TraceWorkload(str(bundled_trace()), duration_s=120.0, random_window=True, min_requests=100,
+                              spans=TRAIN_SPANS),
+        "a random 120 s window of the Azure code trace outside its held-out middle 35-65% (the long-context "
+        "task's training and validation episodes)",
+    ),
+    "azure-code-window-test": (
+        lambda: TraceWorkload(str(bundled_trace()), duration_s=120.0, random_window=True, min_requests=100,
+                              spans=TEST_SPANS),
+        "a random 120 s window of the held-out middle 35-65% of the Azure code trace (the long-context task's "
+        "test episodes)",
     ),
     "long-output": (
         lambda: SyntheticWorkload(Poisson(3.0), DURATION_S, prompt=LONG_PROMPTS, output=LONG_OUTPUTS),

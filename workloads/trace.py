@@ -146,7 +146,9 @@ class TraceWorkload:
     ``time_scale < 1`` compresses time (a higher rate), ``> 1`` stretches it. ``start`` skips that many
     requests; ``max_requests`` and ``duration_s`` (in scaled seconds) cut the replay. With
     ``random_window=True`` each episode replays a window of ``duration_s`` (scaled) seconds that starts at a
-    time drawn uniformly from the trace by the episode's generator, so seeds give different episodes.
+    time drawn uniformly from the trace by the episode's generator, so seeds give different episodes; ``spans``
+    keeps every window inside one of those parts of the trace's time range (a benchmark's training and test
+    windows come from disjoint spans, so no test request is ever seen in training).
     """
 
     path: str
@@ -157,6 +159,9 @@ class TraceWorkload:
     random_window: bool = False
     min_requests: int = 1
     """With ``random_window``: windows holding fewer requests are redrawn (the trace has quiet minutes)."""
+    spans: tuple[tuple[float, float], ...] = ((0.0, 1.0),)
+    """With ``random_window``: parts of the trace's time range, as fractions ``(lo, hi)``, that every window lies
+    within one of; a window's span is drawn in proportion to the room it leaves for a window."""
 
     def __post_init__(self) -> None:
         positive_number("time_scale", self.time_scale)
@@ -167,6 +172,13 @@ class TraceWorkload:
         if self.random_window and (self.duration_s is None or self.start or self.max_requests is not None):
             raise ValueError("random_window needs duration_s and neither start nor max_requests")
         positive_int("min_requests", self.min_requests)
+        spans = tuple((float(lo), float(hi)) for lo, hi in self.spans)
+        if not spans or any(not 0.0 <= lo < hi <= 1.0 for lo, hi in spans) or any(
+                a[1] > b[0] for a, b in zip(sorted(spans), sorted(spans)[1:], strict=False)):
+            raise ValueError(f"spans must be disjoint fractions 0 <= lo < hi <= 1 of the trace, got {self.spans!r}")
+        object.__setattr__(self, "spans", spans)
+        if spans != ((0.0, 1.0),) and not self.random_window:
+            raise ValueError("spans need random_window")
 
     def sample(self, rng: np.random.Generator) -> RequestSpec:
         full = _read(str(Path(self.path).resolve()))
@@ -182,19 +194,29 @@ class TraceWorkload:
         return RequestSpec(arrival[keep], full.num_prompt_tokens[sl][keep], full.num_output_tokens[sl][keep])
 
     def _window(self, full: RequestSpec, rng: np.random.Generator) -> RequestSpec:
-        """A window of ``duration_s`` scaled seconds starting at a uniformly drawn time of the trace, redrawn
-        (up to 100 times) while it holds fewer than ``min_requests``."""
+        lo, hi = self.window_rows(full, rng)
+        arrival = (full.arrival_s[lo:hi] - full.arrival_s[lo]) * self.time_scale
+        return RequestSpec(arrival, full.num_prompt_tokens[lo:hi], full.num_output_tokens[lo:hi])
+
+    def window_rows(self, full: RequestSpec, rng: np.random.Generator) -> tuple[int, int]:
+        """The trace rows ``[lo, hi)`` of a window of ``duration_s`` scaled seconds starting at a time drawn
+        uniformly within ``span``, redrawn (up to 100 times) while it holds fewer than ``min_requests``."""
         width = self.duration_s / self.time_scale
-        latest = max(0.0, float(full.arrival_s[-1]) - width)
+        bounds = [(float(full.arrival_s[-1]) * lo, float(full.arrival_s[-1]) * hi) for lo, hi in self.spans]
+        room = np.array([max(0.0, last - first - width) for first, last in bounds])
+        if self.spans != ((0.0, 1.0),) and not room.any():
+            raise TraceError(f"{self.path}: every span of {self.spans} is shorter than a {width:g} s window")
         for _ in range(100):
-            begin = float(rng.uniform(0.0, latest)) if latest > 0 else 0.0
+            pick = int(rng.choice(len(bounds), p=room / room.sum())) if len(bounds) > 1 else 0
+            first, last = bounds[pick]
+            latest = max(first, last - width)
+            begin = float(rng.uniform(first, latest)) if latest > first else first
             lo, hi = np.searchsorted(full.arrival_s, [begin, begin + width])
             if hi - lo >= self.min_requests:
                 break
         else:
             raise TraceError(f"{self.path}: no window of {width:g} s holds {self.min_requests} requests")
-        arrival = (full.arrival_s[lo:hi] - full.arrival_s[lo]) * self.time_scale
-        return RequestSpec(arrival, full.num_prompt_tokens[lo:hi], full.num_output_tokens[lo:hi])
+        return int(lo), int(hi)
 
     def mean_rate(self) -> float:
         spec = self.sample(np.random.default_rng(0))
