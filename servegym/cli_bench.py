@@ -38,6 +38,10 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.verify:
+        return _verify(args)
+    if args.agent:
+        return _submit(args)
     # Everything is checked before the first episode: a typo should not cost a run.
     executor = executor_from_args(args)
     tasks = args.tasks or list(TASKS)
@@ -83,6 +87,33 @@ def _run_and_write(args: argparse.Namespace, executor: Executor, tasks: list[str
     return 0
 
 
+def _submit(args: argparse.Namespace) -> int:
+    """``--agent RUN``: the agent's test-track rows on its task, stamped, in ``<out>/submission.json``."""
+    from servegym.evaluation.submission import submit, write_submission
+
+    seeds = TEST_SEEDS[: args.seeds] if args.seeds is not None else TEST_SEEDS
+    submission = submit(args.agent, seeds, args.workers, progress=not args.quiet)
+    path = write_submission(submission, Path(args.out) / "submission.json")
+    returns = [row["episode_return"] for row in submission["rows"]]
+    print(f"{submission['task']}: {len(returns)} test seeds, mean return {sum(returns) / len(returns):.1f} "
+          f"(servegym {submission['servegym_version']}, {submission['commit']}, {submission['env_id']})")
+    print(f"wrote {path}; check it with: servegym bench --verify {path}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    """``--verify FILE``: replay the submission's agent and compare every number; exit 1 on any difference."""
+    from servegym.evaluation.submission import read_submission, verify
+
+    problems = verify(args.verify, args.agent, args.workers)
+    rows = len(read_submission(args.verify)["rows"])
+    if problems:
+        print(f"NOT verified: {len(problems)} difference(s) in {args.verify}:\n  " + "\n  ".join(problems[:20]))
+        return 1
+    print(f"verified: all {rows} rows of {args.verify} replay exactly")
+    return 0
+
+
 def add_bench_parser(sub: Any) -> None:
     """Add ``servegym bench`` to ``sub`` (the parser's ``add_subparsers()`` result)."""
     bench = sub.add_parser("bench", help="leaderboard: policies x benchmark tasks x frozen test seeds")
@@ -105,5 +136,11 @@ def add_bench_parser(sub: Any) -> None:
     bench.add_argument("--out", default="bench", help="folder for leaderboard.csv and leaderboard.md")
     bench.add_argument("--fresh", action="store_true",
                        help="forget the episodes kept in <out>/runs (default: resume, running only what is missing)")
+    bench.add_argument("--agent", default=None, metavar="RUN",
+                       help="submit a trained agent: its test-track rows on its task, stamped with the version, "
+                            "commit, env id and task settings, in <out>/submission.json (with --verify: the run "
+                            "to replay instead of the one the file names)")
+    bench.add_argument("--verify", default=None, metavar="FILE",
+                       help="replay a submission's agent on its seeds and check every number (exit 1 if any differ)")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(func=cmd_bench)

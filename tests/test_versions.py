@@ -25,7 +25,7 @@ def test_every_task_has_its_own_v1_id_and_both_versions_load():
     assert servegym.ENV_ID == "servegym/Serving-v1" and max(servegym.ENV_CHANGES) == 1
     legacy = gym.make(servegym.LEGACY_ENV_ID, task="relaxed")
     assert legacy.unwrapped.truncation_penalty_s == 60.0
-    assert gym.make(servegym.ENV_ID, task="relaxed").unwrapped.truncation_penalty_s == V1_TRUNCATION_PENALTY_S
+    assert gym.make(servegym.ENV_ID, task="relaxed").unwrapped.truncation_penalty_s == V1_TRUNCATION_PENALTY_S == 600.0
     with pytest.raises(ValueError, match="split must be one of"):
         gym.make(servegym.ENV_ID, task="relaxed", split="validation")
 
