@@ -263,7 +263,9 @@ def write_leaderboard(rows: Sequence[BenchRow], out_dir: str | Path, command: st
         writer.writerow(COLUMNS)
         writer.writerows(astuple(row) for row in rows)
     os.replace(tmp, csv_path)
-    text = markdown(rows, command)
+    from servegym.evaluation.provenance import stamp
+
+    text = markdown(rows, command, built_by=stamp())
     if partial is not None:
         text = (f"> **PARTIAL RESULTS**: stopped after {partial[0]} of {partial[1]} episodes; re-run the same "
                 "command to finish (finished episodes are kept in `runs/`).\n\n" + text)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import subprocess
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -19,22 +18,10 @@ from typing import Any
 from servegym import ENV_ID, __version__
 from servegym.envs.tasks import TEST_SEEDS, get_task
 from servegym.evaluation.bench import TEST_TRACK, BenchRow, Entry, make_entries, run_bench
+from servegym.evaluation.provenance import source_commit
 
 FORMAT = 1
 """The submission file's format version."""
-
-
-def source_commit() -> str:
-    """The git commit servegym runs from (``+dirty`` with uncommitted changes), or ``unknown`` outside a checkout."""
-    here = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return commit + ("+dirty" if dirty else "") if commit else "unknown"
 
 
 def model_digest(run: Path) -> dict[str, str]:
