@@ -1,4 +1,4 @@
-"""A task that samples among other tasks per episode, and the env factory behind ``servegym/Serving-v0``."""
+"""A task that samples among other tasks per episode, and the env factory behind ``servegym/Serving-v1`` and ``-v0``."""
 
 from __future__ import annotations
 

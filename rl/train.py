@@ -107,7 +107,8 @@ class TrainConfig:
 
     @property
     def run_name(self) -> str:
-        return f"Serving-v0__{self.algo}__{self.resolved_mode}__{self.task or self.workload or 'burst'}__s{self.seed}"
+        env = ENV_ID.split("/")[1]
+        return f"{env}__{self.algo}__{self.resolved_mode}__{self.task or self.workload or 'burst'}__s{self.seed}"
 
     def env_kwargs(self) -> dict[str, Any]:
         """``gym.make`` arguments: the task's settings with this run's overrides on top."""
