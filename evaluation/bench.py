@@ -29,11 +29,12 @@ from servegym.evaluation.leaderboard import ENGINE_CONFIG_SUFFIX, markdown
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import EpisodeResult, make_env, run_episode
 
-DEFAULT_POLICIES = ("random", "fcfs", "twp", "flow-control", "sarathi", "mc-sf", "vllm", "priority",
-                    "clairvoyant-greedy")
-"""The default field: the two references a scheduler must beat (random admission, FCFS), the seed papers'
-policies with their default parameters, the strongest baselines, and the clairvoyant greedy packer (true lengths;
-not a bound)."""
+DEFAULT_POLICIES = ("random", "random:count", "random:window", "random:rank", "fcfs", "twp", "flow-control",
+                    "sarathi", "mc-sf", "vllm", "priority", "clairvoyant-greedy")
+"""The default field: the floors a scheduler must beat (random admission, which is the admit mode's uniform
+action, a uniformly random action of each other learning action mode, and FCFS), the seed papers' policies with
+their default parameters, the strongest baselines, and the clairvoyant greedy packer (true lengths; not a
+bound)."""
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,9 @@ def check_entry(entry: Entry) -> None:
         if not (run / "config.json").is_file():
             raise ValueError(f"{run} is not a servegym train run (no config.json)")
         return
-    if entry.policy not in POLICIES:
-        raise ValueError(f"unknown policy {entry.policy!r}; registered: {sorted(POLICIES)}, or rl:RUN_DIR")
+    if entry.policy not in POLICIES and not entry.policy.startswith("random:"):
+        raise ValueError(f"unknown policy {entry.policy!r}; registered: {sorted(POLICIES)}, rl:RUN_DIR or "
+                         "random:MODE")
     try:
         make_policy(entry.policy, **entry.params)
     except TypeError as err:  # a parameter the policy does not have

@@ -61,10 +61,16 @@ def is_engine_config(label: str) -> bool:
     return label.endswith(ENGINE_CONFIG_SUFFIX)
 
 
+def is_reference(label: str) -> bool:
+    """A floor or comparison point: random admission, a random floor of an action mode (``random:MODE``), FCFS,
+    the clairvoyant packer."""
+    return label in REFERENCES or label.startswith("random:")
+
+
 def is_heuristic(label: str) -> bool:
-    """A hand-coded policy of the test track (default or tuned parameters, FCFS included): not an agent, not
-    random admission or the clairvoyant packer."""
-    return not (label.startswith("rl:") or label in ("random", "clairvoyant-greedy") or is_engine_config(label))
+    """A hand-coded policy of the test track (default or tuned parameters, FCFS included): not an agent, not a
+    random floor or the clairvoyant packer."""
+    return not (label.startswith(("rl:", "random")) or label == "clairvoyant-greedy" or is_engine_config(label))
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,7 @@ class TaskBoard:
     @property
     def best(self) -> Score | None:
         """The best test-track policy that is not a reference."""
-        return next((s for s in self.scores if s.policy not in REFERENCES), None)
+        return next((s for s in self.scores if not is_reference(s.policy)), None)
 
     @property
     def best_heuristic(self) -> Score | None:

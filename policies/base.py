@@ -153,11 +153,16 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
 
 
 def make_policy(name: str, **params: Any) -> Policy:
-    """A registered policy by name, or ``rl:RUN_DIR`` for an agent trained by ``servegym train``."""
+    """A registered policy by name, ``rl:RUN_DIR`` for an agent trained by ``servegym train``, or ``random:MODE``
+    for the random floor of a learning action mode (``count``, ``window``, ``rank``)."""
     if name.startswith("rl:"):
         from servegym.rl.agent import RLPolicy
 
         return RLPolicy(name.removeprefix("rl:"), **params)
+    if name.startswith("random:"):
+        from servegym.rl.random_floor import RandomAction
+
+        return RandomAction(mode=name.removeprefix("random:"), **params)
     try:
         cls = POLICIES[name]
     except KeyError:

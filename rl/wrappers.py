@@ -40,6 +40,8 @@ from servegym.policies.common import (
     visible_queue,
 )
 
+MAX_ADMIT = 8
+"""Default largest admission count of the ``count`` action mode."""
 WINDOW_MIN, WINDOW_MAX = 16.0, 16384.0
 """Default token-window range (tokens) of the ``window`` action mode."""
 
@@ -150,7 +152,7 @@ class TokenWindow(_ObservingWrapper):
 class AdmitCount(_ObservingWrapper):
     """``Discrete(max_admit + 1)``: admit that many requests from the queue head this step."""
 
-    def __init__(self, env: gym.Env, max_admit: int = 8) -> None:
+    def __init__(self, env: gym.Env, max_admit: int = MAX_ADMIT) -> None:
         gym.utils.RecordConstructorArgs.__init__(self, max_admit=max_admit)
         gym.Wrapper.__init__(self, env)
         if max_admit < 1:

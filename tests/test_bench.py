@@ -363,3 +363,15 @@ def test_engine_config_rows_are_shown_apart_and_never_ranked_or_counted_in_the_h
     text = markdown(rows, rankings={"relaxed": "e2e_mean_all_s"})
     assert _table_order(text, "relaxed")[:3] == ["sarathi", "fcfs", "random"]
     assert "Engine-config track" in text and "| 1 | twp [engine-config] | -100 ± 0 |" in text
+
+
+def test_random_floors_are_references_never_the_best_or_the_best_heuristic():
+    # random:rank beats everything here, but a floor is not a policy to rank first or anchor the score on.
+    rows = _rows("relaxed", {"random": (2.0, 2.0), "random:rank": (0.5, 0.5), "fcfs": (1.9, 1.9),
+                             "sarathi": (1.5, 1.5)}, "e2e_mean_all_s")
+    (board,) = boards(rows, {"relaxed": "e2e_mean_all_s"})
+    assert board.scores[0].policy == "random:rank"
+    assert board.best.policy == "sarathi" and board.best_heuristic.policy == "sarathi"
+    assert make_entries(["random:window"])[0].policy == "random:window"
+    with pytest.raises(ValueError, match="mode must be one of"):
+        make_entries(["random:nope"])

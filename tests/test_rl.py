@@ -120,3 +120,35 @@ def test_rl_policy_runs_in_compare(tiny_run, tmp_path):
 def test_bad_rl_run_directory_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="not a servegym train run"):
         make_policy(f"rl:{tmp_path}")
+
+
+@pytest.mark.parametrize("mode", ["count", "window", "rank"])
+def test_random_floors_take_a_uniform_action_of_their_mode(mode):
+    from servegym.rl.random_floor import RandomAction
+    from servegym.rl.wrappers import (
+        MAX_ADMIT,
+        RANK_MEMORY_TARGETS,
+        RANK_ORDERS,
+        count_action,
+        rank_action,
+        window_action,
+    )
+
+    floor = make_policy(f"random:{mode}", seed=3)
+    assert isinstance(floor, RandomAction) and floor.params.mode == mode
+    assert_conforms(lambda: make_policy(f"random:{mode}", seed=3))
+    env = gym.make(ENV_ID, task="memory-tight")
+    obs, _ = env.reset(seed=0)
+    for _ in range(30):  # wait, so that a queue builds up for the floors to choose from
+        obs, *_ = env.step(np.zeros(env.unwrapped.queue_window, dtype=np.int64))
+    assert obs["engine"].size and len(obs["queue"]) > 0
+    floor.reset()
+    rng = np.random.default_rng(3)  # the floor's own draws, replayed
+    for _ in range(5):
+        expected = {"count": lambda: count_action(obs, int(rng.integers(MAX_ADMIT + 1))),
+                    "window": lambda: window_action(obs, float(rng.uniform(-1.0, 1.0))),
+                    "rank": lambda: rank_action(obs, int(rng.integers(len(RANK_ORDERS))),
+                                                int(rng.integers(len(RANK_MEMORY_TARGETS))))}[mode]()
+        np.testing.assert_array_equal(floor.act(obs), expected)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        make_policy("random:admit")
