@@ -16,6 +16,7 @@ where lower is better (latency). For a negative return (minus request-seconds) t
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,7 +24,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servegym.envs.tasks import get_task
-from servegym.evaluation.stats import MIN_VERDICT_SEEDS, Interval, mean_ci, paired_difference
+from servegym.evaluation.stats import (
+    MIN_VERDICT_SEEDS,
+    Interval,
+    bootstrap_interval,
+    iqm,
+    mean_ci,
+    paired_difference,
+    probability_of_improvement,
+)
 
 if TYPE_CHECKING:
     from servegym.evaluation.bench import BenchRow
@@ -108,6 +117,14 @@ class TaskBoard:
             return math.nan
         span = best.mean(self.ranking) - fcfs.mean(self.ranking)
         return math.nan if span == 0 else 100.0 * (score.mean(self.ranking) - fcfs.mean(self.ranking)) / span
+
+    def agent_groups(self) -> dict[str, list[Score]]:
+        """Trained agents that differ only in their training seed (``rl:NAME__s<k>``), two runs or more each."""
+        groups: dict[str, list[Score]] = {}
+        for score in self.scores:
+            if score.policy.startswith("rl:") and re.search(r"__s\d+$", score.policy):
+                groups.setdefault(re.sub(r"__s\d+$", "", score.policy), []).append(score)
+        return {name: runs for name, runs in groups.items() if len(runs) >= 2}
 
     def versus_best_heuristic(self, score: Score) -> Interval | None:
         """``score`` minus the best heuristic on the ranking metric, paired per seed (positive: higher)."""
@@ -222,6 +239,31 @@ def _score_cell(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:.0f}"
 
 
+def agent_table(board: TaskBoard) -> list[str]:
+    """Agents over their training seeds, as rliable aggregates: the interquartile mean of the ranking metric over
+    every (run, test seed) episode, and the probability that an episode beats the best heuristic on its seed,
+    each with a 95% bootstrap interval over runs and seeds."""
+    best = board.best_heuristic
+    groups = board.agent_groups()
+    if not groups or best is None:
+        return []
+    higher = not board.lower_is_better
+    lines = ["Agents over training seeds (interquartile mean and probability of improvement over the best "
+             f"heuristic `{best.policy}`, 95% bootstrap intervals over runs and seeds):", "",
+             "| agent | runs | IQM | P(episode beats the best heuristic) |", "|---|---:|---:|---:|"]
+    for name, runs in groups.items():
+        seeds = sorted(set.intersection(*(set(r.per_seed) for r in runs)) & set(best.per_seed))
+        matrix = np.array([[r.per_seed[s] for s in seeds] for r in runs])
+        base = np.array([best.per_seed[s] for s in seeds])
+        value, (low, high) = iqm(matrix), bootstrap_interval(iqm, matrix)
+        chance = probability_of_improvement(matrix, base, higher)
+        plow, phigh = bootstrap_interval(lambda m, b: probability_of_improvement(m, b, higher), matrix, base)
+        digits = _decimals(value)
+        lines.append(f"| {name}__s* | {len(runs)} | {value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}] | "
+                     f"{chance:.2f} [{plow:.2f}, {phigh:.2f}] |")
+    return [*lines, ""]
+
+
 def task_table(board: TaskBoard) -> list[str]:
     direction = "lower is better" if board.lower_is_better else "higher is better"
     episodes = max(s.episodes for s in (*board.scores, *board.engine_config))
@@ -232,7 +274,7 @@ def task_table(board: TaskBoard) -> list[str]:
              f"best heuristic: `{best.policy if best else 'none'}`.", "",
              "| # | policy | score | vs best heuristic (paired, 95% CI) | " + " | ".join(HEADERS) + " | truncated |",
              "|---:|---|---:|---|" + "---:|" * (len(HEADERS) + 1),
-             *_rows(board, board.scores, paired=True), "", headroom_line(board), ""]
+             *_rows(board, board.scores, paired=True), "", headroom_line(board), "", *agent_table(board)]
     if board.engine_config:
         lines += ["Engine-config track: each policy on its own engine settings, not the task's (not ranked against "
                   "the table above).", "", "| # | policy | " + " | ".join(HEADERS) + " | truncated |",

@@ -1,4 +1,5 @@
-"""Means with Student-t confidence intervals, no SciPy needed."""
+"""Means with Student-t confidence intervals, paired differences, and rliable-style aggregates over training runs
+(interquartile mean, probability of improvement, bootstrap intervals); no SciPy needed."""
 
 from __future__ import annotations
 
@@ -85,3 +86,39 @@ def paired_ratio(a: dict[int, float], b: dict[int, float]) -> Interval:
     (ma, ha), (mb, hb) = mean_ci(np.array(list(a.values()))), mean_ci(np.array(list(b.values())))
     ratio = ma / mb
     return Interval(ratio - 1.0, abs(ratio) * math.hypot(ha / ma, hb / mb), paired=False)
+
+
+BOOTSTRAP_SAMPLES = 2000
+"""Resamples of the bootstrap intervals of :func:`bootstrap_interval` (seeded: the same data, the same interval)."""
+
+
+def iqm(values: np.ndarray) -> float:
+    """The interquartile mean (rliable's aggregate): the mean of the values left after dropping the lowest and
+    the highest ``floor(n / 4)``."""
+    x = np.sort(np.asarray(values, dtype=np.float64).ravel())
+    cut = x.size // 4
+    return float(x[cut: x.size - cut].mean())
+
+
+def probability_of_improvement(runs: np.ndarray, base: np.ndarray, higher_is_better: bool = True) -> float:
+    """The chance that one episode of a run beats ``base`` on the same seed: ``runs`` is runs x seeds, ``base``
+    one value per seed; a tie counts a half."""
+    runs, base = np.asarray(runs, dtype=np.float64), np.asarray(base, dtype=np.float64)
+    diff = (runs - base) if higher_is_better else (base - runs)
+    return float(np.mean((diff > 0) + 0.5 * (diff == 0)))
+
+
+def bootstrap_interval(statistic, runs: np.ndarray, base: np.ndarray | None = None,
+                       seed: int = 0) -> tuple[float, float]:
+    """A 95% percentile bootstrap interval of ``statistic(runs[, base])``, resampling runs and seeds alike
+    (``runs`` is runs x seeds; ``base`` one value per seed, resampled with the seeds)."""
+    runs = np.asarray(runs, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(BOOTSTRAP_SAMPLES):
+        r = rng.integers(runs.shape[0], size=runs.shape[0])
+        s = rng.integers(runs.shape[1], size=runs.shape[1])
+        picked = runs[np.ix_(r, s)]
+        samples.append(statistic(picked) if base is None else statistic(picked, np.asarray(base)[s]))
+    low, high = np.percentile(samples, [2.5, 97.5])
+    return float(low), float(high)

@@ -8,6 +8,7 @@ import json
 import math
 from itertools import product
 
+import numpy as np
 import pytest
 
 from servegym.cli_bench import add_bench_parser
@@ -375,3 +376,31 @@ def test_random_floors_are_references_never_the_best_or_the_best_heuristic():
     assert make_entries(["random:window"])[0].policy == "random:window"
     with pytest.raises(ValueError, match="mode must be one of"):
         make_entries(["random:nope"])
+
+
+def test_iqm_and_probability_of_improvement_by_hand():
+    from servegym.evaluation.stats import bootstrap_interval, iqm, probability_of_improvement
+
+    # Eight values: drop the two lowest and two highest (floor(8 / 4) = 2), mean of 3, 4, 5, 100 = 28.
+    assert iqm(np.array([1.0, 2.0, 3.0, 4.0, 5.0, 100.0, 200.0, 300.0])) == pytest.approx(28.0)
+    assert iqm(np.array([[1.0, 9.0], [5.0, 7.0]])) == pytest.approx(6.0)  # 2 x 2: drop 1 and 9
+    # Runs x seeds against a per-seed base: differences +1 +2 0 0 and +3 -1 +0.5 +1, so 5 wins, 2 ties and 1 loss
+    # of 8 -> (5 + 2 x 0.5) / 8; with lower better the loss is the one win -> (1 + 2 x 0.5) / 8.
+    runs, base = np.array([[2.0, 3.0, 1.0, 5.0], [4.0, 0.0, 1.5, 6.0]]), np.array([1.0, 1.0, 1.0, 5.0])
+    assert probability_of_improvement(runs, base) == pytest.approx(6.0 / 8)
+    assert probability_of_improvement(runs, base, higher_is_better=False) == pytest.approx(2.0 / 8)
+    low, high = bootstrap_interval(iqm, runs)
+    assert low <= iqm(runs) <= high and bootstrap_interval(iqm, runs) == (low, high)  # seeded: reproducible
+
+
+def test_agents_with_several_training_seeds_get_rliable_aggregates():
+    rows = _rows("relaxed", {"random": (2.0, 2.0), "fcfs": (1.9, 1.9), "sarathi": (1.5, 1.5),
+                             "rl:ppo__s0": (1.0, 1.2), "rl:ppo__s1": (1.6, 1.8), "rl:solo": (1.0, 1.0)},
+                 "e2e_mean_all_s")
+    (board,) = boards(rows, {"relaxed": "e2e_mean_all_s"})
+    assert list(board.agent_groups()) == ["rl:ppo"]  # a lone run is not a group
+    text = markdown(rows, rankings={"relaxed": "e2e_mean_all_s"})
+    # Latency (lower is better) per seed: s0 1.0, 1.2, 1.1 and s1 1.6, 1.8, 1.7 against sarathi's 1.5: s0 wins
+    # all three, s1 none: P = 0.5. IQM of the six: drop 1.0 and 1.8, mean of 1.1, 1.2, 1.6, 1.7 = 1.40.
+    line = next(line for line in text.splitlines() if line.startswith("| rl:ppo__s* | 2 |"))
+    assert "| 1.40 [" in line and line.endswith("| 0.50 [" + line.split("| 0.50 [")[1])

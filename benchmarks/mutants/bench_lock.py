@@ -24,3 +24,11 @@ MUTATIONS = [
      "return None if best is None else paired_difference(score.per_seed, {-1: 0.0, **best.per_seed})",
      (BENCH,), "bench"),
 ]
+MUTATIONS += [
+    ("stats-iqm-drops-nothing", "evaluation/stats.py", "    cut = x.size // 4", "    cut = 0", (BENCH,), "bench"),
+    ("stats-poi-ties-lose", "evaluation/stats.py", "return float(np.mean((diff > 0) + 0.5 * (diff == 0)))",
+     "return float(np.mean(diff > 0))", (BENCH,), "bench"),
+    ("leaderboard-lone-run-is-a-group", "evaluation/leaderboard.py",
+     "return {name: runs for name, runs in groups.items() if len(runs) >= 2}",
+     "return {name: runs for name, runs in groups.items() if len(runs) >= 1}", (BENCH,), "bench"),
+]
