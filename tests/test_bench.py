@@ -395,7 +395,7 @@ def test_iqm_and_probability_of_improvement_by_hand():
 
 def test_agents_with_several_training_seeds_get_rliable_aggregates():
     rows = _rows("relaxed", {"random": (2.0, 2.0), "fcfs": (1.9, 1.9), "sarathi": (1.5, 1.5),
-                             "rl:ppo__s0": (1.0, 1.2), "rl:ppo__s1": (1.6, 1.8), "rl:solo": (1.0, 1.0)},
+                             "rl:ppo__s0": (1.0, 1.2), "rl:ppo__s1": (1.6, 1.8), "rl:solo__s3": (1.0, 1.0)},
                  "e2e_mean_all_s")
     (board,) = boards(rows, {"relaxed": "e2e_mean_all_s"})
     assert list(board.agent_groups()) == ["rl:ppo"]  # a lone run is not a group
