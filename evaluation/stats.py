@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,7 +109,7 @@ def probability_of_improvement(runs: np.ndarray, base: np.ndarray, higher_is_bet
     return float(np.mean((diff > 0) + 0.5 * (diff == 0)))
 
 
-def bootstrap_interval(statistic, runs: np.ndarray, base: np.ndarray | None = None,
+def bootstrap_interval(statistic: Callable[..., float], runs: np.ndarray, base: np.ndarray | None = None,
                        seed: int = 0) -> tuple[float, float]:
     """A 95% percentile bootstrap interval of ``statistic(runs[, base])``, resampling runs and seeds alike
     (``runs`` is runs x seeds; ``base`` one value per seed, resampled with the seeds)."""

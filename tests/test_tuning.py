@@ -417,3 +417,30 @@ def running(storage: str, name: str) -> bool:
     except Exception:  # not created yet
         return False
     return any(t.state == optuna.trial.TrialState.RUNNING for t in study.trials)
+
+
+def test_workers_racing_to_create_the_tables_retry_but_real_schema_errors_do_not(monkeypatch):
+    # PostgreSQL reports two workers creating Optuna's tables at once as ProgrammingError (DuplicateTable): the
+    # storage retries it; a ProgrammingError of another kind is raised at once.
+    import optuna
+    from sqlalchemy.exc import ProgrammingError
+
+    from servegym.tuning import storage
+
+    calls = []
+
+    def flaky(url, **kwargs):
+        calls.append(url)
+        if len(calls) == 1:
+            raise ProgrammingError("CREATE TABLE studies", {}, Exception('relation "studies" already exists'))
+        return "opened"
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", flaky)
+    assert storage._rdb_storage("postgresql://x/db", None) == "opened" and len(calls) == 2
+
+    def broken(url, **kwargs):
+        raise ProgrammingError("SELECT", {}, Exception('permission denied for table studies'))
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", broken)
+    with pytest.raises(ProgrammingError, match="permission denied"):
+        storage._rdb_storage("postgresql://x/db", None)

@@ -108,7 +108,7 @@ def _rdb_storage(url: str, heartbeat_s: int | None, attempts: int = 5) -> optuna
     """An RDBStorage; retried when workers starting together race to create its tables (a table or the schema
     version row "already exists")."""
     import optuna
-    from sqlalchemy.exc import IntegrityError, OperationalError
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     beat = {"heartbeat_interval": heartbeat_s, "heartbeat_stale_trial_callback": _on_stale} if heartbeat_s else {}
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
@@ -121,7 +121,10 @@ def _rdb_storage(url: str, heartbeat_s: int | None, attempts: int = 5) -> optuna
     for attempt in range(attempts - 1):
         try:
             return open_storage()
-        except (OperationalError, IntegrityError):
+        except (OperationalError, IntegrityError, ProgrammingError) as err:
+            # PostgreSQL reports the race as ProgrammingError (DuplicateTable); other programming errors are real.
+            if isinstance(err, ProgrammingError) and "already exists" not in str(err):
+                raise
             time.sleep(0.1 * (attempt + 1))
     return open_storage()
 
