@@ -4,8 +4,9 @@ A task fixes everything that defines the problem an agent solves: the workload, 
 pool, the reward and the episode limits. Its seeds are split three ways, disjoint by construction: training
 episodes draw from :data:`TRAIN_SEEDS`, periodic evaluation during training uses :data:`VALIDATION_SEEDS`, and
 results are reported on the frozen :data:`TEST_SEEDS` only (``servegym bench``). A task drawn from a trace also
-splits its data: ``split="train"`` (training and validation) draws windows from the first part of the trace and
-``split="test"`` from the held-out rest (``test_workload``), so no test request is ever trained on.
+splits its data: ``split="test"`` draws windows from a held-out part of the trace (``test_workload``; for
+long-context its middle 35-65%) and ``split="train"`` (training and validation) from the rest, so no test request
+is ever trained on.
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ class TraceWorkload:
 
     def window_rows(self, full: RequestSpec, rng: np.random.Generator) -> tuple[int, int]:
         """The trace rows ``[lo, hi)`` of a window of ``duration_s`` scaled seconds starting at a time drawn
-        uniformly within ``span``, redrawn (up to 100 times) while it holds fewer than ``min_requests``."""
+        uniformly within one of ``spans``, redrawn (up to 100 times) while it holds fewer than ``min_requests``."""
         width = self.duration_s / self.time_scale
         bounds = [(float(full.arrival_s[-1]) * lo, float(full.arrival_s[-1]) * hi) for lo, hi in self.spans]
         room = np.array([max(0.0, last - first - width) for first, last in bounds])
