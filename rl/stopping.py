@@ -10,6 +10,10 @@ truth into the run's ``config.json`` and stops the env workers it started (:mod:
 from __future__ import annotations
 
 import contextlib
+import math
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -65,3 +69,40 @@ class StopOnSignals(SignalScope):
             self.pending = signum
             return
         raise TrainingInterrupted(signum)
+
+
+def spawned_children() -> set[int]:
+    """Pids of this process's children that multiprocessing spawned (Linux's /proc; empty elsewhere)."""
+    pids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == os.getpid() and fields[0] != "Z" and \
+                    b"--multiprocessing-fork" in (stat.parent / "cmdline").read_bytes():
+                pids.add(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+    return pids
+
+
+def end_processes(pids: set[int], grace_s: float = 30.0) -> None:
+    """SIGTERM ``pids`` (children of this process), reap them, and SIGKILL those still there after ``grace_s``."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline, left = time.monotonic() + grace_s, set(pids)
+    while left:
+        for pid in list(left):
+            try:
+                done = os.waitpid(pid, os.WNOHANG)[0]
+            except ChildProcessError:  # not (or no longer) ours to wait for
+                done = pid
+            if done:
+                left.discard(pid)
+        if left and time.monotonic() > deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = math.inf  # killed once; now only reap them
+        if left:
+            time.sleep(0.01)

@@ -35,7 +35,7 @@ from servegym import ENV_ID
 from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS, get_task
 from servegym.rl.evaluation import FINAL_MODEL, FINAL_STATS, SeedListEval, write_json
 from servegym.rl.fast_dist import policy_for
-from servegym.rl.stopping import StopOnSignals, TrainingInterrupted
+from servegym.rl.stopping import StopOnSignals, TrainingInterrupted, end_processes, spawned_children
 from servegym.rl.wrappers import TrainSeeds, rank_grid, wrap
 
 if TYPE_CHECKING:
@@ -245,6 +245,7 @@ class _Session:
 
     def __enter__(self) -> _Session:
         self._children = set(multiprocessing.active_children())
+        self._spawned = spawned_children()
         self.stop.__enter__()
         self.write()
         return self
@@ -276,6 +277,8 @@ class _Session:
             process.terminate()
         for process in started:
             process.join(timeout=30)
+        # A signal that lands inside Process.start() leaves a spawned child multiprocessing never registered.
+        end_processes(spawned_children() - self._spawned)
 
 
 def _relative(run: Path, path: Path) -> str:

@@ -221,3 +221,22 @@ def test_an_ignored_signal_stays_ignored():
             os.kill(os.getpid(), signal.SIGTERM)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_spawned_child_multiprocessing_never_registered_is_found_and_ended():
+    # Rule: a signal inside Process.start() can leave a spawned worker that active_children() does not know; the
+    # stop finds this process's spawned children by their command line and ends them.
+    from servegym.rl.stopping import end_processes, spawned_children
+
+    before = spawned_children()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "--multiprocessing-fork"])
+    try:
+        wait_until("the child to show in /proc", lambda: child.pid in spawned_children())
+        assert spawned_children() - before == {child.pid}
+        end_processes({child.pid}, grace_s=5.0)
+        assert child.pid not in spawned_children()
+        assert not Path(f"/proc/{child.pid}").exists() or child.poll() is not None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
