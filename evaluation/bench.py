@@ -26,6 +26,7 @@ from servegym.engine import EngineConfig, PoolConfig
 from servegym.envs.tasks import TEST_SEEDS, get_task
 from servegym.evaluation.executor import PROCESSES, Executor, RunStore, progress_bar, run_stored
 from servegym.evaluation.leaderboard import ENGINE_CONFIG_SUFFIX, markdown
+from servegym.evaluation.provenance import stamp
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import EpisodeResult, make_env, run_episode
 
@@ -265,8 +266,6 @@ def write_leaderboard(rows: Sequence[BenchRow], out_dir: str | Path, command: st
         writer.writerow(COLUMNS)
         writer.writerows(astuple(row) for row in rows)
     os.replace(tmp, csv_path)
-    from servegym.evaluation.provenance import stamp
-
     text = markdown(rows, command, built_by=stamp())
     if partial is not None:
         text = (f"> **PARTIAL RESULTS**: stopped after {partial[0]} of {partial[1]} episodes; re-run the same "

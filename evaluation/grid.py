@@ -141,10 +141,10 @@ def run_grid(experiment: Experiment, workers: int | None = None, progress: bool 
     todo = tasks(experiment)
     check_inputs(experiment, todo)
     bar = _bar(len(todo), experiment.name) if progress else None
-    return run_stored(run_task, todo, workers, store, _describe, bar, executor)
+    return run_stored(run_task, todo, workers, store, describe, bar, executor)
 
 
-def _describe(task: Task) -> str:
+def describe(task: Task) -> str:
     return f"run {task.policy.title} on {task.workload.label} seed {task.seed}"
 
 

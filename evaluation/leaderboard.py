@@ -77,9 +77,9 @@ def is_reference(label: str) -> bool:
 
 
 def is_heuristic(label: str) -> bool:
-    """A hand-coded policy of the test track (default or tuned parameters, FCFS included): not an agent, not a
-    random floor or the clairvoyant packer."""
-    return not (label.startswith(("rl:", "random")) or label == "clairvoyant-greedy" or is_engine_config(label))
+    """A hand-coded policy of the test track (default or tuned parameters, FCFS included): not an agent and not
+    a reference other than FCFS."""
+    return not (label.startswith("rl:") or is_engine_config(label) or (is_reference(label) and label != "fcfs"))
 
 
 @dataclass(frozen=True)
@@ -146,12 +146,12 @@ class TaskBoard:
         """``decision-sensitive``, ``flat``, or ``undetermined`` (random or FCFS, or every candidate, missing, or
         fewer than ``MIN_VERDICT_SEEDS`` episodes of one of them)."""
         random, fcfs = self.score("random"), self.score("fcfs")
-        candidates = [s for s in (self.best,) if s is not None]
-        if random is None or fcfs is None or not candidates:
+        best = self.best
+        if random is None or fcfs is None or best is None:
             return "undetermined"
-        if min(s.episodes for s in (random, fcfs, *candidates)) < MIN_VERDICT_SEEDS:
+        if min(s.episodes for s in (random, fcfs, best)) < MIN_VERDICT_SEEDS:
             return "undetermined"
-        sensitive = any(min(self.gain(s, random), self.gain(s, fcfs)) >= SENSITIVE for s in candidates)
+        sensitive = min(self.gain(best, random), self.gain(best, fcfs)) >= SENSITIVE
         return "decision-sensitive" if sensitive else "flat"
 
 
@@ -201,24 +201,23 @@ def _percent(gain: float) -> str:
 
 def headroom_line(board: TaskBoard) -> str:
     """The best test-track policy's gains over random and FCFS, and the verdict."""
-    random, fcfs = board.score("random"), board.score("fcfs")
-    parts = []
-    for name, score in ((f"best policy `{board.best.policy}`" if board.best else "", board.best),):
-        if score is None:
-            continue
-        gains = ", ".join(f"{_percent(board.gain(score, ref))} vs {ref_name}"
-                          for ref_name, ref in (("random", random), ("FCFS", fcfs)) if ref is not None)
-        value = score.mean(board.ranking)
-        parts.append(f"{name} ({value:.{_decimals(value)}f}" + (f"; {gains})" if gains else ")"))
-    text = "; ".join(parts) or "no candidate policy"
+    best = board.best
+    if best is None:
+        return f"**Headroom** on `{board.ranking}`: no candidate policy → **{board.verdict}**."
+    gains = ", ".join(f"{_percent(board.gain(best, ref))} vs {name}"
+                      for name, ref in (("random", board.score("random")), ("FCFS", board.score("fcfs")))
+                      if ref is not None)
+    value = best.mean(board.ranking)
+    text = f"best policy `{best.policy}` ({value:.{_decimals(value)}f}" + (f"; {gains})" if gains else ")")
     return f"**Headroom** on `{board.ranking}`: {text} → **{board.verdict}**."
 
 
 def _versus(board: TaskBoard, score: Score) -> str:
-    best = board.best_heuristic
-    if best is None or score is best:
-        return "best heuristic" if score is best else "n/a"
+    if score is board.best_heuristic:
+        return "best heuristic"
     diff = board.versus_best_heuristic(score)
+    if diff is None:
+        return "n/a"
     digits = _decimals(diff.mean)
     low, high = (-diff.high, -diff.low) if board.lower_is_better else (diff.low, diff.high)  # > 0: better
     verdict = " (better)" if low > 0 else " (worse)" if high < 0 else ""

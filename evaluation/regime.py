@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from servegym.evaluation.executor import PROCESSES, progress_bar, run_stored
-from servegym.evaluation.grid import Task, TaskResult, run_task, tasks
+from servegym.evaluation.grid import Task, TaskResult, describe, run_task, tasks
 from servegym.evaluation.spec import Experiment, PolicySpec, WorkloadSpec
 from servegym.evaluation.stats import MIN_VERDICT_SEEDS, Interval, paired_difference
 
@@ -129,7 +129,7 @@ def sweep(seeds: int = 5, workers: int | None = None, progress: bool = False,
     chosen = only if only is not None else cells()
     todo = [task for cell in chosen for task in cell_tasks(cell, seeds)]
     bar = progress_bar(len(todo), "flow-regime", "run") if progress else None
-    results: list[TaskResult] = run_stored(_run_quietly, todo, workers, None, _describe, bar, PROCESSES)
+    results: list[TaskResult] = run_stored(_run_quietly, todo, workers, None, describe, bar, PROCESSES)
     by_cell: dict[str, dict[str, dict[int, float]]] = {}
     for r in results:
         by_cell.setdefault(r.workload, {}).setdefault(r.policy, {})[r.seed] = r.metrics[METRIC]
@@ -142,9 +142,6 @@ def _run_quietly(task: Task) -> TaskResult:
         warnings.filterwarnings("ignore", message=".*thrashing the KV cache", category=RuntimeWarning)
         return run_task(task)
 
-
-def _describe(task: Task) -> str:
-    return f"run {task.policy.title} on {task.workload.label} seed {task.seed}"
 
 
 def markdown(rows: list[CellResult], seeds: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,32 +127,34 @@ class Table:
     def mean(self, workload: str, policy: str, metric: str) -> tuple[float, float]:
         return mean_ci(self.series(workload, policy, metric))
 
+    def _copy(self, keep: Callable[[tuple[str, str, str]], bool] = lambda key: True,
+              workloads: list[str] | None = None) -> Table:
+        """A copy holding the cells whose (workload, policy, metric) key ``keep`` accepts, and ``workloads``
+        (default: all of them)."""
+        out = Table([])
+        out.values.update({k: dict(v) for k, v in self.values.items() if keep(k)})
+        out.workloads = list(self.workloads) if workloads is None else [w for w in self.workloads if w in workloads]
+        out.policies = list(self.policies)
+        return out
+
     def restricted(self, workloads: list[str]) -> Table:
         """A copy holding only ``workloads``."""
-        out = Table([])
-        out.values.update({k: dict(v) for k, v in self.values.items() if k[0] in workloads})
-        out.workloads, out.policies = [w for w in self.workloads if w in workloads], list(self.policies)
-        return out
+        return self._copy(lambda key: key[0] in workloads, workloads)
 
     def without(self, policies: tuple[str, ...], workloads: list[str]) -> Table:
         """A copy with ``policies``' values dropped in ``workloads`` (the rest kept as they are)."""
-        out = Table([])
-        out.values.update({k: dict(v) for k, v in self.values.items()
-                           if not (k[1] in policies and k[0] in workloads)})
-        out.workloads, out.policies = list(self.workloads), list(self.policies)
-        return out
+        return self._copy(lambda key: not (key[1] in policies and key[0] in workloads))
 
     def with_envelope(self, name: str, metric: str) -> Table:
         """A copy with one more policy, ``name``: per workload and seed, the lowest ``metric`` of every policy that
         ran that seed."""
-        out = Table([])
-        out.values.update({k: dict(v) for k, v in self.values.items()})
+        out = self._copy()
         for w in self.workloads:
             per_policy = [self.values[(w, p, metric)] for p in self.policies if (w, p, metric) in self.values]
             if per_policy:
                 seeds = set.intersection(*(set(c) for c in per_policy))
                 out.values[(w, name, metric)] = {s: min(c[s] for c in per_policy) for s in sorted(seeds)}
-        out.workloads, out.policies = list(self.workloads), [*self.policies, name]
+        out.policies.append(name)
         return out
 
     def best_variants(self, metric: str) -> tuple[Table, dict[tuple[str, str], str]]:

@@ -38,6 +38,9 @@ class Policy(ABC):
     uses_output_lengths: ClassVar[bool] = False
     """True when the rule reads ``output_lo``/``output_hi``: runners then default to predicted lengths, since
     with unknown lengths the interval is ``[1, max_tokens]`` and the rule degenerates."""
+    needs_overrides: ClassVar[bool] = False
+    """True for a policy that means nothing without its engine overrides (the clairvoyant greedy packer's true
+    lengths): a benchmark runs it only in a task's engine-config track."""
     Params: ClassVar[type[PolicyParams] | None] = None
     """The policy's parameters (a frozen :class:`PolicyParams` dataclass); None when it has none."""
 
@@ -49,10 +52,6 @@ class Policy(ABC):
         else:
             self.params = self.Params(**params)
         self.reset()
-
-    needs_overrides: ClassVar[bool] = False
-    """True for a policy that means nothing without its engine overrides (the clairvoyant greedy packer's true
-    lengths): a benchmark runs it only in a task's engine-config track."""
 
     def engine_overrides(self) -> dict[str, Any]:
         """EngineConfig fields this policy needs (its preemption rule, prefill chunk); runners apply them."""
