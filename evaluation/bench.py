@@ -18,7 +18,7 @@ import csv
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import astuple, dataclass, field, fields
+from dataclasses import asdict, astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +26,18 @@ from servegym.engine import EngineConfig, PoolConfig
 from servegym.envs.tasks import TEST_SEEDS, get_task
 from servegym.evaluation.executor import PROCESSES, Executor, RunStore, progress_bar, run_stored
 from servegym.evaluation.leaderboard import ENGINE_CONFIG_SUFFIX, markdown
+from servegym.evaluation.oracle import ORACLE, Budget, plan_episode
 from servegym.evaluation.provenance import stamp
 from servegym.policies import POLICIES, make_policy
-from servegym.runner import EpisodeResult, make_env, run_episode
+from servegym.runner import EpisodeResult, env_profile, make_env, run_episode
 
 DEFAULT_POLICIES = ("random", "random:count", "random:window", "random:rank", "fcfs", "twp", "flow-control",
-                    "sarathi", "mc-sf", "vllm", "priority", "clairvoyant-greedy")
+                    "sarathi", "mc-sf", "vllm", "priority", "clairvoyant-greedy", ORACLE)
 """The default field: the floors a scheduler must beat (random admission, which is the admit mode's uniform
 action, a uniformly random action of each other learning action mode, and FCFS), the seed papers' policies with
 their default parameters, the strongest baselines, and the clairvoyant greedy packer (true lengths; not a
-bound)."""
+bound), and the oracle (:mod:`servegym.evaluation.oracle`: a rollout planner over every other contestant of the
+task, at or above each of them on every seed)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ class BenchJob:
     seed: int
     track: str = TEST_TRACK
     """``test``: exactly the task's settings; ``engine-config``: the policy's own engine/pool settings on top."""
+    bases: tuple[Entry, ...] = ()
+    """For the oracle: every other test-track contestant of the task, its base policies (part of the run store's
+    key, so a new contestant re-runs the oracle)."""
 
     @property
     def label(self) -> str:
@@ -109,7 +114,7 @@ def make_entries(policies: Sequence[str] = DEFAULT_POLICIES, params_files: Seque
     """
     from servegym.tuning.study import read_params
 
-    entries = [Entry(name, name) for name in policies]
+    entries = [Entry(name, name, asdict(Budget()) if name == ORACLE else {}) for name in policies]
     for path in params_files:
         name, params = read_params(path)
         entries.append(Entry(f"{name} (tuned)", name, params))
@@ -156,6 +161,12 @@ def check_entry(entry: Entry) -> None:
         if not (run / "config.json").is_file():
             raise ValueError(f"{run} is not a servegym train run (no config.json)")
         return
+    if entry.policy == ORACLE:
+        try:
+            Budget(**entry.params)
+        except TypeError as err:
+            raise ValueError(f"oracle: {err}") from None
+        return
     if entry.policy not in POLICIES and not entry.policy.startswith("random:"):
         raise ValueError(f"unknown policy {entry.policy!r}; registered: {sorted(POLICIES)}, rl:RUN_DIR or "
                          "random:MODE")
@@ -168,6 +179,8 @@ def check_entry(entry: Entry) -> None:
 def own_settings(entry: Entry) -> tuple[dict[str, Any], dict[str, Any], bool]:
     """The entry's own engine and pool settings and whether it needs them (an agent's: its training length mode,
     read from its run's ``config.json`` without loading the model)."""
+    if entry.policy == ORACLE:
+        return {}, {}, False
     if entry.policy.startswith("rl:"):
         config = json.loads((Path(entry.policy.removeprefix("rl:")) / "config.json").read_text())
         mode = config.get("engine", {}).get("length_mode")
@@ -198,24 +211,49 @@ def tracks(task: str, entry: Entry, settings: tuple[dict[str, Any], dict[str, An
 
 
 def make_jobs(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[int] = TEST_SEEDS) -> list[BenchJob]:
-    """Every (task, entry, track, seed), task-major; unknown tasks and an empty seed list are errors."""
+    """Every (task, entry, track, seed), task-major; the oracle's jobs carry the task's other test-track entries
+    as its bases. Unknown tasks, an empty seed list and an oracle with nothing to plan over are errors."""
     for name in tasks:
         get_task(name)
     seeds = tuple(seeds)
     if not seeds:
         raise ValueError("no seeds to run")
     settings = {entry.label: own_settings(entry) for entry in entries}
-    return [BenchJob(task, entry, seed, track) for task in tasks for entry in entries if entry.runs_on(task)
-            for track in tracks(task, entry, settings[entry.label]) for seed in seeds]
+    jobs = []
+    for task in tasks:
+        runs = [(entry, track) for entry in entries if entry.runs_on(task)
+                for track in tracks(task, entry, settings[entry.label])]
+        bases = tuple(e for e, track in runs if track == TEST_TRACK and e.policy != ORACLE)
+        for entry, track in runs:
+            if entry.policy == ORACLE and not bases:
+                raise ValueError(f"the oracle needs other test-track policies to plan over on {task}")
+            jobs += [BenchJob(task, entry, seed, track, bases if entry.policy == ORACLE else ()) for seed in seeds]
+    return jobs
 
 
 def play(job: BenchJob) -> EpisodeResult:
     """Run one leaderboard episode: the task's env (with the policy's own settings on top only in the
     engine-config track), the entry's policy, the job's seed."""
+    if job.entry.policy == ORACLE:
+        return play_oracle(job)
     policy = make_policy(job.entry.policy, **job.entry.params)
     env = make_env(policy, task=job.task, split="test", apply_overrides=job.track == ENGINE_CONFIG_TRACK)
     try:
         return run_episode(env, policy, seed=job.seed)
+    finally:
+        env.close()
+
+
+def play_oracle(job: BenchJob) -> EpisodeResult:
+    """The oracle's episode: the task's test-track env, planned over the job's bases."""
+    env = make_env(task=job.task, split="test", apply_overrides=False)
+    try:
+        bases = {}
+        for entry in job.bases:
+            policy = make_policy(entry.policy, **entry.params)
+            policy.bind_profile(env_profile(env))
+            bases[entry.label] = policy
+        return plan_episode(env, bases, job.seed, Budget(**job.entry.params)).result
     finally:
         env.close()
 

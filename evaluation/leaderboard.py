@@ -6,9 +6,11 @@ about the same there). Rows labelled ``<policy> [engine-config]`` ran with the p
 chunk size, token budget, eviction rule or true lengths) instead of the task's: they are shown in their own table
 and never ranked against, or counted in the headroom of, the test track.
 
-Each test-track row also carries a normalized score, 0 = FCFS and 100 = the best hand-coded heuristic of the
-same run on the task (an agent above 100 beats every heuristic measured), and the per-seed paired difference
-to that best heuristic with its 95% CI. Gains are relative to the reference's magnitude and positive when better:
+Each test-track row also carries a normalized score, 0 = FCFS and 100 = the oracle of the same run on the task
+(:mod:`servegym.evaluation.oracle`, at or above every contestant on every seed; without an oracle on the board,
+100 = the best hand-coded heuristic), and the per-seed paired difference to the best heuristic with its 95% CI.
+The *bound* line checks the oracle against every test-track row, seed by seed.
+Gains are relative to the reference's magnitude and positive when better:
 ``(value - reference) / |reference|`` where higher is better (the episode return, goodput), the negative of that
 where lower is better (latency). For a negative return (minus request-seconds) that is the latency reduction.
 """
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servegym.envs.tasks import get_task
+from servegym.evaluation.oracle import ORACLE, Budget
 from servegym.evaluation.stats import (
     MIN_VERDICT_SEEDS,
     Interval,
@@ -37,9 +40,9 @@ from servegym.evaluation.stats import (
 if TYPE_CHECKING:
     from servegym.evaluation.bench import BenchRow
 
-REFERENCES = ("random", "fcfs", "clairvoyant-greedy")
-"""Labels of the reference policies: the floors to beat (random, FCFS) and the clairvoyant greedy packer (true
-lengths; a comparison point, not a ceiling: tuned policies beat it)."""
+REFERENCES = ("random", "fcfs", "clairvoyant-greedy", ORACLE)
+"""Labels of the reference policies: the floors to beat (random, FCFS), the clairvoyant greedy packer (true
+lengths; a comparison point, not a ceiling: tuned policies beat it) and the oracle (the ceiling of the board)."""
 ENGINE_CONFIG_SUFFIX = " [engine-config]"
 """Label suffix of the rows a policy ran with its own engine settings instead of the task's."""
 SENSITIVE = 0.15
@@ -110,9 +113,14 @@ class TaskBoard:
         """The best hand-coded policy of the test track (FCFS and tuned variants included)."""
         return next((s for s in self.scores if is_heuristic(s.policy)), None)
 
+    @property
+    def anchor(self) -> Score | None:
+        """The score's 100: the oracle, or the best heuristic on a board without one."""
+        return self.score(ORACLE) or self.best_heuristic
+
     def normalized(self, score: Score) -> float:
-        """0 = FCFS, 100 = the best heuristic, on the ranking metric; NaN when they tie or one is missing."""
-        fcfs, best = self.score("fcfs"), self.best_heuristic
+        """0 = FCFS, 100 = :attr:`anchor`, on the ranking metric; NaN when they tie or one is missing."""
+        fcfs, best = self.score("fcfs"), self.anchor
         if fcfs is None or best is None:
             return math.nan
         span = best.mean(self.ranking) - fcfs.mean(self.ranking)
@@ -209,7 +217,39 @@ def headroom_line(board: TaskBoard) -> str:
                       if ref is not None)
     value = best.mean(board.ranking)
     text = f"best policy `{best.policy}` ({value:.{_decimals(value)}f}" + (f"; {gains})" if gains else ")")
-    return f"**Headroom** on `{board.ranking}`: {text} → **{board.verdict}**."
+    return f"**Headroom** on `{board.ranking}`: {text} → **{board.verdict}**.{_left(board, best)}"
+
+
+def _left(board: TaskBoard, best: Score) -> str:
+    """What the oracle leaves to gain over ``best`` (empty without an oracle)."""
+    oracle, fcfs = board.score(ORACLE), board.score("fcfs")
+    if oracle is None:
+        return ""
+    value = oracle.mean(board.ranking)
+    text = f" The oracle reaches {value:.{_decimals(value)}f}"
+    if fcfs is not None:
+        text += f" ({_percent(board.gain(oracle, fcfs))} vs FCFS)"
+    gap = paired_difference(oracle.per_seed, best.per_seed)
+    digits = _decimals(gap.mean)
+    return (text + f"; oracle minus `{best.policy}`, paired: {gap.mean:+.{digits}f}, CI [{gap.low:.{digits}f}, "
+            f"{gap.high:.{digits}f}].")
+
+
+def bound_line(board: TaskBoard) -> str:
+    """Whether the oracle is at or above every test-track policy on every seed they share (empty without one)."""
+    oracle = board.score(ORACLE)
+    if oracle is None:
+        return ""
+    sign = -1.0 if board.lower_is_better else 1.0
+    broken = [f"`{s.policy}` on seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}"
+              for s in board.scores if s is not oracle
+              for seeds in [[k for k, v in s.per_seed.items() if k in oracle.per_seed
+                             and sign * (v - oracle.per_seed[k]) > 0]] if seeds]
+    if broken:
+        return "**Bound broken:** the oracle is beaten by " + "; ".join(broken) + "."
+    others = sum(1 for s in board.scores if s is not oracle)
+    return (f"**Bound:** the oracle is at or above all {others} other test-track policies on every one of their "
+            "seeds.")
 
 
 def _versus(board: TaskBoard, score: Score) -> str:
@@ -273,7 +313,8 @@ def task_table(board: TaskBoard) -> list[str]:
              f"best heuristic: `{best.policy if best else 'none'}`.", "",
              "| # | policy | score | vs best heuristic (paired, 95% CI) | " + " | ".join(HEADERS) + " | truncated |",
              "|---:|---|---:|---|" + "---:|" * (len(HEADERS) + 1),
-             *_rows(board, board.scores, paired=True), "", headroom_line(board), "", *agent_table(board)]
+             *_rows(board, board.scores, paired=True), "", headroom_line(board), "",
+             *([bound_line(board), ""] if board.score(ORACLE) else []), *agent_table(board)]
     if board.engine_config:
         lines += ["Engine-config track: each policy on its own engine settings, not the task's (not ranked against "
                   "the table above).", "", "| # | policy | " + " | ".join(HEADERS) + " | truncated |",
@@ -298,8 +339,13 @@ def markdown(rows: Sequence[BenchRow], command: str = "servegym bench",
         "profile, engine, pool, reward, length mode) on the frozen test seeds, whatever a policy or an agent "
         "would set for itself; a policy that changes those settings also runs in its task's *engine-config* "
         "track, shown apart. Cells are mean ± 95% CI half-width over seeds. *Score* is 0 for FCFS and 100 for the "
-        "task's best hand-coded heuristic on the ranking metric; *vs best heuristic* is the per-seed paired "
-        "difference on that metric. *Return* is the episode's undiscounted reward sum "
+        "task's oracle on the ranking metric (the best hand-coded heuristic where no oracle ran); *vs best "
+        "heuristic* is the per-seed paired difference on that metric. The *oracle* is a clairvoyant rollout "
+        f"planner on copies of the task's env: every other test-track policy plays the whole episode, then at "
+        f"{Budget().replans} decision points the best {Budget().width} of them each finish it from the state "
+        "reached, and the oracle switches when one finishes higher; its return is at least every contestant's on "
+        "every seed (checked on each task's *bound* line), a ceiling for the board, not the optimum. "
+        "*Return* is the episode's undiscounted reward sum "
         "in the task's reward units (`latency`: minus request-seconds in the system; `slo_goodput`: requests "
         "within both SLOs). *E2E mean, all* counts every arrived, unrejected request, the unfinished up to the "
         "episode's end. Policies are sorted best-first by the task's ranking metric. A task is "

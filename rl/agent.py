@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import warnings
 from pathlib import Path
@@ -47,6 +48,14 @@ class RLPolicy(Policy):
         if self.config.get("normalize", True) and self._vec_normalize is None:
             raise ValueError(f"{model_path} was trained with normalised observations but {stats_path.name} is "
                              "missing")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RLPolicy:
+        """A copy sharing the model and the frozen statistics: the agent keeps no state between steps (it
+        predicts deterministically from the observation alone), so copies act alike and cannot interfere, and
+        the oracle can copy it at every decision point (a ``VecNormalize`` cannot be deep-copied)."""
+        clone = copy.copy(self)
+        memo[id(self)] = clone
+        return clone
 
     def engine_overrides(self) -> dict[str, Any]:
         """Only the length mode the agent was trained with: its observations mean that. Everything else (KV

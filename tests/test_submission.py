@@ -62,3 +62,21 @@ def test_a_file_that_is_not_a_submission_is_a_clear_error(tmp_path):
     bad.write_text(json.dumps({"rows": []}))
     with pytest.raises(ValueError, match="not a format-1 servegym submission"):
         read_submission(bad)
+
+
+def test_an_agent_copies_for_the_oracle_sharing_its_frozen_model(agent):
+    # The oracle copies every base policy at each decision point; an agent's VecNormalize cannot be deep-copied,
+    # so a copy shares the model and statistics (the agent keeps no state between steps) and acts the same.
+    import copy
+
+    from servegym.evaluation.oracle import Budget, plan_episode
+    from servegym.policies import make_policy
+    from servegym.runner import make_env, run_episode
+
+    policy = make_policy(f"rl:{agent}")
+    clone = copy.deepcopy(policy)
+    assert clone is not policy and clone.model is policy.model
+    env = make_env(task="relaxed", split="test", apply_overrides=False)
+    alone = run_episode(env, policy, SEEDS[0]).total_reward
+    episode = plan_episode(env, {"agent": clone, "fcfs": make_policy("fcfs")}, SEEDS[0], Budget(replans=2, width=2))
+    assert episode.sweep["agent"] == alone and episode.result.total_reward >= alone

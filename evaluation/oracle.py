@@ -1,0 +1,138 @@
+"""The oracle: a clairvoyant rollout planner that no contestant of the leaderboard beats, seed by seed.
+
+It plans on copies of the task's env, so it knows every future arrival and every true output length (the
+engine's, whatever the task reveals to policies). Its *base policies* are the contestants of the task's test
+track (the hand-coded policies, default and tuned, the random floors and the trained agents). On one seed:
+
+1. **Sweep.** From the reset, each base policy plays the whole episode on a copy of the env. The best return
+   is the plan: its actions are what the oracle follows.
+2. **Replan.** At ``replans`` decision points spread evenly over the plan's steps, the ``width`` base policies
+   that did best in the sweep each finish the episode on a copy of the env from the state reached (each has
+   watched the episode so far, so its own state, a smoothed latency or a token window, is as if it had been
+   acting). When one finishes with a higher return than the plan, its actions from here on become the plan.
+3. **Follow** the plan to the episode's end.
+
+The plan's return never drops (a switch needs a higher complete return), so the oracle's return is at least
+every base policy's on the same seed: Bertsekas' rollout with several base heuristics, in its *fortified* form
+that never does worse than its start. Episodes are deterministic given the seed and the actions, so following
+a plan reproduces its return to the last bit; the planner checks that and raises when it does not.
+
+Search budget per seed: one whole episode per base policy, then at most ``replans x width`` episode tails.
+The bound covers the policies it was given; the benchmark gives it every contestant of the task, so a new
+contestant re-runs the oracle with it as a base.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from servegym.engine.validation import positive_int
+from servegym.metrics import summarize
+from servegym.policies import Policy
+from servegym.runner import EpisodeResult, serving_env
+
+ORACLE = "oracle"
+"""The oracle's name and leaderboard label."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much the oracle searches on one seed."""
+
+    replans: int = 12
+    """Decision points, evenly spaced over the sweep's best episode, where the plan may switch policy (0: the
+    oracle is the best base policy of the sweep)."""
+    width: int = 6
+    """Base policies tried at each decision point: the best ``width`` of the sweep on this seed."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replans, bool) or not isinstance(self.replans, int) or self.replans < 0:
+            raise ValueError(f"replans must be an integer >= 0, got {self.replans!r}")
+        positive_int("width", self.width)
+
+
+@dataclass(frozen=True)
+class OracleEpisode:
+    """The oracle's episode and how it was found."""
+
+    result: EpisodeResult
+    sweep: dict[str, float]
+    """Each base policy's return over the whole episode, from the reset."""
+    switches: tuple[str, ...]
+    """``<base>@<step>`` for the sweep's winner (at step 0) and each later switch, in order."""
+    tails: int
+    """Episode tails rolled out at decision points."""
+
+
+@dataclass
+class _Plan:
+    actions: list[np.ndarray]
+    """Every action of the episode, from step 0."""
+    total: float
+    """The episode's return when it follows ``actions``, summed step by step as the env pays it."""
+
+
+def _finish(env: gym.Env, obs: dict, policy: Policy, total: float) -> tuple[list[np.ndarray], float]:
+    """Let ``policy`` play ``env`` from ``obs`` to the episode's end; its actions and the return so far plus its
+    rewards (summed in the order the env pays them, so a replay sums to the same float)."""
+    actions: list[np.ndarray] = []
+    done = False
+    while not done:
+        action = np.array(policy.act(obs), copy=True)
+        obs, reward, terminated, truncated, _ = env.step(action)
+        actions.append(action)
+        total += float(reward)
+        done = terminated or truncated
+    return actions, total
+
+
+def plan_episode(env: gym.Env, bases: Mapping[str, Policy], seed: int, budget: Budget = Budget()) -> OracleEpisode:
+    """The oracle's episode on ``env`` with ``seed``: at least the return of every policy in ``bases`` (label ->
+    policy, each bound to ``env``'s profile), which are not changed. ``env`` is left at the episode's end."""
+    if not bases:
+        raise ValueError("the oracle needs at least one base policy")
+    obs, _ = env.reset(seed=seed)
+    fresh = {label: copy.deepcopy(policy) for label, policy in bases.items()}
+    for policy in fresh.values():
+        policy.reset()
+    sweep: dict[str, float] = {}
+    plan, switches = None, []
+    for label, policy in fresh.items():
+        actions, total = _finish(copy.deepcopy(env), obs, copy.deepcopy(policy), 0.0)
+        sweep[label] = total
+        if plan is None or total > plan.total:
+            plan, switches = _Plan(actions, total), [f"{label}@0"]
+    assert plan is not None
+    best = sorted(sweep, key=lambda label: -sweep[label])[: budget.width]  # stable: ties keep the bases' order
+    watchers = {label: fresh[label] for label in best}
+    horizon = len(plan.actions)
+    points = {round(k * horizon / (budget.replans + 1)) for k in range(1, budget.replans + 1)} - {0}
+    step, total, tails, done, truncated = 0, 0.0, 0, False, False
+    while not done:
+        if step in points:
+            for label, watcher in watchers.items():
+                tail, end = _finish(copy.deepcopy(env), obs, copy.deepcopy(watcher), total)
+                tails += 1
+                if end > plan.total:
+                    plan = _Plan(plan.actions[:step] + tail, end)
+                    switches.append(f"{label}@{step}")
+        for watcher in watchers.values():  # each watches the step it did not take
+            watcher.act(obs)
+        obs, reward, terminated, truncated, _ = env.step(plan.actions[step])
+        total += float(reward)
+        step += 1
+        done = terminated or truncated
+        if not done and step == len(plan.actions):
+            break
+    if step != len(plan.actions) or not done or total != plan.total:
+        raise RuntimeError(f"the env is not deterministic under copy: following the plan's {len(plan.actions)} "
+                           f"actions returned {total!r} in {step} steps, its rollout {plan.total!r}; the oracle "
+                           "needs every random draw to come from the env's own generators")
+    log = serving_env(env).cluster.log
+    return OracleEpisode(EpisodeResult(log, summarize(log), step, bool(truncated), total), sweep,
+                         tuple(switches), tails)
