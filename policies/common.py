@@ -129,13 +129,27 @@ def memory_feasible(obs: Observation, running_remaining: np.ndarray, candidates:
 
 def longest_feasible_prefix(obs: Observation, running_remaining: np.ndarray, rows: np.ndarray,
                             remaining: np.ndarray, capacity_scale: float = 1.0) -> int:
-    """The longest prefix of ``rows`` (in order) that keeps future memory feasible (binary search:
-    adding requests never lowers the peak)."""
-    lo, hi = 0, min(rows.shape[0], free_slots(obs))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if memory_feasible(obs, running_remaining, rows[:mid], remaining[:mid], capacity_scale):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    """The longest prefix of ``rows`` (in order, at most the free slots) that keeps future memory feasible, as
+    :func:`memory_feasible` judges each prefix, with every prefix judged at once in numpy.
+
+    The peak of a set of requests sits at one of their completion times ``t``, where it is the sum over those
+    still running of ``current + t``; at any other time ``t`` that sum is no larger than at the next completion
+    of the set, so every prefix's peak is the largest such sum over the completion times of *all* requests
+    (running and every candidate): one ``(candidates x times)`` table, summed down the candidates.
+    """
+    limit = min(rows.shape[0], free_slots(obs))
+    if limit == 0:
+        return 0
+    run = running_rows(obs)
+    run_current = run[:, RUNNING_INDEX["num_prompt_tokens"]] + run[:, RUNNING_INDEX["num_generated"]]
+    current = rows[:limit, _PROMPT] + rows[:limit, _GENERATED]
+    left = np.asarray(remaining[:limit], dtype=np.float64)
+    times = np.concatenate([running_remaining, left])
+    alive_run = running_remaining[:, None] >= times[None, :]
+    base = ((run_current[:, None] + times[None, :]) * alive_run).sum(axis=0)
+    alive = left[:, None] >= times[None, :]
+    added = np.cumsum((current[:, None] + times[None, :]) * alive, axis=0)
+    peaks = (base[None, :] + added).max(axis=1)  # prefix k + 1's peak, k = 0 .. limit - 1
+    slack = (engine_feature(obs, "kv_block_size") - 1) * (run.shape[0] + np.arange(1, limit + 1))
+    fits = peaks + slack <= capacity_scale * engine_feature(obs, "kv_capacity_tokens")
+    return limit if fits.all() else int(np.argmin(fits))

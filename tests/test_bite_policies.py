@@ -201,6 +201,45 @@ def expected_prefix(current, remaining, capacity, block_size, slots):
     return count
 
 
+def test_the_feasible_prefix_is_the_brute_force_peak_check_with_requests_running():
+    # Every prefix is judged at once in numpy (no binary search); here each answer is re-derived step by step from
+    # the definition: running requests plus the first k candidates, their peak over every future step plus one
+    # block of slack per request, within capacity_scale x the cache, at most the free slots.
+    from servegym.envs.observation import RUNNING_INDEX
+    from servegym.policies.common import free_slots, longest_feasible_prefix
+
+    rng = np.random.default_rng(11)
+    _, obs = reset_obs(make_policy("fcfs"))
+    block = int(obs["engine"][ENGINE_INDEX["kv_block_size"]])
+    checked = 0
+    for _ in range(150):
+        queue = [{"num_prompt_tokens": int(rng.integers(1, 120)), "num_generated": int(rng.choice([0, 0, 9]))}
+                 for _ in range(int(rng.integers(1, 9)))]
+        num_running = int(rng.integers(0, 6))
+        case = crafted(obs, queue, num_running=float(num_running), kv_capacity_tokens=float(rng.integers(50, 900)))
+        running = running_matrix(case)
+        running[:] = 0.0
+        running[:num_running, RUNNING_INDEX["num_prompt_tokens"]] = rng.integers(1, 100, num_running)
+        running[:num_running, RUNNING_INDEX["num_generated"]] = rng.integers(0, 30, num_running)
+        run_left = rng.integers(1, 40, num_running).astype(float)
+        left = rng.integers(1, 40, len(queue)).astype(float)
+        scale = float(rng.choice([0.5, 1.0, 1.3]))
+        run_now = running[:num_running, RUNNING_INDEX["num_prompt_tokens"]] + \
+            running[:num_running, RUNNING_INDEX["num_generated"]]
+        now = np.array([q["num_prompt_tokens"] + q["num_generated"] for q in queue], dtype=float)
+        capacity = scale * case["engine"][ENGINE_INDEX["kv_capacity_tokens"]]
+        expected = 0
+        for k in range(1, min(len(queue), free_slots(case)) + 1):
+            peak = brute_force_peak(np.concatenate([run_now, now[:k]]), np.concatenate([run_left, left[:k]]))
+            if peak + (block - 1) * (num_running + k) > capacity:
+                break
+            expected = k
+        rows = queue_matrix(case)[: len(queue)]
+        assert longest_feasible_prefix(case, run_left, rows, left, scale) == expected
+        checked += 0 < expected < len(queue)
+    assert checked > 20  # the cut falls inside the queue often, not only at its ends
+
+
 @pytest.mark.parametrize("name", ["mc", "mc-sf"])
 def test_unknown_lengths_are_planned_at_their_upper_bound(name):
     # Unknown lengths: each request shows [1, max_tokens = 100]. 20 blocks of 16 = 320 tokens. Five 10-token
