@@ -13,6 +13,7 @@ from servegym.policies import (  # noqa: F401  (each module registers its policy
     random_admit,
     round_robin,
     sarathi,
+    scorer,
     serverless_llm,
     twp,
     vllm,

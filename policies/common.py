@@ -6,7 +6,7 @@ import numpy as np
 
 from servegym.engine.kv import num_blocks
 from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX, length_mode_of, queue_matrix, running_matrix
-from servegym.policies.base import Observation, engine_feature, output_estimate
+from servegym.policies.base import Observation, engine_feature, output_estimate, ranks_action
 
 _PROMPT, _GENERATED = QUEUE_INDEX["num_prompt_tokens"], QUEUE_INDEX["num_generated"]
 
@@ -153,3 +153,23 @@ def longest_feasible_prefix(obs: Observation, running_remaining: np.ndarray, row
     slack = (engine_feature(obs, "kv_block_size") - 1) * (run.shape[0] + np.arange(1, limit + 1))
     fits = peaks + slack <= capacity_scale * engine_feature(obs, "kv_capacity_tokens")
     return limit if fits.all() else int(np.argmin(fits))
+
+
+def admit_by_score(obs: Observation, scores: np.ndarray, memory_target: float) -> np.ndarray:
+    """Admit the visible queue highest ``scores`` first (one per visible slot; ties keep queue order): the
+    longest prefix in that order that fits now (free blocks and slots) and keeps the projected peak KV use, at
+    the upper-bound output lengths, within ``memory_target`` x the cache. The rule of the ``score`` action mode
+    and of the parametric scorer."""
+    rows = visible_queue(obs)
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+    if scores.size < rows.shape[0]:
+        raise ValueError(f"{scores.size} scores for {rows.shape[0]} visible waiting requests")
+    if not (np.all(np.isfinite(scores[: rows.shape[0]])) and np.isfinite(memory_target) and memory_target > 0):
+        raise ValueError(f"scores must be finite and memory_target finite and > 0, got {memory_target!r}")
+    if not rows.shape[0]:
+        return ranks_action(obs, [])
+    ranked = np.argsort(-scores[: rows.shape[0]], kind="stable")
+    ordered = rows[ranked]
+    count = min(fcfs_count(obs, ranked), longest_feasible_prefix(
+        obs, upper_remaining_running(obs), ordered, upper_remaining_queue(ordered), memory_target))
+    return ranks_action(obs, ranked[:count])

@@ -18,7 +18,7 @@ from servegym.policies.base import Observation, Policy
 from servegym.policies.common import visible_queue
 from servegym.rl.evaluation import BEST_MODEL, BEST_STATS, FINAL_MODEL, FINAL_STATS
 from servegym.rl.train import algorithm_class, latest_checkpoint
-from servegym.rl.wrappers import count_action, rank_action, rank_grid, window_action
+from servegym.rl.wrappers import count_action, rank_action, rank_grid, score_action, window_action
 
 
 class RLPolicy(Policy):
@@ -83,6 +83,8 @@ class RLPolicy(Policy):
         if self.mode == "rank":
             order, target = (int(v) for v in np.asarray(action).reshape(-1)[:2])
             return rank_action(obs, order, target)
+        if self.mode == "score":
+            return score_action(obs, np.clip(np.asarray(action, dtype=np.float64).reshape(-1), -1.0, 1.0))
         return np.asarray(action, dtype=np.int64)
 
 

@@ -115,10 +115,16 @@ FAST_POLICIES: dict[str, type[BasePolicy]] = {
 """Algorithms (``servegym.rl.train.ALGOS`` names) that have a batched-slot policy."""
 
 
-def policy_for(algo: str, action_space: spaces.Space) -> str | type[BasePolicy]:
-    """The policy to pass as the first argument of ``algorithm_class(algo)(...)``: the batched-slot policy for
-    PPO, A2C and MaskablePPO on an equal-size ``MultiDiscrete`` (the ``admit`` mode), else ``"MultiInputPolicy"``.
+def policy_for(algo: str, action_space: spaces.Space, mode: str | None = None) -> str | type[BasePolicy]:
+    """The policy to pass as the first argument of ``algorithm_class(algo)(...)``: for PPO and A2C in the
+    ``score`` mode the network shared across queue slots (:class:`~servegym.rl.equivariant.ScorePolicy`), the
+    batched-slot policy for PPO, A2C and MaskablePPO on an equal-size ``MultiDiscrete`` (the ``admit`` mode),
+    else ``"MultiInputPolicy"``.
     """
+    if mode == "score" and algo in ("ppo", "a2c"):
+        from servegym.rl.equivariant import ScorePolicy
+
+        return ScorePolicy
     if algo in FAST_POLICIES and uniform_slots(action_space) is not None:
         return FAST_POLICIES[algo]
     return "MultiInputPolicy"

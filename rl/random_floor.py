@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from servegym.envs.observation import QUEUE_FEATURES
 from servegym.policies.base import Observation, Policy
 from servegym.policies.params import PolicyParams, non_negative_int, param
 from servegym.rl.wrappers import (
@@ -21,10 +22,11 @@ from servegym.rl.wrappers import (
     RANK_ORDERS,
     count_action,
     rank_action,
+    score_action,
     window_action,
 )
 
-FLOOR_MODES = ("count", "window", "rank")
+FLOOR_MODES = ("count", "window", "rank", "score")
 """The action modes with a random floor of their own (the admit mode's is ``random``)."""
 
 
@@ -41,7 +43,8 @@ class RandomActionParams(PolicyParams):
 
 class RandomAction(Policy):
     """A uniformly random action of ``mode`` each step: ``count`` admits 0..MAX_ADMIT from the head, ``window``
-    draws the token-window value uniformly in [-1, 1], ``rank`` one of the rank mode's orders and memory targets."""
+    draws the token-window value uniformly in [-1, 1], ``rank`` one of the rank mode's orders and memory targets,
+    ``score`` uniform slot scores and memory target (a random order of the queue, a random target)."""
 
     name = "random-action"
     source = "benchmark floor: a uniformly random action of one learning action mode"
@@ -57,5 +60,7 @@ class RandomAction(Policy):
             return count_action(obs, int(self.rng.integers(MAX_ADMIT + 1)))
         if mode == "window":
             return window_action(obs, float(self.rng.uniform(-1.0, 1.0)))
+        if mode == "score":
+            return score_action(obs, self.rng.uniform(-1.0, 1.0, obs["queue"].shape[0] // len(QUEUE_FEATURES) + 1))
         return rank_action(obs, int(self.rng.integers(len(RANK_ORDERS))),
                            int(self.rng.integers(len(RANK_MEMORY_TARGETS))))

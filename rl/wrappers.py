@@ -15,6 +15,10 @@ action through a pure function, so a trained agent can later drive the unwrapped
   projected peak KV use, at the upper-bound output lengths, stays within 0.4-1.0x the cache, or no projection:
   whatever fits now). It spans FCFS (arrival, no projection), shortest-prompt priority and MC-SF (shortest
   output, 1.0x) and everything between, chosen per step (a learned scheduler over interpretable rules).
+* :class:`ScoreAdmit` - ``Box(-1, 1, (W + 1,))``: a score per visible queue slot and a memory target; the
+  queue is admitted highest score first while the projected peak KV use stays within the target
+  (:func:`~servegym.policies.common.admit_by_score`, the parametric scorer's rule). Made for a policy network
+  shared across slots, which scores each request from its own features and the engine state.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from servegym.envs.observation import QUEUE_INDEX, length_mode_of
 from servegym.envs.tasks import TRAIN_SEEDS
 from servegym.policies.base import Observation, admit_first, output_estimate, ranks_action
 from servegym.policies.common import (
+    admit_by_score,
     fcfs_count,
     longest_feasible_prefix,
     remaining_queued,
@@ -93,6 +98,24 @@ def rank_action(obs: Observation, order: int, target: int) -> np.ndarray:
         count = min(fcfs_count(obs, ranked), longest_feasible_prefix(
             obs, upper_remaining_running(obs), ordered, upper_remaining_queue(ordered), scale))
     return ranks_action(obs, ranked[:count])
+
+
+SCORE_TARGETS = (0.3, 1.5)
+"""The ``score`` mode's memory target range: fractions of the cache the projected peak may reach, for actions
+-1 and 1 (linear between)."""
+
+
+def score_action(obs: Observation, action: np.ndarray) -> np.ndarray:
+    """The ``score`` mode: ``action[:W]`` scores the queue slots, ``action[W]`` in [-1, 1] sets the memory target
+    in :data:`SCORE_TARGETS` (see :class:`ScoreAdmit`)."""
+    values = np.asarray(action, dtype=np.float64).reshape(-1)
+    width = obs["queue"].shape[0] // len(QUEUE_INDEX)
+    if values.size != width + 1:
+        raise ValueError(f"a score action has {width + 1} values ({width} slot scores and a memory target), got "
+                         f"{values.size}")
+    low, high = SCORE_TARGETS
+    target = low + (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)
+    return admit_by_score(obs, values[:width], target)
 
 
 class _ObservingWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -204,9 +227,22 @@ class RankAdmit(_ObservingWrapper):
         return rank_action(obs, order, target)
 
 
-MODES = {"admit": AdmitMask, "window": TokenWindow, "count": AdmitCount, "rank": RankAdmit}
+class ScoreAdmit(_ObservingWrapper):
+    """``Box(-1, 1, (W + 1,))``: W slot scores, then the memory target (see :func:`score_action`)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+        self.width = env.unwrapped.queue_window
+        self.action_space = spaces.Box(-1.0, 1.0, (self.width + 1,), dtype=np.float32)
+
+    def to_env_action(self, obs: Observation, action: Any) -> np.ndarray:
+        return score_action(obs, action)
+
+
+MODES = {"admit": AdmitMask, "window": TokenWindow, "count": AdmitCount, "rank": RankAdmit, "score": ScoreAdmit}
 """Action modes: ``admit`` (per-slot mask), ``window`` (continuous token window), ``count`` (discrete),
-``rank`` (an order and a memory target)."""
+``rank`` (an order and a memory target), ``score`` (slot scores and a memory target)."""
 
 
 def wrap(env: gym.Env, mode: str) -> gym.Env:

@@ -232,7 +232,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     seed = args.sampler_seed if args.sampler_seed is not None else fresh_seed()
     cfg = TuneConfig(policy=args.policy, workload=workload, objective=args.objective, trials=args.trials,
                      seeds=args.seeds, eval_seeds=args.eval_seeds, storage=args.storage, study_name=study,
-                     pruner=args.pruner, sampler_seed=seed, max_steps=args.max_steps, env=env)
+                     pruner=args.pruner, sampler=args.sampler, sampler_seed=seed, max_steps=args.max_steps, env=env)
     print(f"servegym tune: study {cfg.name} at {cfg.storage_label()}: {cfg.trials} trials of {cfg.seeds} episodes, "
           f"sampler seed {seed}", flush=True)
     try:
@@ -394,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--study", default=None,
                      help="study name (default <policy>-<workload or task>-<objective>)")
     tun.add_argument("--pruner", default="median", choices=["median", "halving", "none"])
+    tun.add_argument("--sampler", default="tpe", choices=["tpe", "cmaes"],
+                     help="tpe (default) or cmaes, the CMA evolution strategy (continuous spaces)")
     tun.add_argument("--sampler-seed", type=non_negative_int, default=None,
                      help="default: a fresh seed per worker (printed), so workers sharing a study sample apart; "
                      "give one to make a single worker reproducible")
@@ -405,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     tun.set_defaults(func=cmd_tune)
     trn = sub.add_parser("train", help="train a stable-baselines3 agent (PPO by default)")
     trn.add_argument("--algo", default="ppo", choices=["ppo", "a2c", "dqn", "sac", "maskable-ppo"])
-    trn.add_argument("--mode", default=None, choices=["admit", "window", "count", "rank"],
+    trn.add_argument("--mode", default=None, choices=["admit", "window", "count", "rank", "score"],
                      help="action mode (default per algorithm)")
     trn.add_argument("--task", default=None, choices=sorted(TASKS),
                      help="benchmark task (servegym tasks); the options below override its settings")

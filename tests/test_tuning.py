@@ -193,6 +193,21 @@ def test_an_explicit_seed_makes_one_worker_reproducible(tmp_path):
     assert runs[0] == runs[1] and len({p["activation_budget"] for p in runs[0]}) == 4
 
 
+def test_the_cma_evolution_strategy_samples_a_study_reproducibly(tmp_path):
+    # CMA-ES proposes from its own search distribution after a first independent trial: a seeded worker is
+    # reproducible, and the study records the sampler; an unknown sampler is refused by name.
+    runs = []
+    for name in ("a", "b"):
+        cfg = TuneConfig(policy="scorer", workload="low", trials=5, seeds=1, max_steps=50, pruner="none",
+                         storage=f"sqlite:///{tmp_path}/{name}.db", sampler="cmaes", sampler_seed=7)
+        study = tune(cfg, progress=False)
+        runs.append([t.params for t in study.trials])
+        assert type(study.sampler).__name__ == "CmaEsSampler"
+    assert runs[0] == runs[1] and len({p["output_weight"] for p in runs[0]}) == 5
+    with pytest.raises(ValueError, match="sampler must be one of"):
+        TuneConfig(policy="scorer", workload="low", sampler="random")
+
+
 def tune_args(storage: str, *extra: str) -> list[str]:
     return ["tune", "--workload", "low", "--seeds", "1", "--eval-seeds", "1", "--max-steps", "50", "--pruner", "none",
             "--storage", storage, "--study", "shared", "--quiet", *extra]

@@ -38,6 +38,9 @@ IDENTITY = ("policy", "workload", "objective")
 """Study user attributes fixed by its first run; a run asking for other values is refused."""
 
 
+SAMPLERS = ("tpe", "cmaes")
+
+
 @dataclass(frozen=True)
 class TuneConfig:
     policy: str
@@ -51,6 +54,9 @@ class TuneConfig:
     storage: str | None = None
     study_name: str | None = None
     pruner: str = "median"
+    sampler: str = "tpe"
+    """``tpe`` (Optuna's default) or ``cmaes``, the CMA evolution strategy (continuous search spaces; a
+    multi-objective study always uses NSGA-II)."""
     sampler_seed: int | None = None
     """None: a fresh seed per worker (recorded on its trials), so parallel workers sample different points.
     An int makes a single worker reproducible; workers sharing a study need different seeds."""
@@ -66,6 +72,8 @@ class TuneConfig:
             tunable = sorted(n for n, c in POLICIES.items() if c.search_space is not None)
             raise ValueError(f"policy {self.policy!r} declares no search space; tunable: {tunable}")
         get_objective(self.objective)
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
         if self.pruner not in ("median", "halving", "none"):
             raise ValueError(f"pruner must be median, halving or none, got {self.pruner!r}")
         if self.trials < 0:
@@ -191,8 +199,12 @@ def load_study(cfg: TuneConfig, create: bool = True) -> optuna.Study:
         raise TuningError(f"no study storage at {path}; run some trials first (--trials N)")
     objective = get_objective(cfg.objective)
     seed = cfg.sampler_seed if cfg.sampler_seed is not None else fresh_seed()
-    sampler = (optuna.samplers.NSGAIISampler(seed=seed) if objective.multi
-               else optuna.samplers.TPESampler(seed=seed))
+    if objective.multi:
+        sampler = optuna.samplers.NSGAIISampler(seed=seed)
+    elif cfg.sampler == "cmaes":
+        sampler = optuna.samplers.CmaEsSampler(seed=seed)
+    else:
+        sampler = optuna.samplers.TPESampler(seed=seed)
     storage = make_storage(url, heartbeat_s=cfg.heartbeat_s)
     try:
         if create:

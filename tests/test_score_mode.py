@@ -1,0 +1,135 @@
+"""The ``score`` action mode, the parametric scorer that shares its rule, and the network shared across queue
+slots (issue 27)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servegym.envs import TEST_SEEDS
+from servegym.policies import make_policy
+from servegym.policies.common import admit_by_score
+from servegym.rl.wrappers import SCORE_TARGETS, ScoreAdmit, score_action
+from servegym.runner import make_env, run_episode
+from tests.conftest import fixed, flat_profile
+
+
+def _target_action(fraction: float) -> float:
+    """The action value in [-1, 1] that sets the memory target to ``fraction`` of the cache."""
+    low, high = SCORE_TARGETS
+    return 2.0 * (fraction - low) / (high - low) - 1.0
+
+
+def _three_waiting():
+    # Prompts 100, 10, 50 tokens, 10 output tokens each, known lengths; 10 blocks of 16 = 160 tokens.
+    env = make_env(workload=fixed(np.zeros(3), [100, 10, 50], [10, 10, 10]), profile=flat_profile(),
+                   engine={"length_mode": "known", "num_kv_blocks": 10, "block_size": 16})
+    obs, _ = env.reset(seed=0)
+    return env, obs
+
+
+def test_the_queue_is_admitted_highest_score_first_within_the_memory_target():
+    env, obs = _three_waiting()
+    width = obs["queue"].shape[0] // 6
+    scores = np.zeros(width)
+    scores[:3] = [0.1, 0.9, 0.5]  # order: slot 1 (10 tokens), slot 2 (50), slot 0 (100)
+    # All finish together after 10 tokens, so a set's peak is the sum of prompt + 10, plus 15 tokens of block
+    # slack each: slot 1 alone 35, with slot 2 110, with slot 0 too 235. At target 1.0 (160 tokens) two fit; at
+    # 0.5 (80) one. FCFS would start with the 100-token prompt (slot 0), then slot 1.
+    full = score_action(obs, np.append(scores, _target_action(1.0)))
+    assert full[:3].tolist() == [0, 1, 2]
+    half = score_action(obs, np.append(scores, _target_action(0.5)))
+    assert half[:3].tolist() == [0, 1, 0]
+    assert np.flatnonzero(make_policy("fcfs").act(obs)).tolist() == [0, 1]
+    # Ties keep queue order (slot 0 then 1: 125 + 35 = 160 tokens, just fits; slot 2 would not); scores past the
+    # visible queue are ignored.
+    tied = admit_by_score(obs, np.r_[0.0, 0.0, 0.0, np.full(width - 3, 9.0)], 1.0)
+    assert tied[:3].tolist() == [1, 2, 0]
+    env.close()
+
+
+def test_bad_score_actions_are_clear_errors():
+    env, obs = _three_waiting()
+    width = obs["queue"].shape[0] // 6
+    with pytest.raises(ValueError, match=f"has {width + 1} values"):
+        score_action(obs, np.zeros(width))
+    with pytest.raises(ValueError, match="finite"):
+        score_action(obs, np.r_[np.nan, np.zeros(width)])
+    with pytest.raises(ValueError, match="3 visible waiting"):
+        admit_by_score(obs, np.zeros(2), 1.0)
+    wrapped = ScoreAdmit(env)
+    assert wrapped.action_space.shape == (width + 1,)
+    env.close()
+
+
+def test_the_scorer_with_mc_sfs_settings_is_mc_sf():
+    # Score -(prompt + 1 x output), no ageing, a fixed target: MC-SF ordered by total length, the same target.
+    # The whole episode must match to the bit (same order, same ties, same feasibility rule).
+    seed = TEST_SEEDS[0]
+    returns = []
+    for name, params in (("mc-sf", {"order": "total", "memory_target": 0.85}),
+                         ("scorer", {"output_weight": 1.0, "target_base": 0.85})):
+        policy = make_policy(name, **params)
+        env = make_env(policy, task="memory-tight", split="test", apply_overrides=False)
+        returns.append(run_episode(env, policy, seed).total_reward)
+    assert returns[0] == returns[1]
+    # Ageing changes the order, so the episode: the parameters reach the decisions.
+    aged = make_policy("scorer", output_weight=1.0, target_base=0.85, wait_weight=200.0)
+    env = make_env(aged, task="memory-tight", split="test", apply_overrides=False)
+    assert run_episode(env, aged, seed).total_reward != returns[0]
+
+
+@pytest.mark.parametrize("bad", [{"target_slope": 1.5}, {"wait_weight": -1.0}, {"target_base": 0.0},
+                                 {"output_weight": float("nan")}])
+def test_bad_scorer_parameters_are_errors(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        make_policy("scorer", **bad)
+
+
+def test_the_memory_target_moves_with_the_queue_by_tanh():
+    env, obs = _three_waiting()
+    policy = make_policy("scorer", target_base=0.8, target_slope=-0.4)
+    # Three waiting: 0.8 - 0.4 tanh(3 / 32).
+    assert policy.memory_target(obs) == pytest.approx(0.8 - 0.4 * np.tanh(3 / 32))
+    env.close()
+
+
+def test_the_random_score_floor_is_seeded():
+    policy = make_policy("random:score")
+    env = make_env(policy, task="memory-tight", split="test", apply_overrides=False)
+    first = run_episode(env, policy, TEST_SEEDS[0]).total_reward
+    assert run_episode(env, policy, TEST_SEEDS[0]).total_reward == first
+
+
+def test_the_score_network_is_shared_across_queue_slots():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3 import PPO
+
+    from servegym.envs import ENGINE_INDEX, QUEUE_FEATURES
+    from servegym.rl.fast_dist import policy_for
+    from servegym.rl.train import make_training_env
+
+    env = make_training_env({"task": "memory-tight", "decision_steps": True}, "score", None, (0, 1))
+    model = PPO(policy_for("ppo", env.action_space, "score"), env, seed=0, n_steps=64, batch_size=64)
+    obs, _ = env.reset()
+    while obs["engine"][ENGINE_INDEX["num_waiting"]] < 4:  # the lowest memory target until four requests wait
+        obs, *_ = env.step(np.full(env.action_space.shape, -1.0, dtype=np.float32))
+    k, width = 4, obs["queue"].shape[0] // len(QUEUE_FEATURES)
+    perm = np.array([2, 0, 3, 1])
+    moved = {key: value.copy() for key, value in obs.items()}
+    rows = moved["queue"].reshape(width, len(QUEUE_FEATURES))
+    rows[:k] = obs["queue"].reshape(width, len(QUEUE_FEATURES))[perm]
+
+    def mean(o):
+        tensor, _ = model.policy.obs_to_tensor(o)
+        with torch.no_grad():
+            return model.policy.get_distribution(tensor).distribution.mean.numpy()[0]
+
+    # Make the head's outputs large enough to compare: the freshly initialised scores are tiny.
+    with torch.no_grad():
+        model.policy.action_net.score.weight.mul_(100.0)
+    before, after = mean(obs), mean(moved)
+    assert np.ptp(before[:k]) > 1e-3
+    np.testing.assert_allclose(after[:k], before[:k][perm], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(after[width], before[width], rtol=1e-4, atol=1e-6)  # the target: a pooled view
