@@ -31,8 +31,8 @@ from servegym.evaluation.provenance import stamp
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import EpisodeResult, env_profile, make_env, run_episode
 
-DEFAULT_POLICIES = ("random", "random:count", "random:window", "random:rank", "fcfs", "twp", "flow-control",
-                    "sarathi", "mc-sf", "vllm", "priority", "clairvoyant-greedy", ORACLE)
+DEFAULT_POLICIES = ("random", "random:count", "random:window", "random:rank", "random:score", "fcfs", "twp",
+                    "flow-control", "sarathi", "mc-sf", "vllm", "priority", "clairvoyant-greedy", ORACLE)
 """The default field: the floors a scheduler must beat (random admission, which is the admit mode's uniform
 action, a uniformly random action of each other learning action mode, and FCFS), the seed papers' policies with
 their default parameters, the strongest baselines, and the clairvoyant greedy packer (true lengths; not a
