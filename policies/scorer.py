@@ -63,11 +63,14 @@ class Scorer(Policy):
         p = self.params
         return max(0.05, p.target_base + p.target_slope * math.tanh(engine_feature(obs, "num_waiting") / QUEUE_SCALE))
 
-    def act(self, obs: Observation) -> np.ndarray:
+    def scores(self, obs: Observation) -> np.ndarray:
+        """One score per visible waiting request, queue order."""
         rows = visible_queue(obs)
         output = output_estimate(rows[:, QUEUE_INDEX["output_lo"]], rows[:, QUEUE_INDEX["output_hi"]],
                                  length_mode_of(obs), None)
         p = self.params
-        scores = (p.wait_weight * rows[:, QUEUE_INDEX["wait_s"]]
-                  - rows[:, QUEUE_INDEX["num_prompt_tokens"]] - p.output_weight * output)
-        return admit_by_score(obs, scores, self.memory_target(obs))
+        return (p.wait_weight * rows[:, QUEUE_INDEX["wait_s"]]
+                - rows[:, QUEUE_INDEX["num_prompt_tokens"]] - p.output_weight * output)
+
+    def act(self, obs: Observation) -> np.ndarray:
+        return admit_by_score(obs, self.scores(obs), self.memory_target(obs))

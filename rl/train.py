@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import multiprocessing
 import re
 import time
@@ -79,6 +80,14 @@ class TrainConfig:
     checkpoint_freq: int = 50_000
     normalize: bool = True
     hyperparams: dict[str, Any] = field(default_factory=dict)
+    reward_scale: float = 1.0
+    """Training rewards are multiplied by this fixed number (validation and test returns are not): a scale set
+    per task in the recipe, in place of ``VecNormalize``'s drifting running estimate."""
+    imitate: str | None = None
+    """A ``scorer`` params file (``servegym tune``'s ``best_params.json``): before reinforcement learning, the
+    ``score``-mode policy is fitted to that scorer's decisions (:mod:`servegym.rl.imitation`)."""
+    imitate_episodes: int = 8
+    """Training episodes of the scorer to imitate."""
     torch_threads: int = 1
     """Torch's intra-op threads in the training process: the networks are small and batches short, so one
     thread is fastest (PPO in ``score`` mode on 2 busy cores: 300 steps/s with 1, 65 with torch's default)."""
@@ -101,6 +110,12 @@ class TrainConfig:
                              f"in TRAIN_SEEDS), got {self.seed}")
         if self.task is not None:
             get_task(self.task)
+        if not (isinstance(self.reward_scale, int | float) and math.isfinite(self.reward_scale)
+                and self.reward_scale > 0):
+            raise ValueError(f"reward_scale must be a finite number > 0, got {self.reward_scale!r}")
+        if self.imitate is not None and (self.resolved_mode != "score" or self.algo not in ("ppo", "a2c")):
+            raise ValueError(f"imitate warm-starts PPO or A2C in the score mode, not {self.algo} in "
+                             f"{self.resolved_mode!r}")
         clash = {"task", "workload", "profile", "engine", "pool", "max_episode_steps"} & set(self.env)
         if clash:
             raise ValueError(f"env must not hold {sorted(clash)}: they have their own fields")
@@ -132,16 +147,25 @@ class TrainConfig:
 
 
 def make_training_env(env_kwargs: dict[str, Any], mode: str, max_episode_steps: int | None = None,
-                      seeds: tuple[int, int] | None = None, monitor: bool = True) -> gym.Env:
+                      seeds: tuple[int, int] | None = None, monitor: bool = True,
+                      reward_scale: float = 1.0) -> gym.Env:
     """The env an agent trains on: ``gym.make`` + episode statistics + the action mode, and with ``seeds =
-    (start, stride)`` training seeds from :data:`TRAIN_SEEDS` for every reset."""
+    (start, stride)`` training seeds from :data:`TRAIN_SEEDS` for every reset; rewards times ``reward_scale``
+    (after the episode statistics, which stay in the task's units)."""
     from stable_baselines3.common.monitor import Monitor
 
     limit = {"max_steps": max_episode_steps} if max_episode_steps is not None else {}
     env = gym.make(ENV_ID, **{**env_kwargs, **limit})
     if seeds is not None:
         env = TrainSeeds(env, *seeds)
-    return wrap(Monitor(env) if monitor else env, mode)
+    env = Monitor(env) if monitor else env
+    if reward_scale != 1.0:
+        env = gym.wrappers.TransformReward(env, partial(_scaled, reward_scale))
+    return wrap(env, mode)
+
+
+def _scaled(scale: float, reward: float) -> float:
+    return scale * reward
 
 
 def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
@@ -149,12 +173,25 @@ def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
 
     start = cfg.seed * 10_007 + offset
     factories = [partial(make_training_env, cfg.env_kwargs(), cfg.resolved_mode, cfg.max_episode_steps,
-                         (start + rank, cfg.n_envs)) for rank in range(cfg.n_envs)]
+                         (start + rank, cfg.n_envs), True, cfg.reward_scale) for rank in range(cfg.n_envs)]
     if subprocess and cfg.n_envs > 1:
         # spawn, not SB3's default forkserver: each worker is this process's own child, known by its pid from the
         # start, so a stop during set-up ends it at once (a forkserver's children outlived a SIGTERM by ~30 s).
         return SubprocVecEnv(factories, start_method="spawn")
     return DummyVecEnv(factories)
+
+
+def _imitate(model: BaseAlgorithm, cfg: TrainConfig) -> dict[str, float]:
+    import torch
+
+    from servegym.rl.imitation import imitate
+    from servegym.tuning.study import read_params
+
+    torch.set_num_threads(cfg.torch_threads)
+    name, params = read_params(cfg.imitate)
+    if name != "scorer":
+        raise ValueError(f"imitate: {cfg.imitate} holds {name!r} parameters; only the scorer acts in the score mode")
+    return imitate(model, cfg.env_kwargs(), params, cfg.imitate_episodes, seed=cfg.seed)
 
 
 def algorithm_class(name: str) -> type[BaseAlgorithm]:
@@ -188,6 +225,8 @@ def train(cfg: TrainConfig, progress: bool = True, subprocess: bool = True) -> P
         policy = policy_for(cfg.algo, venv.action_space, cfg.resolved_mode)
         session.model = algorithm_class(cfg.algo)(policy, venv, seed=cfg.seed, verbose=0,
                                                   tensorboard_log=str(run / "tb"), **cfg.hyperparams)
+        if cfg.imitate is not None:
+            session.write(imitation=_imitate(session.model, cfg))
         return _learn(session, cfg.timesteps, progress, reset=True)
 
 

@@ -271,7 +271,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                               timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs,
                               max_episode_steps=args.max_episode_steps, eval_freq=args.eval_freq,
                               eval_episodes=args.eval_episodes, checkpoint_freq=args.checkpoint_freq,
-                              hyperparams=hyper, out=args.out)
+                              hyperparams=hyper, normalize=not args.no_normalize,
+                              reward_scale=args.reward_scale, imitate=args.imitate, out=args.out)
             print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
             run = train(cfg, progress=not args.quiet)
     except TrainingInterrupted as stop:  # SIGINT 130, SIGTERM 143
@@ -428,6 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None,
                      help="default: predicted (every task uses predicted lengths)")
     trn.add_argument("--hyperparams", default=None, help='JSON, e.g. \'{"learning_rate": 3e-4, "n_steps": 512}\'')
+    trn.add_argument("--no-normalize", action="store_true",
+                     help="no VecNormalize (the score mode's network reads raw features on a log scale)")
+    trn.add_argument("--reward-scale", type=float, default=1.0,
+                     help="multiply training rewards by this fixed number (validation returns stay in task units)")
+    trn.add_argument("--imitate", default=None, metavar="PARAMS",
+                     help="score mode: first fit the policy to a tuned scorer (servegym tune's best_params.json)")
     trn.add_argument("--out", default="runs")
     trn.add_argument("--resume", default=None, metavar="RUN", help="continue RUN from its latest checkpoint")
     trn.add_argument("--quiet", action="store_true")

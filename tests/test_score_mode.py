@@ -133,3 +133,59 @@ def test_the_score_network_is_shared_across_queue_slots():
     assert np.ptp(before[:k]) > 1e-3
     np.testing.assert_allclose(after[:k], before[:k][perm], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(after[width], before[width], rtol=1e-4, atol=1e-6)  # the target: a pooled view
+
+
+def test_the_scorers_decisions_are_score_actions_exactly():
+    # Behaviour cloning needs the expert's decisions in the agent's action space: mapped scores (order kept) and
+    # the target mapped back through SCORE_TARGETS admit exactly what the scorer admits, step after step.
+    from servegym.rl.imitation import expert_action
+
+    scorer = make_policy("scorer", output_weight=3.8, wait_weight=5.2, target_base=0.58, target_slope=0.24)
+    env = make_env(scorer, task="memory-tight")
+    obs, _ = env.reset(seed=5)
+    steps, differ, done = 0, 0, False
+    while not done:
+        action = scorer.act(obs)
+        differ += not np.array_equal(action, score_action(obs, expert_action(scorer, obs)))
+        obs, _, terminated, truncated, _ = env.step(action)
+        steps, done = steps + 1, terminated or truncated
+    assert steps > 500 and differ == 0
+
+
+def test_training_rewards_scale_by_a_fixed_number_and_the_episode_statistics_do_not():
+    pytest.importorskip("stable_baselines3")
+    from servegym.rl.train import TrainConfig, make_training_env
+
+    kwargs = {"task": "memory-tight", "decision_steps": True}
+    plain = make_training_env(kwargs, "score", None, (0, 1))
+    scaled = make_training_env(kwargs, "score", None, (0, 1), reward_scale=0.01)
+    action = np.zeros(plain.action_space.shape, dtype=np.float32)
+    plain.reset(), scaled.reset()
+    total, done = 0.0, False
+    while not done:
+        _, r, terminated, truncated, _ = plain.step(action)
+        _, s, _, _, info = scaled.step(action)
+        assert s == pytest.approx(0.01 * r, rel=1e-12)
+        total, done = total + r, terminated or truncated
+    assert info["episode"]["r"] == pytest.approx(total, rel=1e-9)  # Monitor sits below the scaling
+    with pytest.raises(ValueError, match="reward_scale must be a finite number > 0"):
+        TrainConfig(mode="score", reward_scale=0.0)
+    with pytest.raises(ValueError, match="imitate warm-starts PPO or A2C in the score mode"):
+        TrainConfig(mode="rank", imitate="best_params.json")
+
+
+def test_imitation_fits_the_policy_to_the_scorer():
+    pytest.importorskip("stable_baselines3")
+    import torch
+    from stable_baselines3 import PPO
+
+    from servegym.rl.fast_dist import policy_for
+    from servegym.rl.imitation import imitate
+    from servegym.rl.train import make_training_env
+
+    torch.manual_seed(0)
+    kwargs = {"task": "memory-tight", "decision_steps": True}
+    env = make_training_env(kwargs, "score", None, (0, 1))
+    model = PPO(policy_for("ppo", env.action_space, "score"), env, seed=0, n_steps=64, batch_size=64)
+    fit = imitate(model, kwargs, {"output_weight": 2.0, "target_base": 0.7}, episodes=1, epochs=4)
+    assert fit["demonstration_steps"] > 300 and fit["last_loss"] < 0.5 * fit["first_loss"]

@@ -1,0 +1,99 @@
+"""Behaviour cloning from the parametric scorer, a warm start for agents in the ``score`` mode (issue 27).
+
+The scorer (:mod:`servegym.policies.scorer`) acts through the ``score`` mode's own rule, so each of its
+decisions *is* a score-mode action: its scores mapped monotonically into [-1, 1] (the order, all that the rule
+reads, is kept) and its memory target mapped back through :data:`~servegym.rl.wrappers.SCORE_TARGETS`.
+:func:`imitate` plays the scorer on training seeds, then fits the policy's mean action to those actions by
+squared error over the visible slots and the target, so PPO starts where the tuned scorer is and can learn what
+a fixed formula cannot: scores that depend on the state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from servegym.envs.observation import ENGINE_INDEX, QUEUE_FEATURES
+from servegym.envs.tasks import TRAIN_SEEDS
+from servegym.policies import make_policy
+from servegym.policies.scorer import Scorer
+from servegym.rl.wrappers import SCORE_TARGETS
+
+SCORE_SCALE = 1e5
+"""Scores (tokens) map to ``symlog(score) / symlog(SCORE_SCALE)``, clipped to [-1, 1]."""
+
+
+def _symlog(x: np.ndarray | float) -> np.ndarray:
+    return np.sign(x) * np.log1p(np.abs(x))
+
+
+def expert_action(expert: Scorer, obs: dict[str, np.ndarray]) -> np.ndarray:
+    """The scorer's decision at ``obs`` as a score-mode action (zeros on empty slots)."""
+    width = obs["queue"].shape[0] // len(QUEUE_FEATURES)
+    action = np.zeros(width + 1, dtype=np.float32)
+    scores = expert.scores(obs)
+    action[: scores.size] = np.clip(_symlog(scores) / _symlog(SCORE_SCALE), -1.0, 1.0)
+    low, high = SCORE_TARGETS
+    action[width] = np.clip(2.0 * (expert.memory_target(obs) - low) / (high - low) - 1.0, -1.0, 1.0)
+    return action
+
+
+def demonstrations(env_kwargs: dict[str, Any], params: dict[str, Any], episodes: int,
+                   first_seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """The scorer's observations, actions and per-value weights (1 on visible slots and the target) over
+    ``episodes`` training episodes from seed ``first_seed``."""
+    import gymnasium as gym
+
+    from servegym import ENV_ID
+
+    expert = make_policy("scorer", **params)
+    env = gym.make(ENV_ID, **env_kwargs)
+    observations: dict[str, list[np.ndarray]] = {}
+    actions, weights = [], []
+    for k in range(episodes):
+        seed = TRAIN_SEEDS[(first_seed + k) % len(TRAIN_SEEDS)]
+        obs, _ = env.reset(seed=seed)
+        expert.reset()
+        done = False
+        while not done:
+            action = expert_action(expert, obs)
+            weight = np.zeros_like(action)
+            weight[: min(int(obs["engine"][ENGINE_INDEX["num_waiting"]]), action.size - 1)] = 1.0
+            weight[-1] = 1.0
+            for key, value in obs.items():
+                observations.setdefault(key, []).append(value)
+            actions.append(action)
+            weights.append(weight)
+            obs, _, terminated, truncated, _ = env.step(expert.act(obs))
+            done = terminated or truncated
+    env.close()
+    return {k: np.stack(v) for k, v in observations.items()}, np.stack(actions), np.stack(weights)
+
+
+def imitate(model: Any, env_kwargs: dict[str, Any], params: dict[str, Any], episodes: int = 8, epochs: int = 20,
+            batch_size: int = 256, seed: int = 0) -> dict[str, float]:
+    """Fit ``model.policy``'s mean action to the scorer's demonstrations; the fit's first and last losses."""
+    import torch
+
+    obs, actions, weights = demonstrations(env_kwargs, params, episodes, first_seed=seed * 10_007)
+    policy = model.policy
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    target = torch.as_tensor(actions)
+    weight = torch.as_tensor(weights)
+    rng = np.random.default_rng(seed)
+    losses = []
+    for _ in range(epochs):
+        order = rng.permutation(len(actions))
+        total = 0.0
+        for start in range(0, len(order), batch_size):
+            index = order[start:start + batch_size]
+            batch = {k: torch.as_tensor(v[index]) for k, v in obs.items()}
+            mean = policy.get_distribution(batch).distribution.mean
+            loss = ((mean - target[index]) ** 2 * weight[index]).sum() / weight[index].sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(index)
+        losses.append(total / len(order))
+    return {"demonstration_steps": float(len(actions)), "first_loss": losses[0], "last_loss": losses[-1]}
