@@ -10,9 +10,11 @@ Each row times ``model.learn(steps)`` (rollouts and gradient updates; model cons
   validated ``Categorical`` per queue slot (32) on every forward pass;
 * ``no-validate`` - the stock policy with ``torch.distributions`` argument validation switched off;
 * ``slot`` - ``servegym.rl.fast_dist.policy_for``: one batched distribution per forward pass (``admit`` only;
-  the other modes already have a single distribution and keep the stock policy).
+  the other modes already have a single distribution and keep the stock policy);
+* ``score-net`` - the ``score`` mode's network shared across queue slots (``servegym.rl.equivariant``).
 
-The ``env`` rows step the wrapped env with random actions: the ceiling any agent could train at.
+The ``env`` rows step the wrapped env with random actions: the ceiling any agent could train at. The last row
+trains PPO on Gymnasium's ``CartPole-v1`` (``MlpPolicy``) with the same settings, in the same run: the yardstick.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 from servegym.rl.fast_dist import policy_for
 from servegym.rl.train import algorithm_class, make_training_env
 
-CASES = [("ppo", "admit"), ("ppo", "count"), ("ppo", "window"), ("maskable-ppo", "admit"), ("maskable-ppo", "count")]
+CASES = [("ppo", "admit"), ("ppo", "count"), ("ppo", "window"), ("ppo", "rank"), ("ppo", "score"),
+         ("maskable-ppo", "admit"), ("maskable-ppo", "count")]
 ENGINE = {"length_mode": "predicted"}
 
 
@@ -74,9 +77,18 @@ def env_rate(args: argparse.Namespace, mode: str) -> float:
 def train_rate(args: argparse.Namespace, algo: str, mode: str, variant: str) -> float:
     factory = [lambda: make_env(args, mode)] * args.n_envs
     venv = DummyVecEnv(factory)
-    policy = policy_for(algo, venv.action_space) if variant == "slot" else "MultiInputPolicy"
+    policy = policy_for(algo, venv.action_space, mode) if variant in ("slot", "score-net") else "MultiInputPolicy"
+    return _timed(algo, policy, venv, args, variant != "no-validate")
+
+
+def cartpole_rate(args: argparse.Namespace) -> float:
+    venv = DummyVecEnv([lambda: gym.make("CartPole-v1")] * args.n_envs)
+    return _timed("ppo", "MlpPolicy", venv, args, validate=True)
+
+
+def _timed(algo: str, policy: object, venv: DummyVecEnv, args: argparse.Namespace, validate: bool) -> float:
     hyperparams = {"n_steps": args.n_steps, "batch_size": args.batch_size, "n_epochs": args.n_epochs}
-    with validation(variant != "no-validate"):
+    with validation(validate):
         model = algorithm_class(algo)(policy, venv, seed=0, verbose=0, **hyperparams)
         start = time.perf_counter()
         model.learn(total_timesteps=args.steps)
@@ -86,6 +98,8 @@ def train_rate(args: argparse.Namespace, algo: str, mode: str, variant: str) -> 
 
 
 def variants(mode: str, skip_baseline: bool) -> list[str]:
+    if mode == "score":
+        return ["score-net"] if skip_baseline else ["stock", "score-net"]
     if mode != "admit":
         return ["stock"] if skip_baseline else ["stock", "no-validate"]
     return ["slot"] if skip_baseline else ["stock", "no-validate", "slot"]
@@ -124,7 +138,9 @@ def main() -> None:
         for variant in variants(mode, args.skip_baseline):
             rows.append(Row(algo, mode, variant, train_rate(args, algo, mode, variant)))
             print(f"{algo:>12} {mode:>6} {variant:>11}: {rows[-1].steps_per_s:7.1f} steps/s", flush=True)
-    report = table(rows, env_rates)
+    cartpole = cartpole_rate(args)
+    print(f"{'ppo':>12} {'cartpole':>6} {'stock':>11}: {cartpole:7.1f} steps/s", flush=True)
+    report = table(rows, env_rates) + f"\n| ppo | CartPole-v1 | MlpPolicy | {cartpole:.0f} | - | - |"
     print(report)
     if args.out is not None:
         args.out.write_text(report + "\n")
