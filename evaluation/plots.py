@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -167,3 +167,27 @@ def plot_all(results: list[TaskResult], summary: Summary, out: Path) -> list[Pat
         plt.close(fig)
         written.append(out / name)
     return written
+
+
+def learning_curves(runs: Sequence[str | Path], out: str | Path, references: dict[str, float] | None = None,
+                    title: str = "") -> Path:
+    """Each training run's validation return over timesteps (its ``eval.csv``), with horizontal lines for
+    ``references`` (label -> validation return), written as a PNG; return its path."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        rows = np.loadtxt(Path(run) / "eval.csv", delimiter=",", ndmin=2)
+        ax.plot(rows[:, 0], rows[:, 1], marker="o", label=Path(run).name.rsplit("__", 1)[-1])
+    for label, value in (references or {}).items():
+        ax.axhline(value, linestyle="--", color="grey")
+        ax.annotate(label, (0, value), fontsize=8, va="bottom")
+    ax.set_xlabel("timesteps")
+    ax.set_ylabel("validation return (mean over the validation seeds)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -94,48 +94,19 @@ def fcfs_count(obs: Observation, order: np.ndarray | None = None, budget_blocks:
     return count
 
 
-def peak_future_tokens(current: np.ndarray, remaining: np.ndarray) -> float:
-    """The largest KV footprint (tokens) of a set of requests from now until all finish.
-
-    Request ``j`` holds ``current[j] + t`` tokens ``t`` steps from now until it finishes after
-    ``remaining[j]`` more tokens. Between completions memory only grows, so the peak sits at a completion
-    time ``t = remaining[k]``, where it is the sum over requests still running of ``current + t``.
-    """
-    if current.size == 0:
-        return 0.0
-    order = np.argsort(remaining, kind="stable")
-    rem, cur = remaining[order], current[order]
-    alive = np.arange(rem.size, 0, -1)  # requests with remaining >= rem[k]
-    suffix = np.cumsum(cur[::-1])[::-1]
-    return float(np.max(suffix + rem * alive))
-
-
-def memory_feasible(obs: Observation, running_remaining: np.ndarray, candidates: np.ndarray,
-                    candidate_remaining: np.ndarray, capacity_scale: float = 1.0) -> bool:
-    """Would running plus ``candidates`` (queue rows) stay within the KV cache (times ``capacity_scale``) at
-    every future completion?
-
-    Memory is counted in tokens with one block of rounding slack per request (blocks hold whole tokens).
-    """
-    run = running_rows(obs)
-    current = np.concatenate([
-        run[:, RUNNING_INDEX["num_prompt_tokens"]] + run[:, RUNNING_INDEX["num_generated"]],
-        candidates[:, QUEUE_INDEX["num_prompt_tokens"]] + candidates[:, QUEUE_INDEX["num_generated"]],
-    ])
-    remaining = np.concatenate([running_remaining, candidate_remaining])
-    slack = (engine_feature(obs, "kv_block_size") - 1) * current.size
-    return peak_future_tokens(current, remaining) + slack <= capacity_scale * engine_feature(obs, "kv_capacity_tokens")
-
-
 def longest_feasible_prefix(obs: Observation, running_remaining: np.ndarray, rows: np.ndarray,
                             remaining: np.ndarray, capacity_scale: float = 1.0) -> int:
-    """The longest prefix of ``rows`` (in order, at most the free slots) that keeps future memory feasible, as
-    :func:`memory_feasible` judges each prefix, with every prefix judged at once in numpy.
+    """The longest prefix of ``rows`` (in order, at most the free slots) that keeps future memory feasible: the
+    running requests plus the prefix stay within ``capacity_scale`` x the KV cache at every future step,
+    counted in tokens with one block of rounding slack per request (blocks hold whole tokens).
 
-    The peak of a set of requests sits at one of their completion times ``t``, where it is the sum over those
-    still running of ``current + t``; at any other time ``t`` that sum is no larger than at the next completion
-    of the set, so every prefix's peak is the largest such sum over the completion times of *all* requests
-    (running and every candidate): one ``(candidates x times)`` table, summed down the candidates.
+    Request ``j`` holds ``current[j] + t`` tokens ``t`` steps from now until it finishes after its remaining
+    tokens (``running_remaining``, ``remaining``: upper bounds, or estimates). Between completions memory only
+    grows, so a set's peak sits at one of its completion times ``t``, where it is the sum over the requests
+    still running of ``current + t``; at any other ``t`` that sum is no larger than at the set's next
+    completion, so every prefix's peak is the largest such sum over the completion times of *all* requests
+    (running and every candidate): one ``(candidates x times)`` table, summed down the candidates, judges every
+    prefix at once (adding requests never lowers the peak, so the answer is the first prefix that fails).
     """
     limit = min(rows.shape[0], free_slots(obs))
     if limit == 0:

@@ -313,19 +313,6 @@ def test_clairvoyant_greedy_packs_shortest_remaining_first():
     assert log.num_preemptions.sum() == 0 and log.counts()["num_finished"] == 3
 
 
-def test_peak_future_tokens_matches_the_brute_force_definition():
-    from servegym.policies.common import peak_future_tokens
-
-    rng = np.random.default_rng(0)
-    # Hand case: current 10 and 50, remaining 5 and 100: at t = 5 both hold 15 + 55 = 70; at t = 100 only the
-    # second, 150. Peak 150.
-    assert peak_future_tokens(np.array([10.0, 50.0]), np.array([5.0, 100.0])) == 150.0
-    for _ in range(200):
-        n = int(rng.integers(1, 6))
-        current, remaining = rng.integers(0, 50, n).astype(float), rng.integers(1, 40, n).astype(float)
-        assert peak_future_tokens(current, remaining) == brute_force_peak(current, remaining)
-
-
 # ------------------------------------------------------------------------------------------- flow control
 @pytest.mark.parametrize(("b", "expected"), [
     # Credits accrue b per step, whole credits are spent, the fraction carries:

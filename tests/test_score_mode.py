@@ -133,6 +133,10 @@ def test_the_score_network_is_shared_across_queue_slots():
     assert np.ptp(before[:k]) > 1e-3
     np.testing.assert_allclose(after[:k], before[:k][perm], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(after[width], before[width], rtol=1e-4, atol=1e-6)  # the target: a pooled view
+    # A request's score depends on the state, not only on its own row: emptier KV moves every slot's score.
+    freer = {key: value.copy() for key, value in obs.items()}
+    freer["engine"][ENGINE_INDEX["kv_free_frac"]] = 1.0 - obs["engine"][ENGINE_INDEX["kv_free_frac"]] / 2
+    assert np.abs(mean(freer)[:k] - before[:k]).min() > 1e-6
 
 
 def test_the_scorers_decisions_are_score_actions_exactly():
@@ -189,3 +193,15 @@ def test_imitation_fits_the_policy_to_the_scorer():
     model = PPO(policy_for("ppo", env.action_space, "score"), env, seed=0, n_steps=64, batch_size=64)
     fit = imitate(model, kwargs, {"output_weight": 2.0, "target_base": 0.7}, episodes=1, epochs=4)
     assert fit["demonstration_steps"] > 300 and fit["last_loss"] < 0.5 * fit["first_loss"]
+
+
+def test_learning_curves_draw_every_runs_validation_returns(tmp_path):
+    pytest.importorskip("matplotlib")
+    from servegym.evaluation.plots import learning_curves
+
+    for seed in (0, 1):
+        run = tmp_path / f"agent__s{seed}"
+        run.mkdir()
+        (run / "eval.csv").write_text("10000,-5500.5\n20000,-5400.0\n")
+    path = learning_curves(sorted(tmp_path.glob("agent__s*")), tmp_path / "curves.png", {"scorer": -5235.0})
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,7 +1,9 @@
 """Mutations of the benchmark's locked evaluation (issue 26): the test track runs exactly the task's settings,
-engine-config rows stay apart, the normalized score and the paired difference to the best heuristic."""
+engine-config rows stay apart, the normalized score and the paired difference to the best heuristic, and the
+oracle that bounds the board."""
 
 BENCH = "tests/test_bench.py"
+ORACLE = "tests/test_oracle.py"
 
 MUTATIONS = [
     ("bench-test-track-takes-overrides", "evaluation/bench.py",
@@ -17,7 +19,7 @@ MUTATIONS = [
     ("leaderboard-engine-config-ranked", "evaluation/leaderboard.py",
      "    return label.endswith(ENGINE_CONFIG_SUFFIX)", "    return False", (BENCH,), "bench"),
     ("leaderboard-score-anchored-on-random", "evaluation/leaderboard.py",
-     'fcfs, best = self.score("fcfs"), self.best_heuristic', 'fcfs, best = self.score("random"), self.best_heuristic',
+     'fcfs, best = self.score("fcfs"), self.anchor', 'fcfs, best = self.score("random"), self.anchor',
      (BENCH,), "bench"),
     ("leaderboard-versus-unpaired", "evaluation/leaderboard.py",
      "return None if best is None else paired_difference(score.per_seed, best.per_seed)",
@@ -31,4 +33,16 @@ MUTATIONS += [
     ("leaderboard-lone-run-is-a-group", "evaluation/leaderboard.py",
      "return {name: runs for name, runs in groups.items() if len(runs) >= 2}",
      "return {name: runs for name, runs in groups.items() if len(runs) >= 1}", (BENCH,), "bench"),
+    ("oracle-switches-to-a-worse-plan", "evaluation/oracle.py",
+     "                if end > plan.total:", "                if end < plan.total:", (ORACLE,), "bench"),
+    ("oracle-plans-from-the-first-base-only", "evaluation/oracle.py",
+     "        if plan is None or total > plan.total:", "        if plan is None:", (ORACLE,), "bench"),
+    ("oracle-skips-the-replay-check", "evaluation/oracle.py",
+     "if step != len(plan.actions) or not done or total != plan.total:", "if False:", (ORACLE,), "bench"),
+    ("oracle-anchor-is-the-best-heuristic", "evaluation/leaderboard.py",
+     "return self.score(ORACLE) or self.best_heuristic", "return self.best_heuristic", (ORACLE,), "bench"),
+    ("oracle-bound-line-flipped", "evaluation/leaderboard.py",
+     "and sign * (v - oracle.per_seed[k]) > 0]]", "and sign * (v - oracle.per_seed[k]) < 0]]", (ORACLE,), "bench"),
+    ("oracle-bases-include-engine-config-rows", "evaluation/bench.py",
+     "if track == TEST_TRACK and e.policy != ORACLE)", "if e.policy != ORACLE)", (ORACLE,), "bench"),
 ]

@@ -83,7 +83,7 @@ MUTATIONS = [
      '"max_steps": self.max_steps, "idle_guard_steps": self.idle_guard_steps}', '"max_steps": self.max_steps}',
      (EVALUATION,), "env"),
     ("pins-train-seed-streams-overlap", "rl/train.py",
-     "(start + rank, cfg.n_envs)) for rank in range(cfg.n_envs)]", "(start + rank, 1)) for rank in range(cfg.n_envs)]",
+     "(start + rank, cfg.n_envs), True, cfg.reward_scale)", "(start + rank, 1), True, cfg.reward_scale)",
      (EVALUATION,), "rl"),
     ("pins-train-seed-offset-ignored", "rl/train.py",
      "start = cfg.seed * 10_007 + offset", "start = cfg.seed * 10_007", (EVALUATION,), "rl"),

@@ -1,0 +1,31 @@
+"""Mutations of the score action mode, the parametric scorer and behaviour cloning from it (issue 27)."""
+
+SCORE = "tests/test_score_mode.py"
+
+MUTATIONS = [
+    ("score-admits-lowest-first", "policies/common.py",
+     "ranked = np.argsort(-scores[: rows.shape[0]], kind=\"stable\")",
+     "ranked = np.argsort(scores[: rows.shape[0]], kind=\"stable\")", (SCORE,), "rl"),
+    ("score-ignores-the-memory-target", "policies/common.py",
+     "upper_remaining_queue(ordered), memory_target))", "upper_remaining_queue(ordered), 1.0))", (SCORE,), "rl"),
+    ("score-target-range-upside-down", "rl/wrappers.py",
+     "target = low + (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)",
+     "target = high - (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)", (SCORE,), "rl"),
+    ("scorer-ageing-penalises-waiting", "policies/scorer.py",
+     "return (p.wait_weight * rows[:, QUEUE_INDEX[\"wait_s\"]]",
+     "return (-p.wait_weight * rows[:, QUEUE_INDEX[\"wait_s\"]]", (SCORE,), "rl"),
+    ("scorer-target-slope-ignored", "policies/scorer.py",
+     "p.target_base + p.target_slope * math.tanh(", "p.target_base + 0.0 * math.tanh(", (SCORE,), "rl"),
+    ("imitation-target-not-mapped-back", "rl/imitation.py",
+     "action[width] = np.clip(2.0 * (expert.memory_target(obs) - low) / (high - low) - 1.0, -1.0, 1.0)",
+     "action[width] = np.clip(expert.memory_target(obs), -1.0, 1.0)", (SCORE,), "rl"),
+    ("reward-scale-applied-to-the-statistics", "rl/train.py",
+     "    env = Monitor(env) if monitor else env\n    if reward_scale != 1.0:\n"
+     "        env = gym.wrappers.TransformReward(env, partial(_scaled, reward_scale))",
+     "    if reward_scale != 1.0:\n        env = gym.wrappers.TransformReward(env, partial(_scaled, reward_scale))\n"
+     "    env = Monitor(env) if monitor else env", (SCORE,), "rl"),
+    ("score-net-slots-see-no-context", "rl/equivariant.py",
+     "mixed = self.mix(torch.cat([slots, context[:, None, :].expand(-1, self.width, -1)], dim=2))",
+     "mixed = self.mix(torch.cat([slots, 0 * context[:, None, :].expand(-1, self.width, -1)], dim=2))",
+     (SCORE,), "rl"),
+]
