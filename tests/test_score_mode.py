@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servegym.envs import TEST_SEEDS
+from servegym.envs import ENGINE_INDEX, QUEUE_INDEX, TEST_SEEDS
 from servegym.policies import make_policy
 from servegym.policies.common import admit_by_score
 from servegym.rl.wrappers import SCORE_TARGETS, ScoreAdmit, score_action
@@ -77,6 +77,26 @@ def test_the_scorer_with_mc_sfs_settings_is_mc_sf():
     aged = make_policy("scorer", output_weight=1.0, target_base=0.85, wait_weight=200.0)
     env = make_env(aged, task="memory-tight", split="test", apply_overrides=False)
     assert run_episode(env, aged, seed).total_reward != returns[0]
+
+
+def test_ageing_puts_a_request_that_waited_first():
+    # A (100-token prompt) arrives at 0 s, B (60 tokens) at 5 s; nothing is admitted until B is there. Score
+    # -prompt + wait_weight x wait: without ageing B (-60) beats A (-100); with 20 tokens/s, A has waited 5 s
+    # longer, so it leads by 5 x 20 - 40 = 60 tokens and goes first.
+    env = make_env(workload=fixed([0.0, 5.0], [100, 60], [10, 10]), profile=flat_profile(),
+                   engine={"length_mode": "known"})
+    obs, _ = env.reset(seed=0)
+    with pytest.warns(RuntimeWarning, match="the policy is not admitting"):  # on purpose, for 5 s
+        while obs["engine"][ENGINE_INDEX["num_waiting"]] < 2:
+            obs, *_ = env.step(np.zeros(obs["queue"].shape[0] // len(QUEUE_INDEX), dtype=np.int64))
+    plain = make_policy("scorer", output_weight=0.0)
+    aged = make_policy("scorer", output_weight=0.0, wait_weight=20.0)
+    assert plain.act(obs)[:2].tolist() == [2, 1]
+    assert aged.act(obs)[:2].tolist() == [1, 2]
+    waited = obs["queue"].reshape(-1, len(QUEUE_INDEX))[:2, QUEUE_INDEX["wait_s"]]  # A's and B's
+    assert waited[0] - waited[1] == pytest.approx(5.0, abs=0.05)
+    assert np.diff(aged.scores(obs))[0] == pytest.approx(-(20.0 * (waited[0] - waited[1]) - 40.0), rel=1e-6)
+    env.close()
 
 
 @pytest.mark.parametrize("bad", [{"target_slope": 1.5}, {"wait_weight": -1.0}, {"target_base": 0.0},
