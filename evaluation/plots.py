@@ -180,7 +180,7 @@ def learning_curves(runs: Sequence[str | Path], out: str | Path, references: dic
         ax.plot(rows[:, 0], rows[:, 1], marker="o", label=Path(run).name.rsplit("__", 1)[-1])
     for label, value in (references or {}).items():
         ax.axhline(value, linestyle="--", color="grey")
-        ax.annotate(label, (0, value), fontsize=8, va="bottom")
+        ax.annotate(label, xy=(0.01, value), xycoords=("axes fraction", "data"), fontsize=8, va="bottom")
     ax.set_xlabel("timesteps")
     ax.set_ylabel("validation return (mean over the validation seeds)")
     ax.set_title(title)
