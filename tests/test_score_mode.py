@@ -3,6 +3,8 @@ slots (issue 27)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -225,3 +227,29 @@ def test_learning_curves_draw_every_runs_validation_returns(tmp_path):
         (run / "eval.csv").write_text("10000,-5500.5\n20000,-5400.0\n")
     path = learning_curves(sorted(tmp_path.glob("agent__s*")), tmp_path / "curves.png", {"scorer": -5235.0})
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow  # trains a tiny agent (about 30 s)
+def test_a_cloned_score_agent_trains_records_its_warm_start_and_plays_as_a_policy(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from servegym.rl.train import TrainConfig, train
+    from servegym.tuning.study import write_params
+
+    params = tmp_path / "scorer" / "best_params.json"
+    write_params("scorer", {"output_weight": 2.0, "target_base": 0.7}, params)
+    cfg = TrainConfig(algo="ppo", mode="score", task="memory-tight", env={"decision_steps": True}, timesteps=128,
+                      n_envs=1, eval_freq=128, eval_episodes=1, normalize=False, reward_scale=0.01,
+                      imitate=str(params), imitate_episodes=1,
+                      hyperparams={"n_steps": 64, "batch_size": 64, "n_epochs": 1}, out=str(tmp_path / "runs"))
+    run = train(cfg, progress=False, subprocess=False)
+    state = json.loads((run / "config.json").read_text())
+    assert state["status"] == "finished" and state["imitation"]["demonstration_steps"] > 300
+    assert state["reward_scale"] == 0.01 and state["imitate"] == str(params)
+    agent = make_policy(f"rl:{run}")
+    env = make_env(agent, task="memory-tight", split="test", apply_overrides=False)
+    result = run_episode(env, agent, TEST_SEEDS[0])
+    assert result.summary["num_arrived"] == result.summary["num_finished"] + result.summary["num_unfinished"] + \
+        result.summary["num_rejected"]
+    with pytest.raises(ValueError, match="only the scorer acts in the score mode"):
+        write_params("mc-sf", {"order": "total"}, params)
+        train(TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "again")}), progress=False, subprocess=False)
