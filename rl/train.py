@@ -83,6 +83,9 @@ class TrainConfig:
     reward_scale: float = 1.0
     """Training rewards are multiplied by this fixed number (validation and test returns are not): a scale set
     per task in the recipe, in place of ``VecNormalize``'s drifting running estimate."""
+    reward_reference: str | None = None
+    """A params file (``servegym tune``'s ``best_params.json``): training rewards become relative to that policy's
+    episode on the same seed (:mod:`servegym.rl.reference`); validation and test returns are not."""
     imitate: str | None = None
     """A ``scorer`` params file (``servegym tune``'s ``best_params.json``): before reinforcement learning, the
     ``score``-mode policy is fitted to that scorer's decisions (:mod:`servegym.rl.imitation`)."""
@@ -148,10 +151,11 @@ class TrainConfig:
 
 def make_training_env(env_kwargs: dict[str, Any], mode: str, max_episode_steps: int | None = None,
                       seeds: tuple[int, int] | None = None, monitor: bool = True,
-                      reward_scale: float = 1.0) -> gym.Env:
+                      reward_scale: float = 1.0, reference: str | None = None) -> gym.Env:
     """The env an agent trains on: ``gym.make`` + episode statistics + the action mode, and with ``seeds =
-    (start, stride)`` training seeds from :data:`TRAIN_SEEDS` for every reset; rewards times ``reward_scale``
-    (after the episode statistics, which stay in the task's units)."""
+    (start, stride)`` training seeds from :data:`TRAIN_SEEDS` for every reset; rewards relative to the
+    ``reference`` params file's policy, then times ``reward_scale`` (both after the episode statistics, which stay
+    in the task's units)."""
     from stable_baselines3.common.monitor import Monitor
 
     limit = {"max_steps": max_episode_steps} if max_episode_steps is not None else {}
@@ -159,6 +163,11 @@ def make_training_env(env_kwargs: dict[str, Any], mode: str, max_episode_steps: 
     if seeds is not None:
         env = TrainSeeds(env, *seeds)
     env = Monitor(env) if monitor else env
+    if reference is not None:
+        from servegym.rl.reference import ReferenceReward
+        from servegym.tuning.study import read_params
+
+        env = ReferenceReward(env, *read_params(reference))
     if reward_scale != 1.0:
         env = gym.wrappers.TransformReward(env, partial(_scaled, reward_scale))
     return wrap(env, mode)
@@ -173,7 +182,8 @@ def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
 
     start = cfg.seed * 10_007 + offset
     factories = [partial(make_training_env, cfg.env_kwargs(), cfg.resolved_mode, cfg.max_episode_steps,
-                         (start + rank, cfg.n_envs), True, cfg.reward_scale) for rank in range(cfg.n_envs)]
+                         (start + rank, cfg.n_envs), True, cfg.reward_scale, cfg.reward_reference)
+                 for rank in range(cfg.n_envs)]
     if subprocess and cfg.n_envs > 1:
         # spawn, not SB3's default forkserver: each worker is this process's own child, known by its pid from the
         # start, so a stop during set-up ends it at once (a forkserver's children outlived a SIGTERM by ~30 s).

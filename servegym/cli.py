@@ -272,7 +272,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                               max_episode_steps=args.max_episode_steps, eval_freq=args.eval_freq,
                               eval_episodes=args.eval_episodes, checkpoint_freq=args.checkpoint_freq,
                               hyperparams=hyper, normalize=not args.no_normalize,
-                              reward_scale=args.reward_scale, imitate=args.imitate, out=args.out)
+                              reward_scale=args.reward_scale, reward_reference=args.reward_reference,
+                              imitate=args.imitate, out=args.out)
             print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
             run = train(cfg, progress=not args.quiet)
     except TrainingInterrupted as stop:  # SIGINT 130, SIGTERM 143
@@ -433,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="no VecNormalize (the score mode's network reads raw features on a log scale)")
     trn.add_argument("--reward-scale", type=float, default=1.0,
                      help="multiply training rewards by this fixed number (validation returns stay in task units)")
+    trn.add_argument("--reward-reference", default=None, metavar="PARAMS",
+                     help="train on rewards relative to this policy's episode on the same seed (a params file)")
     trn.add_argument("--imitate", default=None, metavar="PARAMS",
                      help="score mode: first fit the policy to a tuned scorer (servegym tune's best_params.json)")
     trn.add_argument("--out", default="runs")

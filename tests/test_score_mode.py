@@ -253,3 +253,50 @@ def test_a_cloned_score_agent_trains_records_its_warm_start_and_plays_as_a_polic
     with pytest.raises(ValueError, match="only the scorer acts in the score mode"):
         write_params("mc-sf", {"order": "total"}, params)
         train(TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "again")}), progress=False, subprocess=False)
+
+
+def test_rewards_relative_to_a_reference_sum_to_the_return_difference(tmp_path):
+    # Per step the reward adds back the reference's request-seconds over the same stretch of simulated time, so
+    # an agent that acts as the reference does earns zero at every step, and any other earns, summed over the
+    # episode, its own latency return minus the reference's (each played alone on the same seed).
+    from servegym.rl.reference import ReferenceReward
+
+    seed = TEST_SEEDS[0]
+    same = ReferenceReward(make_env(task="memory-tight", split="test", apply_overrides=False), "mc-sf")
+    policy = make_policy("mc-sf")
+    obs, _ = same.reset(seed=seed)
+    steps, worst, done = 0, 0.0, False
+    while not done:
+        obs, reward, terminated, truncated, _ = same.step(policy.act(obs))
+        steps, worst, done = steps + 1, max(worst, abs(reward)), terminated or truncated
+    assert steps > 500 and worst < 1e-6
+    # Cut short at 150 steps, the reference leaves requests unserved; they count until its episode ends, so the
+    # same agent still earns zero at every step but the last (which pays the truncation charge).
+    short = ReferenceReward(make_env(task="memory-tight", split="test", apply_overrides=False, max_steps=150),
+                            "mc-sf")
+    obs, _ = short.reset(seed=seed)
+    rewards, done = [], False
+    while not done:
+        obs, reward, terminated, truncated, info = short.step(policy.act(obs))
+        rewards.append(reward)
+        done = terminated or truncated
+    assert truncated and info["num_waiting"] + info["num_running"] > 0
+    assert len(rewards) == 150 and max(abs(r) for r in rewards[:-1]) < 1e-6 and rewards[-1] < -1000
+
+    def alone(name: str) -> float:
+        p = make_policy(name)
+        return run_episode(make_env(p, task="memory-tight", split="test", apply_overrides=False), p, seed).total_reward
+
+    other = ReferenceReward(make_env(task="memory-tight", split="test", apply_overrides=False), "mc-sf")
+    fcfs = make_policy("fcfs")
+    obs, _ = other.reset(seed=seed)
+    total, done = 0.0, False
+    while not done:
+        obs, reward, terminated, truncated, _ = other.step(fcfs.act(obs))
+        total, done = total + reward, terminated or truncated
+    assert total == pytest.approx(alone("fcfs") - alone("mc-sf"), rel=1e-9)
+    assert total < -1000  # FCFS is worse than MC-SF here: the relative return says by how much
+    with pytest.raises(ValueError, match="single engine"):
+        ReferenceReward(make_env(task="serverless-burst"), "fcfs").reset(seed=0)
+    with pytest.raises(ValueError, match="unknown parameter"):
+        ReferenceReward(make_env(task="memory-tight"), "mc-sf", {"depth": 2})

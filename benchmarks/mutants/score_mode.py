@@ -20,10 +20,16 @@ MUTATIONS = [
      "action[width] = np.clip(2.0 * (expert.memory_target(obs) - low) / (high - low) - 1.0, -1.0, 1.0)",
      "action[width] = np.clip(expert.memory_target(obs), -1.0, 1.0)", (SCORE,), "rl"),
     ("reward-scale-applied-to-the-statistics", "rl/train.py",
-     "    env = Monitor(env) if monitor else env\n    if reward_scale != 1.0:\n"
-     "        env = gym.wrappers.TransformReward(env, partial(_scaled, reward_scale))",
-     "    if reward_scale != 1.0:\n        env = gym.wrappers.TransformReward(env, partial(_scaled, reward_scale))\n"
-     "    env = Monitor(env) if monitor else env", (SCORE,), "rl"),
+     "        env = TrainSeeds(env, *seeds)\n    env = Monitor(env) if monitor else env\n",
+     "        env = TrainSeeds(env, *seeds)\n"
+     "    env = gym.wrappers.TransformReward(env, partial(_scaled, reward_scale))\n"
+     "    env = Monitor(env) if monitor else env\n", (SCORE,), "rl"),
+    ("reference-reward-counts-from-the-start", "rl/reference.py",
+     "reward += self.reference_seconds(now) - self.reference_seconds(self._clock)",
+     "reward += self.reference_seconds(now)", (SCORE,), "rl"),
+    ("reference-reward-forgets-the-unfinished", "rl/reference.py",
+     "finish = np.where(log.state == State.FINISHED, log.finish_s, end)",
+     "finish = np.where(log.state == State.FINISHED, log.finish_s, log.arrival_s)", (SCORE,), "rl"),
     ("score-net-slots-see-no-context", "rl/equivariant.py",
      "mixed = self.mix(torch.cat([slots, context[:, None, :].expand(-1, self.width, -1)], dim=2))",
      "mixed = self.mix(torch.cat([slots, 0 * context[:, None, :].expand(-1, self.width, -1)], dim=2))",
