@@ -265,13 +265,21 @@ def cmd_train(args: argparse.Namespace) -> int:
             engine = {"length_mode": args.length_mode or "predicted"}
             engine.update(json_object("--engine", args.engine))
             hyper = json_object("--hyperparams", args.hyperparams)
-            cfg = TrainConfig(algo=args.algo, mode=args.mode, task=args.task, workload=args.workload,
+            fields = {"mode": args.mode, "env": json_object("--env", args.env), "timesteps": args.timesteps,
+                      "n_envs": args.n_envs, "normalize": not args.no_normalize}
+            if args.zoo:
+                if not args.task:
+                    raise ValueError("--zoo reads the entry of a task: give --task")
+                from servegym.rl.zoo import read_zoo
+
+                zoo = read_zoo(args.zoo, args.task)
+                fields.update({k: v for k, v in zoo.items() if k != "hyperparams"})
+                hyper = {**zoo["hyperparams"], **hyper}
+            cfg = TrainConfig(algo=args.algo, task=args.task, workload=args.workload,
                               profile=args.profile, engine=engine, pool=json_object("--pool", args.pool),
-                              env=json_object("--env", args.env),
-                              timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs,
-                              max_episode_steps=args.max_episode_steps, eval_freq=args.eval_freq,
+                              seed=args.seed, max_episode_steps=args.max_episode_steps, eval_freq=args.eval_freq,
                               eval_episodes=args.eval_episodes, checkpoint_freq=args.checkpoint_freq,
-                              hyperparams=hyper, normalize=not args.no_normalize,
+                              hyperparams=hyper, **fields,
                               reward_scale=args.reward_scale, reward_reference=args.reward_reference,
                               imitate=args.imitate, out=args.out)
             print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
@@ -434,6 +442,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="no VecNormalize (the score mode's network reads raw features on a log scale)")
     trn.add_argument("--reward-scale", type=float, default=1.0,
                      help="multiply training rewards by this fixed number (validation returns stay in task units)")
+    trn.add_argument("--zoo", default=None, metavar="FILE",
+                     help="hyperparameters in the RL Zoo's format (docs/rl/hyperparams/ppo.yml): the entry for the "
+                          "task's id replaces --timesteps, --n-envs, --no-normalize, --mode and --env where it has "
+                          "them, and gives the algorithm's arguments (--hyperparams JSON merges on top)")
     trn.add_argument("--reward-reference", default=None, metavar="PARAMS",
                      help="train on rewards relative to this policy's episode on the same seed (a params file)")
     trn.add_argument("--imitate", default=None, metavar="PARAMS",

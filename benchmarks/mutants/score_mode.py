@@ -1,6 +1,7 @@
 """Mutations of the score action mode, the parametric scorer and behaviour cloning from it (issue 27)."""
 
 SCORE = "tests/test_score_mode.py"
+ZOO = "tests/test_zoo.py"
 
 MUTATIONS = [
     ("score-admits-lowest-first", "policies/common.py",
@@ -34,4 +35,9 @@ MUTATIONS = [
      "mixed = self.mix(torch.cat([slots, context[:, None, :].expand(-1, self.width, -1)], dim=2))",
      "mixed = self.mix(torch.cat([slots, 0 * context[:, None, :].expand(-1, self.width, -1)], dim=2))",
      (SCORE,), "rl"),
+    ("zoo-timesteps-ignored", "rl/zoo.py",
+     'fields["timesteps"] = int(float(entry.pop("n_timesteps")))', 'entry.pop("n_timesteps")', (ZOO,), "rl"),
+    ("zoo-policy-kwargs-left-a-string", "rl/zoo.py",
+     'entry["policy_kwargs"] = policy_kwargs(entry["policy_kwargs"])',
+     'entry["policy_kwargs"] = entry["policy_kwargs"]', (ZOO,), "rl"),
 ]
