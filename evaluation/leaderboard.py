@@ -241,10 +241,11 @@ def bound_line(board: TaskBoard) -> str:
     if oracle is None:
         return ""
     sign = -1.0 if board.lower_is_better else 1.0
-    broken = [f"`{s.policy}` on seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}"
-              for s in board.scores if s is not oracle
-              for seeds in [[k for k, v in s.per_seed.items() if k in oracle.per_seed
-                             and sign * (v - oracle.per_seed[k]) > 0]] if seeds]
+    broken = []
+    for s in board.scores:
+        seeds = [k for k, v in s.per_seed.items() if k in oracle.per_seed and sign * (v - oracle.per_seed[k]) > 0]
+        if s is not oracle and seeds:
+            broken.append(f"`{s.policy}` on seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}")
     if broken:
         return "**Bound broken:** the oracle is beaten by " + "; ".join(broken) + "."
     others = sum(1 for s in board.scores if s is not oracle)

@@ -2,7 +2,7 @@
 
 The scorer (:mod:`servegym.policies.scorer`) acts through the ``score`` mode's own rule, so each of its
 decisions *is* a score-mode action: its scores mapped monotonically into [-1, 1] (the order, all that the rule
-reads, is kept) and its memory target mapped back through :data:`~servegym.rl.wrappers.SCORE_TARGETS`.
+reads, is kept) and its memory target mapped back through :func:`~servegym.rl.wrappers.score_target_value`.
 :func:`imitate` plays the scorer on training seeds, then fits the policy's mean action to those actions by
 squared error over the visible slots and the target, so PPO starts where the tuned scorer is and can learn what
 a fixed formula cannot: scores that depend on the state.
@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from servegym.envs.observation import ENGINE_INDEX, QUEUE_FEATURES
+from servegym.envs.observation import ENGINE_INDEX, queue_matrix
 from servegym.envs.tasks import TRAIN_SEEDS
 from servegym.policies import make_policy
 from servegym.policies.scorer import Scorer
-from servegym.rl.wrappers import SCORE_TARGETS
+from servegym.rl.wrappers import score_target_value
 
 SCORE_SCALE = 1e5
 """Scores (tokens) map to ``symlog(score) / symlog(SCORE_SCALE)``, clipped to [-1, 1]."""
@@ -30,12 +30,11 @@ def _symlog(x: np.ndarray | float) -> np.ndarray:
 
 def expert_action(expert: Scorer, obs: dict[str, np.ndarray]) -> np.ndarray:
     """The scorer's decision at ``obs`` as a score-mode action (zeros on empty slots)."""
-    width = obs["queue"].shape[0] // len(QUEUE_FEATURES)
+    width = queue_matrix(obs).shape[0]
     action = np.zeros(width + 1, dtype=np.float32)
     scores = expert.scores(obs)
     action[: scores.size] = np.clip(_symlog(scores) / _symlog(SCORE_SCALE), -1.0, 1.0)
-    low, high = SCORE_TARGETS
-    action[width] = np.clip(2.0 * (expert.memory_target(obs) - low) / (high - low) - 1.0, -1.0, 1.0)
+    action[width] = score_target_value(expert.memory_target(obs))
     return action
 
 

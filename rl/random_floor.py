@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servegym.envs.observation import QUEUE_FEATURES
+from servegym.envs.observation import queue_matrix
 from servegym.policies.base import Observation, Policy
 from servegym.policies.params import PolicyParams, non_negative_int, param
 from servegym.rl.wrappers import (
@@ -61,6 +61,6 @@ class RandomAction(Policy):
         if mode == "window":
             return window_action(obs, float(self.rng.uniform(-1.0, 1.0)))
         if mode == "score":
-            return score_action(obs, self.rng.uniform(-1.0, 1.0, obs["queue"].shape[0] // len(QUEUE_FEATURES) + 1))
+            return score_action(obs, self.rng.uniform(-1.0, 1.0, queue_matrix(obs).shape[0] + 1))
         return rank_action(obs, int(self.rng.integers(len(RANK_ORDERS))),
                            int(self.rng.integers(len(RANK_MEMORY_TARGETS))))

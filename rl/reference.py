@@ -31,7 +31,7 @@ class ReferenceReward(gym.Wrapper):
         self.policy, self.params = policy, dict(params or {})
         make_policy(policy, **self.params)  # a bad name or parameter fails here, not at the first reset
         self._arrival = self._end = np.zeros(0)
-        self._clock = 0.0
+        self._seconds = 0.0
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(**kwargs)
@@ -39,7 +39,7 @@ class ReferenceReward(gym.Wrapper):
         if inner.reward_name != "latency" or len(inner.cluster.engines) != 1:
             raise ValueError("ReferenceReward needs the latency reward on a single engine")
         self._reference_episode(obs)
-        self._clock = inner.cluster.time
+        self._seconds = self.reference_seconds(inner.cluster.time)
         return obs, info
 
     def _reference_episode(self, obs: Any) -> None:
@@ -64,7 +64,7 @@ class ReferenceReward(gym.Wrapper):
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
-        now = serving_env(self.env).cluster.time
-        reward += self.reference_seconds(now) - self.reference_seconds(self._clock)
-        self._clock = now
+        seconds = self.reference_seconds(serving_env(self.env).cluster.time)
+        reward += seconds - self._seconds
+        self._seconds = seconds
         return obs, reward, terminated, truncated, info

@@ -192,12 +192,9 @@ def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
 
 
 def _imitate(model: BaseAlgorithm, cfg: TrainConfig) -> dict[str, float]:
-    import torch
-
     from servegym.rl.imitation import imitate
     from servegym.tuning.study import read_params
 
-    torch.set_num_threads(cfg.torch_threads)
     name, params = read_params(cfg.imitate)
     if name != "scorer":
         raise ValueError(f"imitate: {cfg.imitate} holds {name!r} parameters; only the scorer acts in the score mode")
@@ -298,6 +295,9 @@ class _Session:
                 "last_checkpoint": None if checkpoint is None else _relative(self.run, checkpoint)}
 
     def __enter__(self) -> _Session:
+        import torch
+
+        torch.set_num_threads(self.cfg.torch_threads)  # before the model is built, cloned and trained
         self._children = set(multiprocessing.active_children())
         self._spawned = spawned_children()
         self.stop.__enter__()
@@ -353,7 +353,6 @@ def _learn(session: _Session, timesteps: int, progress: bool, reset: bool) -> Pa
     model, cfg, run, state = session.model, session.cfg, session.run, session.state
     # Validating every distribution's arguments costs more than an env step in the admit mode (32 slots).
     torch.distributions.Distribution.set_default_validate_args(False)
-    torch.set_num_threads(cfg.torch_threads)
     eval_env = make_training_env(cfg.env_kwargs(), cfg.resolved_mode, cfg.max_episode_steps, monitor=False)
 
     def on_best(score: float, timesteps_done: int) -> None:

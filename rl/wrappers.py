@@ -31,7 +31,7 @@ import numpy as np
 from gymnasium import spaces
 
 from servegym.envs.actions import count_action_masks, slot_action_masks
-from servegym.envs.observation import QUEUE_INDEX, length_mode_of
+from servegym.envs.observation import QUEUE_INDEX, length_mode_of, queue_matrix
 from servegym.envs.tasks import TRAIN_SEEDS
 from servegym.policies.base import Observation, admit_first, output_estimate, ranks_action
 from servegym.policies.common import (
@@ -109,13 +109,19 @@ def score_action(obs: Observation, action: np.ndarray) -> np.ndarray:
     """The ``score`` mode: ``action[:W]`` scores the queue slots, ``action[W]`` in [-1, 1] sets the memory target
     in :data:`SCORE_TARGETS` (see :class:`ScoreAdmit`)."""
     values = np.asarray(action, dtype=np.float64).reshape(-1)
-    width = obs["queue"].shape[0] // len(QUEUE_INDEX)
+    width = queue_matrix(obs).shape[0]
     if values.size != width + 1:
         raise ValueError(f"a score action has {width + 1} values ({width} slot scores and a memory target), got "
                          f"{values.size}")
     low, high = SCORE_TARGETS
     target = low + (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)
     return admit_by_score(obs, values[:width], target)
+
+
+def score_target_value(fraction: float) -> float:
+    """The action value in [-1, 1] that sets the ``score`` mode's memory target nearest to ``fraction``."""
+    low, high = SCORE_TARGETS
+    return float(np.clip(2.0 * (fraction - low) / (high - low) - 1.0, -1.0, 1.0))
 
 
 class _ObservingWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):

@@ -13,17 +13,13 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from servegym import TASK_IDS
+from servegym import task_id
 from servegym.rl.wrappers import MODES
 
 WRAPPERS = {f"servegym.rl.wrappers.{cls.__name__}": mode for mode, cls in MODES.items()}
 """``env_wrapper`` values -> the action mode they name."""
 ZOO_POLICIES = ("MultiInputPolicy",)
 """``policy`` values a servegym env takes (its observation is a Dict); servegym picks the network per mode."""
-
-
-def task_env_id(task: str) -> str:
-    return f"servegym/{TASK_IDS[task]}-v1"
 
 
 def policy_kwargs(text: str) -> dict[str, Any]:
@@ -62,7 +58,7 @@ def read_zoo(path: str | Path, task: str) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"hyperparameter file {path} does not exist")
     data = yaml.safe_load(path.read_text()) or {}
-    env_id = task_env_id(task)
+    env_id = task_id(task)
     if not isinstance(data, dict) or env_id not in data:
         found = sorted(data) if isinstance(data, dict) else []
         raise ValueError(f"{path} has no entry for {env_id} (entries: {found})")

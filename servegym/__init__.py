@@ -25,10 +25,16 @@ TASK_IDS = {"relaxed": "Relaxed", "memory-tight": "MemoryTight", "long-context":
             "serverless-burst": "ServerlessBurst", "slo-goodput": "SloGoodput", "mixture": "Mixture"}
 """Benchmark task -> the name of its own id, ``servegym/<Name>-v1`` (``gym.make(id)`` is the task's env)."""
 
+
+def task_id(task: str) -> str:
+    """The task's own env id: ``task_id("memory-tight") == "servegym/MemoryTight-v1"``."""
+    return f"servegym/{TASK_IDS[task]}-v1"
+
+
 _ENTRY = "servegym.envs.mixture:make_serving_env"
 for _id, _kwargs in ((ENV_ID, {"version": 1}), (LEGACY_ENV_ID, {"version": 0}),
-                     *((f"servegym/{name}-v1", {"version": 1, "task": task}) for task, name in TASK_IDS.items())):
+                     *((task_id(task), {"version": 1, "task": task}) for task in TASK_IDS)):
     if _id not in registry:
         register(id=_id, entry_point=_ENTRY, max_episode_steps=20_000, kwargs=_kwargs)
 
-__all__ = ["ENV_CHANGES", "ENV_ID", "LEGACY_ENV_ID", "TASK_IDS", "__version__"]
+__all__ = ["ENV_CHANGES", "ENV_ID", "LEGACY_ENV_ID", "TASK_IDS", "__version__", "task_id"]

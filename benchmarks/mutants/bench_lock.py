@@ -42,7 +42,7 @@ MUTATIONS += [
     ("oracle-anchor-is-the-best-heuristic", "evaluation/leaderboard.py",
      "return self.score(ORACLE) or self.best_heuristic", "return self.best_heuristic", (ORACLE,), "bench"),
     ("oracle-bound-line-flipped", "evaluation/leaderboard.py",
-     "and sign * (v - oracle.per_seed[k]) > 0]]", "and sign * (v - oracle.per_seed[k]) < 0]]", (ORACLE,), "bench"),
+     "and sign * (v - oracle.per_seed[k]) > 0]", "and sign * (v - oracle.per_seed[k]) < 0]", (ORACLE,), "bench"),
     ("oracle-bases-include-engine-config-rows", "evaluation/bench.py",
      "if track == TEST_TRACK and e.policy != ORACLE)", "if e.policy != ORACLE)", (ORACLE,), "bench"),
 ]

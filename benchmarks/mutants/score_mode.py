@@ -18,7 +18,7 @@ MUTATIONS = [
     ("scorer-target-slope-ignored", "policies/scorer.py",
      "p.target_base + p.target_slope * math.tanh(", "p.target_base + 0.0 * math.tanh(", (SCORE,), "rl"),
     ("imitation-target-not-mapped-back", "rl/imitation.py",
-     "action[width] = np.clip(2.0 * (expert.memory_target(obs) - low) / (high - low) - 1.0, -1.0, 1.0)",
+     "action[width] = score_target_value(expert.memory_target(obs))",
      "action[width] = np.clip(expert.memory_target(obs), -1.0, 1.0)", (SCORE,), "rl"),
     ("reward-scale-applied-to-the-statistics", "rl/train.py",
      "        env = TrainSeeds(env, *seeds)\n    env = Monitor(env) if monitor else env\n",
@@ -26,8 +26,7 @@ MUTATIONS = [
      "    env = gym.wrappers.TransformReward(env, partial(_scaled, reward_scale))\n"
      "    env = Monitor(env) if monitor else env\n", (SCORE,), "rl"),
     ("reference-reward-counts-from-the-start", "rl/reference.py",
-     "reward += self.reference_seconds(now) - self.reference_seconds(self._clock)",
-     "reward += self.reference_seconds(now)", (SCORE,), "rl"),
+     "reward += seconds - self._seconds", "reward += seconds", (SCORE,), "rl"),
     ("reference-reward-forgets-the-unfinished", "rl/reference.py",
      "finish = np.where(log.state == State.FINISHED, log.finish_s, end)",
      "finish = np.where(log.state == State.FINISHED, log.finish_s, log.arrival_s)", (SCORE,), "rl"),
