@@ -130,8 +130,13 @@ class RunStore:
         return sum(1 for _ in self.path.glob("*.pkl"))
 
 
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+"""Held back while a worker starts, so that a stop never lands between its spawn and its registration."""
+
+
 def _worker(fn: Callable[[Any], Any], conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # the spawn inherited the parent's held-back mask
     while (item := conn.recv()) is not None:
         index, job = item
         try:
@@ -289,10 +294,24 @@ class _Pool:
         self.workers: list[_Worker] = []
         try:
             for _ in range(workers):
-                self.workers.append(_Worker(self.ctx, fn))
+                self._start(len(self.workers))
         except BaseException:  # Ctrl-C or SIGTERM while starting: no worker outlives the pool
             self.kill()
             raise
+
+    def _start(self, slot: int) -> None:
+        """Start a worker into ``slot`` with Ctrl-C and SIGTERM held back until it is registered: a signal in the
+        middle of a spawn would otherwise leave a half-started child that no one kills (it then dies with an
+        ``EOFError`` traceback on the parent's stderr). A held-back signal arrives once the mask is restored."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            worker = _Worker(self.ctx, self.fn)
+            if slot == len(self.workers):
+                self.workers.append(worker)
+            else:
+                self.workers[slot] = worker
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def idle(self) -> list[_Worker]:
         return [w for w in self.workers if w.job is None]
@@ -313,7 +332,7 @@ class _Pool:
 
     def replace(self, worker: _Worker) -> None:
         worker.conn.close()
-        self.workers[self.workers.index(worker)] = _Worker(self.ctx, self.fn)
+        self._start(self.workers.index(worker))
 
     def close(self) -> None:
         for worker in self.workers:

@@ -9,6 +9,7 @@ process group they started in a ``finally``, so a loaded machine makes them slow
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -282,6 +283,35 @@ def test_the_pool_kills_what_it_started_when_stopped_while_starting(monkeypatch)
         executor.run_jobs(abs, [1, 2, 3, 4], workers=3)
     assert caught.value.exit_status == 143
     assert len(started) == 2 and not any(w.proc.is_alive() for w in started)
+
+
+def test_a_signal_during_a_workers_spawn_waits_until_the_pool_can_kill_it(monkeypatch):
+    # Bug caught: SIGTERM landing between a worker's spawn and its registration left a half-started child that no
+    # one killed; it died later with an EOFError traceback on the parent's stderr (a flaky CI failure).
+    from servegym.evaluation import executor
+
+    started = []
+    real = executor._Worker
+
+    class SignalMidStart(real):
+        def __init__(self, ctx, fn):
+            super().__init__(ctx, fn)
+            started.append(self)
+            if len(started) == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # the child exists; the pool does not hold it yet
+
+    monkeypatch.setattr(executor, "_Worker", SignalMidStart)
+    with pytest.raises(Interrupted) as caught:
+        executor.run_jobs(abs, [1, 2, 3, 4], workers=3)
+    assert caught.value.exit_status == 143
+    assert len(started) == 2 and not any(w.proc.is_alive() for w in started)
+
+
+def test_workers_do_not_inherit_the_signals_held_back_while_they_start():
+    from servegym.evaluation import executor
+
+    held = executor.run_jobs(functools.partial(signal.pthread_sigmask, signal.SIG_BLOCK), [[], []], workers=2)
+    assert held == [set(), set()]
 
 
 # --- progress bars ----------------------------------------------------------------------------------------------

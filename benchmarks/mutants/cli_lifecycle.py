@@ -68,6 +68,13 @@ MUTATIONS = [
      "            self.kill()\n",
      "        except BaseException:  # Ctrl-C or SIGTERM while starting: no worker outlives the pool\n",
      (LIFE + "::test_the_pool_kills_what_it_started_when_stopped_while_starting",), "cli lifecycle"),
+    ("life-spawn-not-held-back", "evaluation/executor.py",
+     "held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)",
+     "held = signal.pthread_sigmask(signal.SIG_BLOCK, set())",
+     (LIFE + "::test_a_signal_during_a_workers_spawn_waits_until_the_pool_can_kill_it",), "cli lifecycle"),
+    ("life-worker-keeps-the-held-mask", "evaluation/executor.py",
+     "    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)", "    pass",
+     (LIFE + "::test_workers_do_not_inherit_the_signals_held_back_while_they_start",), "cli lifecycle"),
     # ---------------------------------------------------------------------------------- bar and verdict rule
     ("life-bar-drawn-into-logs", "evaluation/executor.py", "unit=unit, disable=None)", "unit=unit, disable=False)",
      (LIFE + "::test_no_progress_bar_is_drawn_into_a_log",), "cli lifecycle"),
