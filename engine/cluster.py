@@ -154,6 +154,11 @@ class Cluster:
             self.done = not any(e.has_work for e in self.engines)
 
     @property
+    def num_arrived(self) -> int:
+        """Requests of the episode that have arrived (routed to a container or rejected)."""
+        return self._next_arrival
+
+    @property
     def next_arrival_s(self) -> float:
         return float(self.log.arrival_s[self._next_arrival]) if self._next_arrival < self._num_requests else math.inf
 

@@ -78,7 +78,17 @@ POOL_SCHEMA = (
 )
 """``obs["pool"]``: one row per container."""
 
-SCHEMA = {"engine": ENGINE_SCHEMA, "queue": QUEUE_SCHEMA, "running": RUNNING_SCHEMA, "pool": POOL_SCHEMA}
+PROGRESS_SCHEMA = (
+    Feature("elapsed_s", "seconds since the episode's first arrival"),
+    Feature("arrival_span_s", "seconds from the episode's first arrival to its last (fixed per episode)"),
+    Feature("arrived_frac", "requests arrived / requests in the episode", 0.0, 1.0),
+    Feature("remaining_frac", "requests neither finished nor rejected / requests in the episode", 0.0, 1.0),
+)
+"""``obs["progress"]``: how far the episode has gone, in time and in requests (an agent's sense of the horizon;
+hand-coded policies ignore it)."""
+
+SCHEMA = {"engine": ENGINE_SCHEMA, "queue": QUEUE_SCHEMA, "running": RUNNING_SCHEMA, "pool": POOL_SCHEMA,
+          "progress": PROGRESS_SCHEMA}
 """Every observation key and its features: the spaces, the encoder, the accessors and the env docstring's
 table are derived from it."""
 
@@ -86,6 +96,7 @@ ENGINE_FEATURES = tuple(f.name for f in ENGINE_SCHEMA)
 QUEUE_FEATURES = tuple(f.name for f in QUEUE_SCHEMA)
 RUNNING_FEATURES = tuple(f.name for f in RUNNING_SCHEMA)
 POOL_FEATURES = tuple(f.name for f in POOL_SCHEMA)
+PROGRESS_FEATURES = tuple(f.name for f in PROGRESS_SCHEMA)
 ENGINE_INDEX = {name: i for i, name in enumerate(ENGINE_FEATURES)}
 POOL_INDEX = {name: i for i, name in enumerate(POOL_FEATURES)}
 QUEUE_INDEX = {name: i for i, name in enumerate(QUEUE_FEATURES)}
@@ -120,6 +131,7 @@ def observation_space(queue_window: int, running_slots: int, num_containers: int
         "queue": _box(QUEUE_SCHEMA, queue_window),
         "running": _box(RUNNING_SCHEMA, running_slots),
         "pool": _box(POOL_SCHEMA, num_containers),
+        "progress": _box(PROGRESS_SCHEMA, 1),
     })
 
 
@@ -153,7 +165,7 @@ class ObservationEncoder:
     """Builds observations from an engine; caches the static part of the queue window between changes.
 
     Every observation is one fresh float32 buffer in ``gymnasium.spaces.flatten``'s layout of the Dict space
-    (keys in sorted order: engine, pool, queue, running): ``flat=True`` returns the buffer itself, otherwise a
+    (keys in sorted order: engine, pool, progress, queue, running): ``flat=True`` returns the buffer itself, otherwise a
     dict of views into it. One allocation per step either way, and a flat observation costs nothing extra.
     For the Python engine the buffer starts as a copy of a template that holds the queue window's cached
     columns, and each step writes only what changes (waits, running rows, the engine and pool vectors); a
@@ -165,10 +177,11 @@ class ObservationEncoder:
         self.running_slots = running_slots
         self.flat = flat
         sizes = {"engine": len(ENGINE_FEATURES), "pool": num_containers * len(POOL_FEATURES),
-                 "queue": queue_window * len(QUEUE_FEATURES), "running": running_slots * len(RUNNING_FEATURES)}
+                 "progress": len(PROGRESS_FEATURES), "queue": queue_window * len(QUEUE_FEATURES),
+                 "running": running_slots * len(RUNNING_FEATURES)}
         bounds = np.cumsum([0, *sizes.values()]).tolist()
         self._slices = {key: slice(a, b) for key, a, b in zip(sizes, bounds, bounds[1:], strict=False)}
-        self._engine_end, self._pool_end, self._queue_end = bounds[1:4]
+        self._engine_end, self._pool_end, self._queue_start, self._queue_end = bounds[1:5]
         self.size = bounds[-1]
         self._version = -1
         self._template = np.zeros(self.size, dtype=np.float32)
@@ -188,10 +201,11 @@ class ObservationEncoder:
 
     def encode(self, cluster: Cluster) -> dict[str, np.ndarray] | np.ndarray:
         engine = cluster.engine
-        engine_end, pool_end, queue_end = self._engine_end, self._pool_end, self._queue_end
+        engine_end, pool_end, queue_start, queue_end = self._engine_end, self._pool_end, self._queue_start, \
+            self._queue_end
         if self._compiled:  # the engine writes its part, queue window included
             buf = np.zeros(self.size, dtype=np.float32)
-            engine.observe(buf, pool_end, queue_end, self.queue_window, self._baseline, self._capacity,
+            engine.observe(buf, queue_start, queue_end, self.queue_window, self._baseline, self._capacity,
                            self._length_mode)
         else:
             if engine.waiting_version != self._version or engine.container != self._container:
@@ -199,20 +213,21 @@ class ObservationEncoder:
             buf = self._template.copy()
             self._write_engine(engine, buf)
         buf[engine_end:pool_end] = self._pool(cluster)
+        buf[pool_end:queue_start] = self._progress(cluster)
         if self.flat:
             return buf
-        return {"engine": buf[:engine_end], "pool": buf[engine_end:pool_end], "queue": buf[pool_end:queue_end],
-                "running": buf[queue_end:]}
+        return {"engine": buf[:engine_end], "pool": buf[engine_end:pool_end], "progress": buf[pool_end:queue_start],
+                "queue": buf[queue_start:queue_end], "running": buf[queue_end:]}
 
     def _write_engine(self, engine: EngineBase, buf: np.ndarray) -> None:
         """Write ``obs["engine"]``, the queue rows' waits and ``obs["running"]`` (a compiled engine's ``observe``
         writes the same values)."""
-        pool_end, queue_end = self._pool_end, self._queue_end
+        start, queue_end = self._queue_start, self._queue_end
         k = self._arrival.size
         if k:  # columns of the first k queue rows, as strided slices of the flat buffer
             width = len(QUEUE_FEATURES)
-            buf[pool_end + _WAIT_S : pool_end + k * width : width] = engine.clock - self._arrival
-            buf[pool_end + _WAIT_STEPS : pool_end + k * width : width] = engine.step_index - self._enqueue
+            buf[start + _WAIT_S : start + k * width : width] = engine.clock - self._arrival
+            buf[start + _WAIT_STEPS : start + k * width : width] = engine.step_index - self._enqueue
         if engine.num_running:
             engine.copy_running_into(buf[queue_end:].reshape(self.running_slots, len(RUNNING_FEATURES)))
         last = engine.last
@@ -236,6 +251,18 @@ class ObservationEncoder:
             values += (float(e.container == cluster.deciding), warmth, 0.0 if busy else now - e.idle_since,
                        e.waiting.size, e.num_running, 1.0 - e.num_used_blocks / e.num_kv_blocks)
         return values
+
+    @staticmethod
+    def _progress(cluster: Cluster) -> tuple[float, float, float, float]:
+        """``obs["progress"]``: PROGRESS_SCHEMA's values."""
+        log = cluster.log
+        n = log.num_requests
+        if not n:
+            return 0.0, 0.0, 1.0, 0.0
+        first = float(log.arrival_s[0])
+        finished = sum(e.num_finished for e in cluster.engines)
+        return (cluster.time - first, float(log.arrival_s[-1]) - first, cluster.num_arrived / n,
+                (n - finished - cluster.num_rejected) / n)
 
     def _refresh_queue(self, engine: EngineBase) -> None:
         log = engine.log

@@ -19,7 +19,15 @@ from servegym.policies.base import Observation, Policy
 from servegym.policies.common import visible_queue
 from servegym.rl.evaluation import BEST_MODEL, BEST_STATS, FINAL_MODEL, FINAL_STATS
 from servegym.rl.train import algorithm_class, latest_checkpoint
-from servegym.rl.wrappers import count_action, rank_action, rank_grid, score_action, window_action
+from servegym.rl.wrappers import (
+    RESIDUAL_SCALE,
+    count_action,
+    rank_action,
+    rank_grid,
+    score_action,
+    score_base,
+    window_action,
+)
 
 
 class RLPolicy(Policy):
@@ -45,6 +53,7 @@ class RLPolicy(Policy):
             raise ValueError(f"{self.run} was trained with rank actions {self.config['rank_grid']}, but this servegym "
                              f"maps them to {rank_grid()}; retrain it")
         self.name = f"rl:{self.run.name}"
+        self._score_base = score_base(self.config.get("score_base_params"))  # a residual agent's scorer, or None
         # Inference on one thread: batches of one observation, and evaluation runs one process per core (two
         # threads per process on 2 busy cores: 18 against 4.4 ms a step in the score mode).
         torch.set_num_threads(1)
@@ -68,6 +77,10 @@ class RLPolicy(Policy):
         return {"length_mode": mode} if mode else {}
 
     def _normalise(self, obs: Observation) -> Observation:
+        """The keys the agent was trained on (a run from before ``obs["progress"]`` has none), normalised."""
+        space = self.model.observation_space
+        if isinstance(space, gym.spaces.Dict) and len(space.spaces) != len(obs):
+            obs = {key: obs[key] for key in space.spaces}
         return obs if self._vec_normalize is None else self._vec_normalize.normalize_obs(obs)
 
     def masks(self, obs: Observation) -> np.ndarray:
@@ -88,7 +101,8 @@ class RLPolicy(Policy):
             order, target = (int(v) for v in np.asarray(action).reshape(-1)[:2])
             return rank_action(obs, order, target)
         if self.mode == "score":
-            return score_action(obs, np.clip(np.asarray(action, dtype=np.float64).reshape(-1), -1.0, 1.0))
+            return score_action(obs, np.clip(np.asarray(action, dtype=np.float64).reshape(-1), -1.0, 1.0),
+                                self._score_base, self.config.get("residual_scale", RESIDUAL_SCALE))
         return np.asarray(action, dtype=np.int64)
 
 

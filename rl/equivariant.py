@@ -74,13 +74,13 @@ class QueueEncoder(BaseFeaturesExtractor):
 class ScoreHead(nn.Module):
     """Scores from slot embeddings by one shared linear layer, the memory target from the context."""
 
-    def __init__(self, embed: int, width: int) -> None:
+    def __init__(self, embed: int, width: int, gain: float = 0.01) -> None:
         super().__init__()
         self.embed, self.width = embed, width
         self.score = nn.Linear(embed, 1)
         self.target = nn.Linear(embed, 1)
         for layer in (self.score, self.target):
-            nn.init.orthogonal_(layer.weight, gain=0.01)
+            nn.init.orthogonal_(layer.weight, gain=gain)  # gain 0: every action exactly 0 until trained
             nn.init.zeros_(layer.bias)
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
@@ -91,15 +91,20 @@ class ScoreHead(nn.Module):
 
 class ScorePolicy(ActorCriticPolicy):
     """PPO/A2C's actor-critic with :class:`QueueEncoder` features and a :class:`ScoreHead` action net (the value
-    net is a small MLP over all features)."""
+    net is a small MLP over all features). ``head_gain`` scales the head's initial weights: 0 makes the initial
+    mean action exactly 0, the base scorer itself for a residual agent."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, head_gain: float = 0.01, **kwargs: Any) -> None:
+        self.head_gain = head_gain
         kwargs.setdefault("features_extractor_class", QueueEncoder)
         kwargs.setdefault("net_arch", {"pi": [], "vf": [64]})
         super().__init__(*args, **kwargs)
 
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        return {**super()._get_constructor_parameters(), "head_gain": self.head_gain}
+
     def _build(self, lr_schedule: Any) -> None:
         super()._build(lr_schedule)
         extractor = self.features_extractor
-        self.action_net = ScoreHead(extractor.embed, extractor.width)
+        self.action_net = ScoreHead(extractor.embed, extractor.width, self.head_gain)
         self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)

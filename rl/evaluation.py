@@ -53,15 +53,22 @@ class SeedListEval(BaseCallback):
 
     ``on_best(score, timesteps)`` runs after each new best is saved (the trainer records it in config.json);
     the saves and ``on_best`` run inside one ``saving()`` block (the trainer's: a signal waits for its end).
+    With ``at_start`` the model is scored before its first step too (a warm start is a candidate for the best).
     """
 
     def __init__(self, env: gym.Env, seeds: Sequence[int], eval_freq: int, run: Path, masked: bool,
                  on_best: Callable[[float, int], None], best_score: float = -math.inf,
-                 saving: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
+                 saving: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+                 at_start: bool = False) -> None:
         super().__init__()
+        self.at_start = at_start
         self.env, self.seeds, self.eval_freq, self.run = env, tuple(seeds), eval_freq, run
         self.masked, self.on_best, self.best_score, self.saving = masked, on_best, best_score, saving
         self.history: list[tuple[int, float]] = []
+
+    def _on_training_start(self) -> None:
+        if self.at_start and self.num_timesteps == 0:
+            self.evaluate_now()
 
     def _on_step(self) -> bool:
         if self.n_calls % self.eval_freq == 0:

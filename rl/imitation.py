@@ -2,7 +2,7 @@
 
 The scorer (:mod:`servegym.policies.scorer`) acts through the ``score`` mode's own rule, so each of its
 decisions *is* a score-mode action: its scores mapped monotonically into [-1, 1] (the order, all that the rule
-reads, is kept) and its memory target mapped back through :func:`~servegym.rl.wrappers.score_target_value`.
+reads, is kept) and its memory target mapped back (:func:`~servegym.rl.wrappers.scorer_action`).
 :func:`imitate` plays the scorer on training seeds, then fits the policy's mean action to those actions by
 squared error over the visible slots and the target, so PPO starts where the tuned scorer is and can learn what
 a fixed formula cannot: scores that depend on the state.
@@ -14,28 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from servegym.envs.observation import ENGINE_INDEX, queue_matrix
+from servegym.envs.observation import ENGINE_INDEX
 from servegym.envs.tasks import TRAIN_SEEDS
 from servegym.policies import make_policy
-from servegym.policies.scorer import Scorer
-from servegym.rl.wrappers import score_target_value
-
-SCORE_SCALE = 1e5
-"""Scores (tokens) map to ``symlog(score) / symlog(SCORE_SCALE)``, clipped to [-1, 1]."""
-
-
-def _symlog(x: np.ndarray | float) -> np.ndarray:
-    return np.sign(x) * np.log1p(np.abs(x))
-
-
-def expert_action(expert: Scorer, obs: dict[str, np.ndarray]) -> np.ndarray:
-    """The scorer's decision at ``obs`` as a score-mode action (zeros on empty slots)."""
-    width = queue_matrix(obs).shape[0]
-    action = np.zeros(width + 1, dtype=np.float32)
-    scores = expert.scores(obs)
-    action[: scores.size] = np.clip(_symlog(scores) / _symlog(SCORE_SCALE), -1.0, 1.0)
-    action[width] = score_target_value(expert.memory_target(obs))
-    return action
+from servegym.rl.wrappers import scorer_action
 
 
 def demonstrations(env_kwargs: dict[str, Any], params: dict[str, Any], episodes: int,
@@ -56,7 +38,7 @@ def demonstrations(env_kwargs: dict[str, Any], params: dict[str, Any], episodes:
         expert.reset()
         done = False
         while not done:
-            action = expert_action(expert, obs)
+            action = scorer_action(expert, obs).astype(np.float32)
             weight = np.zeros_like(action)
             weight[: min(int(obs["engine"][ENGINE_INDEX["num_waiting"]]), action.size - 1)] = 1.0
             weight[-1] = 1.0

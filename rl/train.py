@@ -37,7 +37,7 @@ from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS, get_task
 from servegym.rl.evaluation import FINAL_MODEL, FINAL_STATS, SeedListEval, write_json
 from servegym.rl.fast_dist import policy_for
 from servegym.rl.stopping import StopOnSignals, TrainingInterrupted, end_processes, spawned_children
-from servegym.rl.wrappers import TrainSeeds, rank_grid, wrap
+from servegym.rl.wrappers import RESIDUAL_SCALE, TrainSeeds, rank_grid, wrap
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -91,6 +91,15 @@ class TrainConfig:
     ``score``-mode policy is fitted to that scorer's decisions (:mod:`servegym.rl.imitation`)."""
     imitate_episodes: int = 8
     """Training episodes of the scorer to imitate."""
+    score_base: str | None = None
+    """A ``scorer`` params file: in the ``score`` mode the agent's action is a residual on that scorer's decision
+    (:class:`~servegym.rl.wrappers.ScoreAdmit`; action 0 is the scorer); the parameters are recorded in
+    ``config.json`` as ``score_base_params``."""
+    residual_scale: float = RESIDUAL_SCALE
+    """With ``score_base``: how far an action of 1 moves a score (a factor ``exp(scale)``) and the target."""
+    discount_half_life_s: float | None = None
+    """PPO and A2C: discount each transition by the simulated seconds it took, ``2 ** (-step_s / half_life)``
+    (:mod:`servegym.rl.time_discount`), in place of the per-step ``gamma``."""
     torch_threads: int = 1
     """Torch's intra-op threads in the training process: the networks are small and batches short, so one
     thread is fastest (PPO in ``score`` mode on 2 busy cores: 300 steps/s with 1, 65 with torch's default)."""
@@ -119,6 +128,18 @@ class TrainConfig:
         if self.imitate is not None and (self.resolved_mode != "score" or self.algo not in ("ppo", "a2c")):
             raise ValueError(f"imitate warm-starts PPO or A2C in the score mode, not {self.algo} in "
                              f"{self.resolved_mode!r}")
+        if self.score_base is not None and self.resolved_mode != "score":
+            raise ValueError(f"score_base is the residual base of the score mode, not of {self.resolved_mode!r}")
+        if not (isinstance(self.residual_scale, int | float) and math.isfinite(self.residual_scale)
+                and self.residual_scale > 0):
+            raise ValueError(f"residual_scale must be a finite number > 0, got {self.residual_scale!r}")
+        if self.discount_half_life_s is not None:
+            if self.algo not in ("ppo", "a2c"):
+                raise ValueError(f"discount_half_life_s discounts PPO's and A2C's rollouts, not {self.algo}'s")
+            if not (isinstance(self.discount_half_life_s, int | float) and math.isfinite(self.discount_half_life_s)
+                    and self.discount_half_life_s > 0):
+                raise ValueError(f"discount_half_life_s must be a finite number > 0, got "
+                                 f"{self.discount_half_life_s!r}")
         clash = {"task", "workload", "profile", "engine", "pool", "max_episode_steps"} & set(self.env)
         if clash:
             raise ValueError(f"env must not hold {sorted(clash)}: they have their own fields")
@@ -143,6 +164,12 @@ class TrainConfig:
             kwargs["profile"] = self.profile
         return kwargs
 
+    def mode_kwargs(self) -> dict[str, Any]:
+        """The action mode's wrapper arguments: a score-mode residual's base scorer and scale, else none."""
+        if self.score_base is None:
+            return {}
+        return {"base": _scorer_params(self.score_base, "score_base"), "residual_scale": self.residual_scale}
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrainConfig:
         names = {f.name for f in dataclasses.fields(cls)}
@@ -151,8 +178,10 @@ class TrainConfig:
 
 def make_training_env(env_kwargs: dict[str, Any], mode: str, max_episode_steps: int | None = None,
                       seeds: tuple[int, int] | None = None, monitor: bool = True,
-                      reward_scale: float = 1.0, reference: str | None = None) -> gym.Env:
-    """The env an agent trains on: ``gym.make`` + episode statistics + the action mode, and with ``seeds =
+                      reward_scale: float = 1.0, reference: str | None = None,
+                      mode_kwargs: dict[str, Any] | None = None) -> gym.Env:
+    """The env an agent trains on: ``gym.make`` + episode statistics + the action mode (its wrapper built with
+    ``mode_kwargs``), and with ``seeds =
     (start, stride)`` training seeds from :data:`TRAIN_SEEDS` for every reset; rewards relative to the
     ``reference`` params file's policy, then times ``reward_scale`` (both after the episode statistics, which stay
     in the task's units)."""
@@ -170,7 +199,7 @@ def make_training_env(env_kwargs: dict[str, Any], mode: str, max_episode_steps: 
         env = ReferenceReward(env, *read_params(reference))
     if reward_scale != 1.0:
         env = gym.wrappers.TransformReward(env, partial(_scaled, reward_scale))
-    return wrap(env, mode)
+    return wrap(env, mode, **(mode_kwargs or {}))
 
 
 def _scaled(scale: float, reward: float) -> float:
@@ -182,7 +211,8 @@ def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
 
     start = cfg.seed * 10_007 + offset
     factories = [partial(make_training_env, cfg.env_kwargs(), cfg.resolved_mode, cfg.max_episode_steps,
-                         (start + rank, cfg.n_envs), True, cfg.reward_scale, cfg.reward_reference)
+                         (start + rank, cfg.n_envs), True, cfg.reward_scale, cfg.reward_reference,
+                         cfg.mode_kwargs())
                  for rank in range(cfg.n_envs)]
     if subprocess and cfg.n_envs > 1:
         # spawn, not SB3's default forkserver: each worker is this process's own child, known by its pid from the
@@ -191,14 +221,30 @@ def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
     return DummyVecEnv(factories)
 
 
-def _imitate(model: BaseAlgorithm, cfg: TrainConfig) -> dict[str, float]:
-    from servegym.rl.imitation import imitate
+def _scorer_params(path: str, field_name: str) -> dict[str, Any]:
     from servegym.tuning.study import read_params
 
-    name, params = read_params(cfg.imitate)
+    name, params = read_params(path)
     if name != "scorer":
-        raise ValueError(f"imitate: {cfg.imitate} holds {name!r} parameters; only the scorer acts in the score mode")
-    return imitate(model, cfg.env_kwargs(), params, cfg.imitate_episodes, seed=cfg.seed)
+        raise ValueError(f"{field_name}: {path} holds {name!r} parameters; only the scorer acts in the score mode")
+    return params
+
+
+def _imitate(model: BaseAlgorithm, cfg: TrainConfig) -> dict[str, float]:
+    from servegym.rl.imitation import imitate
+
+    return imitate(model, cfg.env_kwargs(), _scorer_params(cfg.imitate, "imitate"), cfg.imitate_episodes,
+                   seed=cfg.seed)
+
+
+def _algorithm_kwargs(cfg: TrainConfig, observation_space: gym.Space) -> dict[str, Any]:
+    """The algorithm's arguments: the run's hyperparameters, with a per-transition discount buffer if asked."""
+    if cfg.discount_half_life_s is None:
+        return dict(cfg.hyperparams)
+    from servegym.rl.time_discount import buffer_class
+
+    return {**cfg.hyperparams,
+            "rollout_buffer_class": buffer_class(isinstance(observation_space, gym.spaces.Dict))}
 
 
 def algorithm_class(name: str) -> type[BaseAlgorithm]:
@@ -231,7 +277,8 @@ def train(cfg: TrainConfig, progress: bool = True, subprocess: bool = True) -> P
             venv = VecNormalize(venv, norm_obs=True, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99))
         policy = policy_for(cfg.algo, venv.action_space, cfg.resolved_mode)
         session.model = algorithm_class(cfg.algo)(policy, venv, seed=cfg.seed, verbose=0,
-                                                  tensorboard_log=str(run / "tb"), **cfg.hyperparams)
+                                                  tensorboard_log=str(run / "tb"),
+                                                  **_algorithm_kwargs(cfg, venv.observation_space))
         if cfg.imitate is not None:
             session.write(imitation=_imitate(session.model, cfg))
         return _learn(session, cfg.timesteps, progress, reset=True)
@@ -259,8 +306,10 @@ def resume(run: str | Path, progress: bool = True, subprocess: bool = True) -> P
         if cfg.normalize:
             venv = VecNormalize.load(str(stats), venv)
             venv.training = True
+        extra = _algorithm_kwargs(cfg, venv.observation_space)
+        buffer = {"rollout_buffer_class": extra["rollout_buffer_class"]} if "rollout_buffer_class" in extra else {}
         session.model = algorithm_class(cfg.algo).load(checkpoint, env=venv, device="cpu",
-                                                       tensorboard_log=str(run / "tb"))
+                                                       tensorboard_log=str(run / "tb"), **buffer)
         return _learn(session, max(0, cfg.timesteps - session.model.num_timesteps), progress, reset=False)
 
 
@@ -353,7 +402,8 @@ def _learn(session: _Session, timesteps: int, progress: bool, reset: bool) -> Pa
     model, cfg, run, state = session.model, session.cfg, session.run, session.state
     # Validating every distribution's arguments costs more than an env step in the admit mode (32 slots).
     torch.distributions.Distribution.set_default_validate_args(False)
-    eval_env = make_training_env(cfg.env_kwargs(), cfg.resolved_mode, cfg.max_episode_steps, monitor=False)
+    eval_env = make_training_env(cfg.env_kwargs(), cfg.resolved_mode, cfg.max_episode_steps, monitor=False,
+                                 mode_kwargs=cfg.mode_kwargs())
 
     def on_best(score: float, timesteps_done: int) -> None:
         session.write(best_mean_reward=score, best_timesteps=timesteps_done)
@@ -361,11 +411,17 @@ def _learn(session: _Session, timesteps: int, progress: bool, reset: bool) -> Pa
     best = state["best_mean_reward"]
     evaluation = SeedListEval(eval_env, VALIDATION_SEEDS[: cfg.eval_episodes], max(1, cfg.eval_freq // cfg.n_envs),
                               run, cfg.algo == "maskable-ppo", on_best, -float("inf") if best is None else best,
-                              saving=session.stop.saving)
+                              saving=session.stop.saving,
+                              at_start=reset and (cfg.imitate is not None or cfg.score_base is not None))
     checkpoints = Checkpoints(max(1, cfg.checkpoint_freq // cfg.n_envs), str(run / "checkpoints"),
                               name_prefix="model", save_vecnormalize=True)
+    callbacks = [checkpoints, evaluation]
+    if cfg.discount_half_life_s is not None:
+        from servegym.rl.time_discount import TimeDiscount
+
+        callbacks.insert(0, TimeDiscount(cfg.discount_half_life_s))  # before a checkpoint or evaluation
     if timesteps > 0:
-        model.learn(total_timesteps=timesteps, callback=CallbackList([checkpoints, evaluation]),
+        model.learn(total_timesteps=timesteps, callback=CallbackList(callbacks),
                     progress_bar=progress, tb_log_name="train", reset_num_timesteps=reset)
     if evaluation.best_score == -float("inf"):  # no evaluation fell due: score the final model once
         from stable_baselines3.common.logger import configure
@@ -386,6 +442,8 @@ def _learn(session: _Session, timesteps: int, progress: bool, reset: bool) -> Pa
 
 def _write_config(run: Path, cfg: TrainConfig, state: dict[str, Any]) -> None:
     grid = {"rank_grid": rank_grid()} if cfg.resolved_mode == "rank" else {}
+    if cfg.score_base is not None:
+        grid["score_base_params"] = cfg.mode_kwargs()["base"]
     write_json(run / "config.json", {**asdict(cfg), **grid, "mode": cfg.resolved_mode, "env_kwargs": cfg.env_kwargs(),
                                      "train_seeds": [TRAIN_SEEDS.start, TRAIN_SEEDS.stop],
                                      "validation_seeds": list(VALIDATION_SEEDS[: cfg.eval_episodes]), **state})

@@ -24,7 +24,7 @@ action through a pure function, so a trained agent can later drive the unwrapped
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -33,6 +33,7 @@ from gymnasium import spaces
 from servegym.envs.actions import count_action_masks, slot_action_masks
 from servegym.envs.observation import QUEUE_INDEX, length_mode_of, queue_matrix
 from servegym.envs.tasks import TRAIN_SEEDS
+from servegym.policies import make_policy
 from servegym.policies.base import Observation, admit_first, output_estimate, ranks_action
 from servegym.policies.common import (
     admit_by_score,
@@ -44,6 +45,9 @@ from servegym.policies.common import (
     upper_remaining_running,
     visible_queue,
 )
+
+if TYPE_CHECKING:
+    from servegym.policies.scorer import Scorer
 
 MAX_ADMIT = 8
 """Default largest admission count of the ``count`` action mode."""
@@ -103,16 +107,42 @@ def rank_action(obs: Observation, order: int, target: int) -> np.ndarray:
 SCORE_TARGETS = (0.3, 1.5)
 """The ``score`` mode's memory target range: fractions of the cache the projected peak may reach, for actions
 -1 and 1 (linear between)."""
+SCORE_SCALE = 1e5
+"""A scorer's scores (tokens) enter the ``score`` mode as ``symlog(score) / symlog(SCORE_SCALE)``."""
+RESIDUAL_SCALE = 0.2
+"""Default reach of a residual ``score`` action (see :class:`ScoreAdmit`)."""
 
 
-def score_action(obs: Observation, action: np.ndarray) -> np.ndarray:
+def _symlog(x: np.ndarray | float) -> np.ndarray:
+    return np.sign(x) * np.log1p(np.abs(x))
+
+
+def scorer_action(scorer: Scorer, obs: Observation, clip: bool = True) -> np.ndarray:
+    """The scorer's decision at ``obs`` as a ``score``-mode action: its scores mapped monotonically (the order,
+    all the rule reads, is kept; ``clip`` bounds them to the action space, which can tie scores past
+    :data:`SCORE_SCALE`), zeros on empty slots, and its memory target."""
+    width = queue_matrix(obs).shape[0]
+    action = np.zeros(width + 1, dtype=np.float64)
+    mapped = _symlog(scorer.scores(obs)) / _symlog(SCORE_SCALE)
+    action[: mapped.size] = np.clip(mapped, -1.0, 1.0) if clip else mapped
+    action[width] = score_target_value(scorer.memory_target(obs))
+    return action
+
+
+def score_action(obs: Observation, action: np.ndarray, base: Scorer | None = None,
+                 residual_scale: float = RESIDUAL_SCALE) -> np.ndarray:
     """The ``score`` mode: ``action[:W]`` scores the queue slots, ``action[W]`` in [-1, 1] sets the memory target
-    in :data:`SCORE_TARGETS` (see :class:`ScoreAdmit`)."""
+    in :data:`SCORE_TARGETS`; with a ``base`` scorer the action is a residual on its decision (see
+    :class:`ScoreAdmit`)."""
     values = np.asarray(action, dtype=np.float64).reshape(-1)
     width = queue_matrix(obs).shape[0]
     if values.size != width + 1:
         raise ValueError(f"a score action has {width + 1} values ({width} slot scores and a memory target), got "
                          f"{values.size}")
+    if base is not None:
+        residual = np.clip(values, -1.0, 1.0) * residual_scale
+        residual[:width] /= _symlog(SCORE_SCALE)  # a slot's score moves by a factor exp(residual_scale) at most
+        values = scorer_action(base, obs, clip=False) + residual
     low, high = SCORE_TARGETS
     target = low + (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)
     return admit_by_score(obs, values[:width], target)
@@ -122,6 +152,11 @@ def score_target_value(fraction: float) -> float:
     """The action value in [-1, 1] that sets the ``score`` mode's memory target nearest to ``fraction``."""
     low, high = SCORE_TARGETS
     return float(np.clip(2.0 * (fraction - low) / (high - low) - 1.0, -1.0, 1.0))
+
+
+def score_base(params: dict[str, Any] | None) -> Scorer | None:
+    """The residual base of a ``score``-mode agent: a scorer with these parameters, or None (plain scores)."""
+    return None if params is None else make_policy("scorer", **params)
 
 
 class _ObservingWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -234,16 +269,26 @@ class RankAdmit(_ObservingWrapper):
 
 
 class ScoreAdmit(_ObservingWrapper):
-    """``Box(-1, 1, (W + 1,))``: W slot scores, then the memory target (see :func:`score_action`)."""
+    """``Box(-1, 1, (W + 1,))``: W slot scores, then the memory target (see :func:`score_action`).
 
-    def __init__(self, env: gym.Env) -> None:
-        gym.utils.RecordConstructorArgs.__init__(self)
+    With ``base`` (a ``scorer``'s parameters) the action is a residual on that scorer's decision (residual
+    reinforcement learning): action 0 admits exactly what the scorer admits, and action ``a`` multiplies slot
+    ``i``'s score by up to ``exp(a_i x residual_scale)`` and moves the memory target's action value by
+    ``a_W x residual_scale``. An agent starts at the tuned scorer and learns only what the formula misses.
+    """
+
+    def __init__(self, env: gym.Env, base: dict[str, Any] | None = None,
+                 residual_scale: float = RESIDUAL_SCALE) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self, base=base, residual_scale=residual_scale)
         gym.Wrapper.__init__(self, env)
+        if not (math.isfinite(residual_scale) and residual_scale > 0):
+            raise ValueError(f"residual_scale must be finite and > 0, got {residual_scale!r}")
         self.width = env.unwrapped.queue_window
+        self.base, self.residual_scale = score_base(base), residual_scale
         self.action_space = spaces.Box(-1.0, 1.0, (self.width + 1,), dtype=np.float32)
 
     def to_env_action(self, obs: Observation, action: Any) -> np.ndarray:
-        return score_action(obs, action)
+        return score_action(obs, action, self.base, self.residual_scale)
 
 
 MODES = {"admit": AdmitMask, "window": TokenWindow, "count": AdmitCount, "rank": RankAdmit, "score": ScoreAdmit}
@@ -251,10 +296,10 @@ MODES = {"admit": AdmitMask, "window": TokenWindow, "count": AdmitCount, "rank":
 ``rank`` (an order and a memory target), ``score`` (slot scores and a memory target)."""
 
 
-def wrap(env: gym.Env, mode: str) -> gym.Env:
+def wrap(env: gym.Env, mode: str, **mode_kwargs: Any) -> gym.Env:
+    """``env`` in action mode ``mode`` (``raw``: unwrapped), the mode's wrapper built with ``mode_kwargs``."""
     if mode == "raw":
         return env
-    try:
-        return MODES[mode](env)
-    except KeyError:
-        raise ValueError(f"unknown action mode {mode!r}; choose from {['raw', *MODES]}") from None
+    if mode not in MODES:
+        raise ValueError(f"unknown action mode {mode!r}; choose from {['raw', *MODES]}")
+    return MODES[mode](env, **mode_kwargs)

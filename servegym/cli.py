@@ -281,7 +281,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                               eval_episodes=args.eval_episodes, checkpoint_freq=args.checkpoint_freq,
                               hyperparams=hyper, **fields,
                               reward_scale=args.reward_scale, reward_reference=args.reward_reference,
-                              imitate=args.imitate, out=args.out)
+                              imitate=args.imitate, score_base=args.score_base,
+                              discount_half_life_s=args.discount_half_life, out=args.out,
+                              **({} if args.residual_scale is None else {"residual_scale": args.residual_scale}))
             print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
             run = train(cfg, progress=not args.quiet)
     except TrainingInterrupted as stop:  # SIGINT 130, SIGTERM 143
@@ -450,6 +452,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="train on rewards relative to this policy's episode on the same seed (a params file)")
     trn.add_argument("--imitate", default=None, metavar="PARAMS",
                      help="score mode: first fit the policy to a tuned scorer (servegym tune's best_params.json)")
+    trn.add_argument("--score-base", default=None, metavar="PARAMS",
+                     help="score mode: act as a residual on this tuned scorer (action 0 is the scorer)")
+    trn.add_argument("--residual-scale", type=float, default=None,
+                     help="with --score-base: an action of 1 multiplies a score by exp(scale) and moves the target "
+                          "by scale (default 0.2)")
+    trn.add_argument("--discount-half-life", type=float, default=None, metavar="SECONDS",
+                     help="PPO/A2C: discount each step by the simulated seconds it took (half-life), not per step")
     trn.add_argument("--out", default="runs")
     trn.add_argument("--resume", default=None, metavar="RUN", help="continue RUN from its latest checkpoint")
     trn.add_argument("--quiet", action="store_true")

@@ -37,7 +37,7 @@ def test_flat_observation_is_gymnasiums_flatten_of_the_dict_at_every_step():
     space = dict_env.observation_space
     dict_obs, flat_obs = _episode(False), _episode(True)
     assert len(dict_obs) == len(flat_obs) > 100  # the same decisions, so the same episode
-    size = 17 + 3 * len(POOL_FEATURES) + 8 * len(QUEUE_FEATURES) + 128 * len(RUNNING_FEATURES)
+    size = 17 + 3 * len(POOL_FEATURES) + 4 + 8 * len(QUEUE_FEATURES) + 128 * len(RUNNING_FEATURES)
     for d, f in zip(dict_obs, flat_obs, strict=True):
         assert f.dtype == np.float32 and f.shape == (size,)
         np.testing.assert_array_equal(f, spaces.flatten(space, d))

@@ -164,7 +164,7 @@ def test_the_score_network_is_shared_across_queue_slots():
 def test_the_scorers_decisions_are_score_actions_exactly():
     # Behaviour cloning needs the expert's decisions in the agent's action space: mapped scores (order kept) and
     # the target mapped back through SCORE_TARGETS admit exactly what the scorer admits, step after step.
-    from servegym.rl.imitation import expert_action
+    from servegym.rl.wrappers import scorer_action
 
     scorer = make_policy("scorer", output_weight=3.8, wait_weight=5.2, target_base=0.58, target_slope=0.24)
     env = make_env(scorer, task="memory-tight")
@@ -172,7 +172,7 @@ def test_the_scorers_decisions_are_score_actions_exactly():
     steps, differ, done = 0, 0, False
     while not done:
         action = scorer.act(obs)
-        differ += not np.array_equal(action, score_action(obs, expert_action(scorer, obs)))
+        differ += not np.array_equal(action, score_action(obs, scorer_action(scorer, obs)))
         obs, _, terminated, truncated, _ = env.step(action)
         steps, done = steps + 1, terminated or truncated
     assert steps > 500 and differ == 0
