@@ -135,6 +135,26 @@ def observation_space(queue_window: int, running_slots: int, num_containers: int
     })
 
 
+SCALED_BOUND = float(np.log1p(BIG))
+"""Bound of every scaled feature: ``symlog(BIG)``."""
+
+
+def scaled_observation_space(space: spaces.Dict) -> spaces.Dict:
+    """The space of :func:`scale_observation`: the same keys and shapes, every feature in
+    ``[-SCALED_BOUND, SCALED_BOUND]``."""
+    return spaces.Dict({key: spaces.Box(-SCALED_BOUND, SCALED_BOUND, box.shape, dtype=np.float32)
+                        for key, box in space.spaces.items()})
+
+
+def scale_observation(obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The observation for a learning agent: every feature on a symmetric log scale, ``sign(x) log(1 + |x|)``,
+    so counts, tokens and seconds of any size land within a few units (a 10-token and a 10,000-token prompt
+    differ by 6.9) and stay bounded by :data:`SCALED_BOUND`, with no running statistics. The task's sizes
+    (``kv_capacity_tokens``, ``kv_block_size``, ``max_num_batched_tokens``, ``prefill_chunk_tokens``) and the
+    episode's progress (``obs["progress"]``) are among the features. Hand-coded policies read the raw Dict."""
+    return {key: (np.sign(value) * np.log1p(np.abs(value))).astype(np.float32) for key, value in obs.items()}
+
+
 def schema_table() -> str:
     """The observation schema as a Markdown table (key, feature, bounds, meaning), for docs."""
     lines = ["| key | feature | bounds | meaning |", "|-----|---------|--------|---------|"]

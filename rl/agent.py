@@ -14,7 +14,7 @@ import torch
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from servegym.envs.actions import count_action_masks, slot_action_masks
-from servegym.envs.observation import QUEUE_FEATURES
+from servegym.envs.observation import QUEUE_FEATURES, scale_observation
 from servegym.policies.base import Observation, Policy
 from servegym.policies.common import visible_queue
 from servegym.rl.evaluation import BEST_MODEL, BEST_STATS, FINAL_MODEL, FINAL_STATS
@@ -77,10 +77,13 @@ class RLPolicy(Policy):
         return {"length_mode": mode} if mode else {}
 
     def _normalise(self, obs: Observation) -> Observation:
-        """The keys the agent was trained on (a run from before ``obs["progress"]`` has none), normalised."""
+        """The keys the agent was trained on (a run from before ``obs["progress"]`` has none), scaled or
+        normalised as in its training."""
         space = self.model.observation_space
         if isinstance(space, gym.spaces.Dict) and len(space.spaces) != len(obs):
             obs = {key: obs[key] for key in space.spaces}
+        if self.config.get("observation") == "scaled":
+            obs = scale_observation(obs)
         return obs if self._vec_normalize is None else self._vec_normalize.normalize_obs(obs)
 
     def masks(self, obs: Observation) -> np.ndarray:

@@ -2,10 +2,10 @@
 
 :class:`QueueEncoder` (an SB3 features extractor over the env's Dict observation) reads each waiting request's
 row with one small network shared by every slot, pools the running batch and the queue into a context with the
-engine and pool features, and gives each slot an embedding of its own row and that context; the context comes
-last. :class:`ScorePolicy` (an ``ActorCriticPolicy``) maps each slot's embedding to its score with one linear
-layer shared by every slot and the context to the memory target, so permuting the queue permutes the scores
-and nothing else: a request is scored from its features and the state, wherever it sits.
+engine, pool and episode-progress features, and gives each slot an embedding of its own row and that context;
+the context comes last. :class:`ScorePolicy` (an ``ActorCriticPolicy``) maps each slot's embedding to its score
+with one linear layer shared by every slot and the context to the memory target, so permuting the queue permutes
+the scores and nothing else: a request is scored from its features and the state, wherever it sits.
 
 Features enter on a symmetric log scale (``sign(x) log(1 + |x|)``), so prompts of 10 and 10,000 tokens or
 waits of 0.1 and 100 s differ by a few units, without running statistics: train with ``normalize: false``.
@@ -50,6 +50,9 @@ class QueueEncoder(BaseFeaturesExtractor):
         super().__init__(observation_space, (self.width + 1) * embed)
         self.embed = embed
         engine, pool = observation_space["engine"].shape[0], observation_space["pool"].shape[0]
+        # A run saved before obs["progress"] existed keeps its layout (and its weights) without it.
+        self.progress = "progress" in observation_space.spaces
+        pool += observation_space["progress"].shape[0] if self.progress else 0
         self.slot = _mlp(len(QUEUE_FEATURES), embed)
         self.run = _mlp(len(RUNNING_FEATURES), embed)
         self.context = _mlp(engine + pool + 2 * embed, embed)
@@ -65,7 +68,8 @@ class QueueEncoder(BaseFeaturesExtractor):
                    < engine[:, ENGINE_INDEX["num_running"], None]).float().unsqueeze(-1)
         slots = self.slot(symlog(rows)) * present
         pooled = _masked_mean(self.run(symlog(batch)), running)
-        context = self.context(torch.cat([symlog(engine), symlog(obs["pool"]), pooled,
+        extra = [symlog(obs["progress"])] if self.progress else []
+        context = self.context(torch.cat([symlog(engine), symlog(obs["pool"]), *extra, pooled,
                                           _masked_mean(slots, present)], dim=1))
         mixed = self.mix(torch.cat([slots, context[:, None, :].expand(-1, self.width, -1)], dim=2))
         return torch.cat([mixed.flatten(1), context], dim=1)

@@ -37,7 +37,7 @@ from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS, get_task
 from servegym.rl.evaluation import FINAL_MODEL, FINAL_STATS, SeedListEval, write_json
 from servegym.rl.fast_dist import policy_for
 from servegym.rl.stopping import StopOnSignals, TrainingInterrupted, end_processes, spawned_children
-from servegym.rl.wrappers import RESIDUAL_SCALE, TrainSeeds, rank_grid, wrap
+from servegym.rl.wrappers import OBSERVATIONS, RESIDUAL_SCALE, ScaledObservation, TrainSeeds, rank_grid, wrap
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -97,6 +97,10 @@ class TrainConfig:
     ``config.json`` as ``score_base_params``."""
     residual_scale: float = RESIDUAL_SCALE
     """With ``score_base``: how far an action of 1 moves a score (a factor ``exp(scale)``) and the target."""
+    observation: str = "raw"
+    """What the agent observes (:data:`~servegym.rl.wrappers.OBSERVATIONS`): ``raw``, the env's Dict (the score
+    network scales it itself), or ``scaled``, every feature on a bounded log scale with the episode's progress
+    (:class:`~servegym.rl.wrappers.ScaledObservation`; for ``MultiInputPolicy`` agents, without ``normalize``)."""
     discount_half_life_s: float | None = None
     """PPO and A2C: discount each transition by the simulated seconds it took, ``2 ** (-step_s / half_life)``
     (:mod:`servegym.rl.time_discount`), in place of the per-step ``gamma``."""
@@ -128,6 +132,11 @@ class TrainConfig:
         if self.imitate is not None and (self.resolved_mode != "score" or self.algo not in ("ppo", "a2c")):
             raise ValueError(f"imitate warm-starts PPO or A2C in the score mode, not {self.algo} in "
                              f"{self.resolved_mode!r}")
+        if self.observation not in OBSERVATIONS:
+            raise ValueError(f"observation must be one of {OBSERVATIONS}, got {self.observation!r}")
+        if self.observation == "scaled" and self.resolved_mode == "score" and self.algo in ("ppo", "a2c"):
+            raise ValueError(f"{self.algo} in the score mode has its own network over the raw observation (it scales "
+                             "the features itself); observation 'scaled' is for MultiInputPolicy agents")
         if self.score_base is not None and self.resolved_mode != "score":
             raise ValueError(f"score_base is the residual base of the score mode, not of {self.resolved_mode!r}")
         if not (isinstance(self.residual_scale, int | float) and math.isfinite(self.residual_scale)
@@ -179,12 +188,12 @@ class TrainConfig:
 def make_training_env(env_kwargs: dict[str, Any], mode: str, max_episode_steps: int | None = None,
                       seeds: tuple[int, int] | None = None, monitor: bool = True,
                       reward_scale: float = 1.0, reference: str | None = None,
-                      mode_kwargs: dict[str, Any] | None = None) -> gym.Env:
+                      mode_kwargs: dict[str, Any] | None = None, observation: str = "raw") -> gym.Env:
     """The env an agent trains on: ``gym.make`` + episode statistics + the action mode (its wrapper built with
     ``mode_kwargs``), and with ``seeds =
     (start, stride)`` training seeds from :data:`TRAIN_SEEDS` for every reset; rewards relative to the
     ``reference`` params file's policy, then times ``reward_scale`` (both after the episode statistics, which stay
-    in the task's units)."""
+    in the task's units); with ``observation="scaled"`` the agent sees :class:`ScaledObservation`."""
     from stable_baselines3.common.monitor import Monitor
 
     limit = {"max_steps": max_episode_steps} if max_episode_steps is not None else {}
@@ -199,7 +208,8 @@ def make_training_env(env_kwargs: dict[str, Any], mode: str, max_episode_steps: 
         env = ReferenceReward(env, *read_params(reference))
     if reward_scale != 1.0:
         env = gym.wrappers.TransformReward(env, partial(_scaled, reward_scale))
-    return wrap(env, mode, **(mode_kwargs or {}))
+    env = wrap(env, mode, **(mode_kwargs or {}))
+    return ScaledObservation(env) if observation == "scaled" else env
 
 
 def _scaled(scale: float, reward: float) -> float:
@@ -212,7 +222,7 @@ def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
     start = cfg.seed * 10_007 + offset
     factories = [partial(make_training_env, cfg.env_kwargs(), cfg.resolved_mode, cfg.max_episode_steps,
                          (start + rank, cfg.n_envs), True, cfg.reward_scale, cfg.reward_reference,
-                         cfg.mode_kwargs())
+                         cfg.mode_kwargs(), cfg.observation)
                  for rank in range(cfg.n_envs)]
     if subprocess and cfg.n_envs > 1:
         # spawn, not SB3's default forkserver: each worker is this process's own child, known by its pid from the
@@ -403,7 +413,7 @@ def _learn(session: _Session, timesteps: int, progress: bool, reset: bool) -> Pa
     # Validating every distribution's arguments costs more than an env step in the admit mode (32 slots).
     torch.distributions.Distribution.set_default_validate_args(False)
     eval_env = make_training_env(cfg.env_kwargs(), cfg.resolved_mode, cfg.max_episode_steps, monitor=False,
-                                 mode_kwargs=cfg.mode_kwargs())
+                                 mode_kwargs=cfg.mode_kwargs(), observation=cfg.observation)
 
     def on_best(score: float, timesteps_done: int) -> None:
         session.write(best_mean_reward=score, best_timesteps=timesteps_done)

@@ -31,7 +31,13 @@ import numpy as np
 from gymnasium import spaces
 
 from servegym.envs.actions import count_action_masks, slot_action_masks
-from servegym.envs.observation import QUEUE_INDEX, length_mode_of, queue_matrix
+from servegym.envs.observation import (
+    QUEUE_INDEX,
+    length_mode_of,
+    queue_matrix,
+    scale_observation,
+    scaled_observation_space,
+)
 from servegym.envs.tasks import TRAIN_SEEDS
 from servegym.policies import make_policy
 from servegym.policies.base import Observation, admit_first, output_estimate, ranks_action
@@ -289,6 +295,26 @@ class ScoreAdmit(_ObservingWrapper):
 
     def to_env_action(self, obs: Observation, action: Any) -> np.ndarray:
         return score_action(obs, action, self.base, self.residual_scale)
+
+
+class ScaledObservation(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
+    """The agent's view: every feature on a symmetric log scale, bounded
+    (:func:`~servegym.envs.observation.scale_observation`). Outermost, so the action mode still maps from the raw
+    observation."""
+
+    def __init__(self, env: gym.Env) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.ObservationWrapper.__init__(self, env)
+        if not isinstance(env.observation_space, spaces.Dict):
+            raise ValueError("ScaledObservation scales the Dict observation (make the env without flat_obs)")
+        self.observation_space = scaled_observation_space(env.observation_space)
+
+    def observation(self, observation: Observation) -> Observation:
+        return scale_observation(observation)
+
+
+OBSERVATIONS = ("raw", "scaled")
+"""What a learning agent observes: the env's Dict (``raw``) or :class:`ScaledObservation` (``scaled``)."""
 
 
 MODES = {"admit": AdmitMask, "window": TokenWindow, "count": AdmitCount, "rank": RankAdmit, "score": ScoreAdmit}

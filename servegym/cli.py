@@ -225,9 +225,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         from servegym.envs.tasks import get_task
 
         task = get_task(args.task)
-        if task.is_mixture:
-            raise ValueError(f"--task {task.name} is a mixture; tune on its components {list(task.components)}")
-        env["task"], workload = task.name, task.workload
+        # A mixture's episodes draw their component, and with it the workload, from the seed.
+        env["task"], workload = task.name, (None if task.is_mixture else task.workload)
         study = study or f"{args.policy}-{task.name}-{args.objective}"
     seed = args.sampler_seed if args.sampler_seed is not None else fresh_seed()
     cfg = TuneConfig(policy=args.policy, workload=workload, objective=args.objective, trials=args.trials,
@@ -282,7 +281,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                               hyperparams=hyper, **fields,
                               reward_scale=args.reward_scale, reward_reference=args.reward_reference,
                               imitate=args.imitate, score_base=args.score_base,
-                              discount_half_life_s=args.discount_half_life, out=args.out,
+                              discount_half_life_s=args.discount_half_life, observation=args.observation,
+                              out=args.out,
                               **({} if args.residual_scale is None else {"residual_scale": args.residual_scale}))
             print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
             run = train(cfg, progress=not args.quiet)
@@ -457,6 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--residual-scale", type=float, default=None,
                      help="with --score-base: an action of 1 multiplies a score by exp(scale) and moves the target "
                           "by scale (default 0.2)")
+    trn.add_argument("--observation", choices=["raw", "scaled"], default="raw",
+                     help="what the agent sees: the env's Dict, or every feature on a bounded log scale (for "
+                          "MultiInputPolicy agents; use with --no-normalize)")
     trn.add_argument("--discount-half-life", type=float, default=None, metavar="SECONDS",
                      help="PPO/A2C: discount each step by the simulated seconds it took (half-life), not per step")
     trn.add_argument("--out", default="runs")

@@ -10,8 +10,7 @@ import numpy as np
 
 from servegym.evaluation.stats import mean_ci
 from servegym.tuning.objectives import get_objective
-from servegym.tuning.study import TUNING_SEED_BASE, TuneConfig, best_params, evaluate, write_params
-from servegym.workloads import make_workload
+from servegym.tuning.study import TUNING_SEED_BASE, TuneConfig, best_params, evaluate, tuning_workload, write_params
 
 if TYPE_CHECKING:
     import optuna
@@ -56,9 +55,10 @@ def report(cfg: TuneConfig, study: optuna.Study, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     objective = get_objective(cfg.objective)
     write_params(cfg.policy, params, out / "best_params.json",
-                 note=f"study {cfg.name}: {cfg.objective} on {cfg.workload}, tuning seeds from {TUNING_SEED_BASE}")
+                 note=f"study {cfg.name}: {cfg.objective} on {cfg.workload or cfg.env['task']}, tuning seeds from "
+                      f"{TUNING_SEED_BASE}")
     plots = _plots(study, out)
-    workload = make_workload(cfg.workload)
+    workload = tuning_workload(cfg)
     seeds = list(range(cfg.eval_seeds))
     default = evaluate(cfg.policy, {}, workload, seeds, cfg.max_steps, cfg.env)
     tuned = evaluate(cfg.policy, params, workload, seeds, cfg.max_steps, cfg.env)

@@ -44,7 +44,8 @@ SAMPLERS = ("tpe", "cmaes")
 @dataclass(frozen=True)
 class TuneConfig:
     policy: str
-    workload: str
+    workload: str | None
+    """The workload to tune on; None: the one ``env["task"]`` draws per episode (a mixture task)."""
     objective: str = "goodput"
     trials: int = 50
     seeds: int = 3
@@ -81,12 +82,14 @@ class TuneConfig:
         for name in ("seeds", "eval_seeds", "heartbeat_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.workload is None and not self.env.get("task"):
+            raise ValueError("without a workload, env['task'] must name the task whose episodes are tuned on")
         if self.sampler_seed is not None and not 0 <= self.sampler_seed < 2**32:
             raise ValueError(f"sampler_seed must be in [0, 2**32), got {self.sampler_seed}")
 
     @property
     def name(self) -> str:
-        return self.study_name or f"{self.policy}-{self.workload}-{self.objective}"
+        return self.study_name or f"{self.policy}-{self.workload or self.env['task']}-{self.objective}"
 
     def storage_url(self) -> str:
         return self.storage or f"sqlite:///studies/{self.name}.db"
@@ -96,20 +99,26 @@ class TuneConfig:
         return public_url(self.storage_url())
 
 
-def evaluate(policy: str, params: dict[str, Any], workload: Workload, seeds: list[int], max_steps: int,
+def tuning_workload(cfg: TuneConfig) -> Workload | None:
+    """The workload a study's episodes use, or None where the task draws it (a mixture)."""
+    return None if cfg.workload is None else make_workload(cfg.workload)
+
+
+def evaluate(policy: str, params: dict[str, Any], workload: Workload | None, seeds: list[int], max_steps: int,
              env: dict[str, Any] | None = None,
              checkpoint: Callable[[], None] | None = None) -> list[dict[str, float]]:
     out = []
     for seed in seeds:
         p = make_policy(policy, **params)
-        e = make_env(p, max_episode_steps=max_steps, workload=workload, **(env or {}))
+        chosen = {} if workload is None else {"workload": workload}
+        e = make_env(p, max_episode_steps=max_steps, **chosen, **(env or {}))
         result = run_episode(e, p, seed=seed, checkpoint=checkpoint)
         out.append({**result.summary, "episode_return": result.total_reward})
         e.close()
     return out
 
 
-def objective_function(cfg: TuneConfig, objective: Objective, workload: Workload,
+def objective_function(cfg: TuneConfig, objective: Objective, workload: Workload | None,
                        checkpoint: Callable[[], None] = lambda: None,
                        ) -> Callable[[optuna.Trial], float | tuple[float, ...]]:
     """The trial function; ``checkpoint`` runs before each episode (it raises to stop the run there)."""
@@ -254,7 +263,7 @@ def tune(cfg: TuneConfig, progress: bool = True) -> optuna.Study:
         study = load_study(cfg, create=cfg.trials > 0)
         if cfg.trials == 0:
             return study
-        run = objective_function(cfg, get_objective(cfg.objective), make_workload(cfg.workload), stop.checkpoint)
+        run = objective_function(cfg, get_objective(cfg.objective), tuning_workload(cfg), stop.checkpoint)
         stop.study = study
         try:
             stop.checkpoint()
