@@ -60,17 +60,26 @@ class Scorer(Policy):
                 "target_slope": trial.suggest_float("target_slope", -0.6, 0.6)}
 
     def memory_target(self, obs: Observation) -> float:
-        p = self.params
-        return max(0.05, p.target_base + p.target_slope * math.tanh(engine_feature(obs, "num_waiting") / QUEUE_SCALE))
+        return memory_target(obs, self.params.target_base, self.params.target_slope)
 
     def scores(self, obs: Observation) -> np.ndarray:
         """One score per visible waiting request, queue order."""
-        rows = visible_queue(obs)
-        output = output_estimate(rows[:, QUEUE_INDEX["output_lo"]], rows[:, QUEUE_INDEX["output_hi"]],
-                                 length_mode_of(obs), None)
-        p = self.params
-        return (p.wait_weight * rows[:, QUEUE_INDEX["wait_s"]]
-                - rows[:, QUEUE_INDEX["num_prompt_tokens"]] - p.output_weight * output)
+        return scores(obs, self.params.output_weight, self.params.wait_weight)
 
     def act(self, obs: Observation) -> np.ndarray:
         return admit_by_score(obs, self.scores(obs), self.memory_target(obs))
+
+
+def scores(obs: Observation, output_weight: float, wait_weight: float) -> np.ndarray:
+    """The scorer's score of each visible waiting request, queue order: ``wait_weight x wait - prompt -
+    output_weight x predicted output``."""
+    rows = visible_queue(obs)
+    output = output_estimate(rows[:, QUEUE_INDEX["output_lo"]], rows[:, QUEUE_INDEX["output_hi"]],
+                             length_mode_of(obs), None)
+    return wait_weight * rows[:, QUEUE_INDEX["wait_s"]] - rows[:, QUEUE_INDEX["num_prompt_tokens"]] \
+        - output_weight * output
+
+
+def memory_target(obs: Observation, target_base: float, target_slope: float) -> float:
+    """The scorer's memory target: ``target_base + target_slope x tanh(waiting / 32)``, at least 0.05."""
+    return max(0.05, target_base + target_slope * math.tanh(engine_feature(obs, "num_waiting") / QUEUE_SCALE))

@@ -22,6 +22,7 @@ from servegym.rl.train import algorithm_class, latest_checkpoint
 from servegym.rl.wrappers import (
     RESIDUAL_SCALE,
     count_action,
+    params_action,
     rank_action,
     rank_grid,
     score_action,
@@ -103,6 +104,8 @@ class RLPolicy(Policy):
         if self.mode == "rank":
             order, target = (int(v) for v in np.asarray(action).reshape(-1)[:2])
             return rank_action(obs, order, target)
+        if self.mode == "params":
+            return params_action(obs, action, self._score_base)
         if self.mode == "score":
             return score_action(obs, np.clip(np.asarray(action, dtype=np.float64).reshape(-1), -1.0, 1.0),
                                 self._score_base, self.config.get("residual_scale", RESIDUAL_SCALE))

@@ -44,9 +44,9 @@ if TYPE_CHECKING:
 
 ALGOS = ("ppo", "a2c", "dqn", "sac", "maskable-ppo")
 DEFAULT_MODE = {"ppo": "count", "a2c": "count", "dqn": "count", "sac": "window", "maskable-ppo": "admit"}
-COMPATIBLE = {"ppo": {"admit", "window", "count", "rank", "score"},
-              "a2c": {"admit", "window", "count", "rank", "score"},
-              "dqn": {"count"}, "sac": {"window", "score"}, "maskable-ppo": {"admit", "count"}}
+COMPATIBLE = {"ppo": {"admit", "window", "count", "rank", "score", "params"},
+              "a2c": {"admit", "window", "count", "rank", "score", "params"},
+              "dqn": {"count"}, "sac": {"window", "score", "params"}, "maskable-ppo": {"admit", "count"}}
 CHECKPOINT_RE = re.compile(r"model_(\d+)_steps\.zip$")
 
 
@@ -137,8 +137,12 @@ class TrainConfig:
         if self.observation == "scaled" and self.resolved_mode == "score" and self.algo in ("ppo", "a2c"):
             raise ValueError(f"{self.algo} in the score mode has its own network over the raw observation (it scales "
                              "the features itself); observation 'scaled' is for MultiInputPolicy agents")
-        if self.score_base is not None and self.resolved_mode != "score":
-            raise ValueError(f"score_base is the residual base of the score mode, not of {self.resolved_mode!r}")
+        if self.score_base is not None and self.resolved_mode not in ("score", "params"):
+            raise ValueError(f"score_base is the base scorer of the score and params modes, not of "
+                             f"{self.resolved_mode!r}")
+        if self.score_base is None and self.resolved_mode == "params":
+            raise ValueError("the params mode moves a base scorer's parameters: give score_base (a scorer params "
+                             "file)")
         if not (isinstance(self.residual_scale, int | float) and math.isfinite(self.residual_scale)
                 and self.residual_scale > 0):
             raise ValueError(f"residual_scale must be a finite number > 0, got {self.residual_scale!r}")
@@ -174,10 +178,12 @@ class TrainConfig:
         return kwargs
 
     def mode_kwargs(self) -> dict[str, Any]:
-        """The action mode's wrapper arguments: a score-mode residual's base scorer and scale, else none."""
+        """The action mode's wrapper arguments: a residual's base scorer (and the score mode's scale), else none."""
         if self.score_base is None:
             return {}
-        return {"base": _scorer_params(self.score_base, "score_base"), "residual_scale": self.residual_scale}
+        base = _scorer_params(self.score_base, "score_base")
+        return {"base": base} if self.resolved_mode == "params" else {"base": base,
+                                                                       "residual_scale": self.residual_scale}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrainConfig:

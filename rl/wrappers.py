@@ -18,7 +18,10 @@ action through a pure function, so a trained agent can later drive the unwrapped
 * :class:`ScoreAdmit` - ``Box(-1, 1, (W + 1,))``: a score per visible queue slot and a memory target; the
   queue is admitted highest score first while the projected peak KV use stays within the target
   (:func:`~servegym.policies.common.admit_by_score`, the parametric scorer's rule). Made for a policy network
-  shared across slots, which scores each request from its own features and the engine state.
+  shared across slots, which scores each request from its own features and the engine state; optionally a
+  residual on a tuned scorer's decision.
+* :class:`ParamsAdmit` - ``Box(-1, 1, (4,))``: a tuned scorer's four parameters, moved each step (a scorer
+  whose parameters depend on the state).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ from servegym.policies.common import (
     upper_remaining_running,
     visible_queue,
 )
+from servegym.policies.scorer import memory_target as scorer_memory_target
+from servegym.policies.scorer import scores as scorer_scores
 
 if TYPE_CHECKING:
     from servegym.policies.scorer import Scorer
@@ -161,8 +166,33 @@ def score_target_value(fraction: float) -> float:
 
 
 def score_base(params: dict[str, Any] | None) -> Scorer | None:
-    """The residual base of a ``score``-mode agent: a scorer with these parameters, or None (plain scores)."""
+    """The base of a residual agent (``score`` or ``params`` mode): a scorer with these parameters, or None."""
     return None if params is None else make_policy("scorer", **params)
+
+
+PARAMS_REACH = (0.7, 0.7, 0.2, 0.2)
+"""The ``params`` mode's reach per action value: ``output_weight`` and ``wait_weight`` scale as ``(1 + w) x
+exp(0.7 a) - 1`` (an action of 1 roughly doubles ``1 + w``), ``target_base`` and ``target_slope`` move by
+``0.2 a``."""
+
+
+def state_params(base: Scorer, action: np.ndarray) -> tuple[float, float, float, float]:
+    """The scorer's parameters this step: ``base``'s moved by ``action`` (four values in [-1, 1], clipped)."""
+    a = np.asarray(action, dtype=np.float64).reshape(-1)
+    if a.size != len(PARAMS_REACH) or not np.all(np.isfinite(a)):
+        raise ValueError(f"a params action is {len(PARAMS_REACH)} finite values, got {a.tolist()}")
+    a = np.clip(a, -1.0, 1.0) * PARAMS_REACH
+    p = base.params
+    return (max(0.0, (1.0 + p.output_weight) * math.exp(a[0]) - 1.0),
+            max(0.0, (1.0 + p.wait_weight) * math.exp(a[1]) - 1.0),
+            max(0.05, p.target_base + a[2]), float(np.clip(p.target_slope + a[3], -1.0, 1.0)))
+
+
+def params_action(obs: Observation, action: np.ndarray, base: Scorer) -> np.ndarray:
+    """The ``params`` mode: the scorer's rule with this step's parameters (see :class:`ParamsAdmit`)."""
+    output_weight, wait_weight, target_base, target_slope = state_params(base, action)
+    return admit_by_score(obs, scorer_scores(obs, output_weight, wait_weight),
+                          scorer_memory_target(obs, target_base, target_slope))
 
 
 class _ObservingWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -297,6 +327,26 @@ class ScoreAdmit(_ObservingWrapper):
         return score_action(obs, action, self.base, self.residual_scale)
 
 
+class ParamsAdmit(_ObservingWrapper):
+    """``Box(-1, 1, (4,))``: the four parameters of a ``base`` scorer, moved per step (see :data:`PARAMS_REACH`).
+
+    A scorer whose parameters depend on the state: action 0 is the base scorer exactly, and an agent can, say,
+    weigh output lengths more when the cache is small or loosen the memory target late in an episode. Four
+    numbers per step instead of a score per slot: a low-dimensional residual for any SB3 algorithm.
+    """
+
+    def __init__(self, env: gym.Env, base: dict[str, Any] | None = None) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self, base=base)
+        gym.Wrapper.__init__(self, env)
+        if base is None:
+            raise ValueError("the params mode needs a base scorer's parameters (TrainConfig.score_base)")
+        self.base = score_base(base)
+        self.action_space = spaces.Box(-1.0, 1.0, (len(PARAMS_REACH),), dtype=np.float32)
+
+    def to_env_action(self, obs: Observation, action: Any) -> np.ndarray:
+        return params_action(obs, action, self.base)
+
+
 class ScaledObservation(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
     """The agent's view: every feature on a symmetric log scale, bounded
     (:func:`~servegym.envs.observation.scale_observation`). Outermost, so the action mode still maps from the raw
@@ -317,9 +367,11 @@ OBSERVATIONS = ("raw", "scaled")
 """What a learning agent observes: the env's Dict (``raw``) or :class:`ScaledObservation` (``scaled``)."""
 
 
-MODES = {"admit": AdmitMask, "window": TokenWindow, "count": AdmitCount, "rank": RankAdmit, "score": ScoreAdmit}
+MODES = {"admit": AdmitMask, "window": TokenWindow, "count": AdmitCount, "rank": RankAdmit, "score": ScoreAdmit,
+         "params": ParamsAdmit}
 """Action modes: ``admit`` (per-slot mask), ``window`` (continuous token window), ``count`` (discrete),
-``rank`` (an order and a memory target), ``score`` (slot scores and a memory target)."""
+``rank`` (an order and a memory target), ``score`` (slot scores and a memory target), ``params`` (a base
+scorer's parameters, per step)."""
 
 
 def wrap(env: gym.Env, mode: str, **mode_kwargs: Any) -> gym.Env:

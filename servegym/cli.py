@@ -419,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     tun.set_defaults(func=cmd_tune)
     trn = sub.add_parser("train", help="train a stable-baselines3 agent (PPO by default)")
     trn.add_argument("--algo", default="ppo", choices=["ppo", "a2c", "dqn", "sac", "maskable-ppo"])
-    trn.add_argument("--mode", default=None, choices=["admit", "window", "count", "rank", "score"],
+    trn.add_argument("--mode", default=None, choices=["admit", "window", "count", "rank", "score", "params"],
                      help="action mode (default per algorithm)")
     trn.add_argument("--task", default=None, choices=sorted(TASKS),
                      help="benchmark task (servegym tasks); the options below override its settings")

@@ -214,3 +214,36 @@ def test_a_residual_agent_with_time_discounting_trains_records_its_base_and_star
     assert mine.total_reward == theirs.total_reward
     assert mine.total_reward != run_episode(make_env(task="memory-tight", split="test"), make_policy("fcfs"),
                                             TEST_SEEDS[0]).total_reward
+
+
+# --- the params mode --------------------------------------------------------------------------------------------
+
+
+def test_the_params_mode_moves_the_base_scorers_parameters_by_their_reach():
+    from servegym.rl.wrappers import PARAMS_REACH, params_action, score_base, state_params
+
+    base = score_base(TUNED)
+    # By hand: (1 + 3.8) e^0.7 - 1 = 8.666, (1 + 5.2) e^-0.35 - 1 = 3.369, 0.58 + 0.2 x 0.5 = 0.68,
+    # 0.24 - 0.2 = 0.04; action 0 is the base itself; values past 1 are clipped.
+    assert PARAMS_REACH == (0.7, 0.7, 0.2, 0.2)
+    assert state_params(base, [1.0, -0.5, 0.5, -1.0]) == pytest.approx(
+        (4.8 * math.exp(0.7) - 1, 6.2 * math.exp(-0.35) - 1, 0.68, 0.04), rel=1e-12)
+    assert state_params(base, [0, 0, 0, 0]) == pytest.approx(tuple(TUNED.values()), rel=1e-12)
+    assert state_params(base, [3.0, 0, 0, 0]) == state_params(base, [1.0, 0, 0, 0])
+    with pytest.raises(ValueError, match="a params action is 4 finite values"):
+        state_params(base, [0.0, 0.0, math.nan, 0.0])
+    # Every step of an episode: the moved parameters act exactly as a scorer built with them.
+    moved = make_policy("scorer", **dict(zip(TUNED, state_params(base, [1.0, -0.5, 0.5, -1.0]), strict=True)))
+    env = make_env(moved, task="memory-tight")
+    obs, _ = env.reset(seed=2)
+    for _ in range(300):
+        want = moved.act(obs)
+        assert np.array_equal(params_action(obs, np.array([1.0, -0.5, 0.5, -1.0]), base), want)
+        obs, _, terminated, truncated, _ = env.step(want)
+        if terminated or truncated:
+            break
+    pytest.importorskip("stable_baselines3")
+    from servegym.rl.train import TrainConfig
+
+    with pytest.raises(ValueError, match="the params mode moves a base scorer's parameters"):
+        TrainConfig(mode="params")
