@@ -53,7 +53,8 @@ class SeedListEval(BaseCallback):
 
     ``on_best(score, timesteps)`` runs after each new best is saved (the trainer records it in config.json);
     the saves and ``on_best`` run inside one ``saving()`` block (the trainer's: a signal waits for its end).
-    With ``at_start`` the model is scored before its first step too (a warm start is a candidate for the best).
+    With ``at_start`` the model is also scored before its first step, as a reference in ``eval.csv`` (the warm
+    start's validation return) but not a candidate: the kept model is always a trained one.
     """
 
     def __init__(self, env: gym.Env, seeds: Sequence[int], eval_freq: int, run: Path, masked: bool,
@@ -68,14 +69,14 @@ class SeedListEval(BaseCallback):
 
     def _on_training_start(self) -> None:
         if self.at_start and self.num_timesteps == 0:
-            self.evaluate_now()
+            self.evaluate_now(candidate=False)
 
     def _on_step(self) -> bool:
         if self.n_calls % self.eval_freq == 0:
             self.evaluate_now()
         return True
 
-    def evaluate_now(self) -> float:
+    def evaluate_now(self, candidate: bool = True) -> float:
         stats = self.model.get_vec_normalize_env()
         returns = evaluate(self.model, self.env, self.seeds, stats.normalize_obs if stats else None, self.masked)
         score = float(np.mean(returns))
@@ -84,7 +85,7 @@ class SeedListEval(BaseCallback):
         self.logger.record("eval/std_return", float(np.std(returns)))
         with (self.run / "eval.csv").open("a") as handle:
             handle.write(f"{self.num_timesteps},{score!r}\n")
-        if score > self.best_score:
+        if candidate and score > self.best_score:
             self.best_score = score
             with self.saving():
                 self.model.save(self.run / BEST_MODEL)

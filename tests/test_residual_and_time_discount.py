@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from servegym.envs import TEST_SEEDS
+from servegym.envs import TEST_SEEDS, VALIDATION_SEEDS
 from servegym.policies import make_policy
 from servegym.rl.wrappers import SCORE_TARGETS, ScoreAdmit, score_action
 from servegym.runner import make_env, run_episode
@@ -214,6 +214,12 @@ def test_a_residual_agent_with_time_discounting_trains_records_its_base_and_star
     assert mine.total_reward == theirs.total_reward
     assert mine.total_reward != run_episode(make_env(task="memory-tight", split="test"), make_policy("fcfs"),
                                             TEST_SEEDS[0]).total_reward
+    # A warm start is scored before its first step, as a reference (the scorer's validation return), not as a
+    # candidate: with no evaluation due in 64 steps the final model is scored once more and kept as the best.
+    rows = [line.split(",") for line in (run / "eval.csv").read_text().splitlines()]
+    validation = run_episode(make_env(scorer, task="memory-tight"), scorer, VALIDATION_SEEDS[0]).total_reward
+    assert [int(step) for step, _ in rows] == [0, 64] and float(rows[0][1]) == pytest.approx(validation, rel=1e-12)
+    assert state["best_timesteps"] == 64
 
 
 # --- the params mode --------------------------------------------------------------------------------------------
