@@ -164,7 +164,9 @@ class TrainConfig:
     @property
     def run_name(self) -> str:
         env = ENV_ID.split("/")[1]
-        return f"{env}__{self.algo}__{self.resolved_mode}__{self.task or self.workload or 'burst'}__s{self.seed}"
+        mode = f"{self.resolved_mode}-residual" if self.score_base and self.resolved_mode == "score" else \
+            self.resolved_mode
+        return f"{env}__{self.algo}__{mode}__{self.task or self.workload or 'burst'}__s{self.seed}"
 
     def env_kwargs(self) -> dict[str, Any]:
         """``gym.make`` arguments: the task's settings with this run's overrides on top."""
