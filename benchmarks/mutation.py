@@ -541,9 +541,9 @@ MUTATIONS: list[Mutation] = [
     # ------------------------------------------------------------------ flat observations
     m("flat-queue-before-pool", "envs/observation.py",
       "\"engine\": len(ENGINE_FEATURES), \"pool\": num_containers * len(POOL_FEATURES),\n"
-      "                 \"queue\": queue_window * len(QUEUE_FEATURES), \"running\"",
+      "                 \"progress\": len(PROGRESS_FEATURES), \"queue\": queue_window * len(QUEUE_FEATURES),",
       "\"engine\": len(ENGINE_FEATURES), \"queue\": queue_window * len(QUEUE_FEATURES),\n"
-      "                 \"pool\": num_containers * len(POOL_FEATURES), \"running\"",
+      "                 \"progress\": len(PROGRESS_FEATURES), \"pool\": num_containers * len(POOL_FEATURES),",
       "tests/test_flat_obs.py", "-k", "gymnasiums_flatten", kind="env"),
     m("flat-buffer-reused", "envs/observation.py",
       "buf = self._template.copy()",

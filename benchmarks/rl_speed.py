@@ -11,7 +11,9 @@ Each row times ``model.learn(steps)`` (rollouts and gradient updates; model cons
 * ``no-validate`` - the stock policy with ``torch.distributions`` argument validation switched off;
 * ``slot`` - ``servegym.rl.fast_dist.policy_for``: one batched distribution per forward pass (``admit`` only;
   the other modes already have a single distribution and keep the stock policy);
-* ``score-net`` - the ``score`` mode's network shared across queue slots (``servegym.rl.equivariant``).
+* ``score-net`` - the ``score`` mode's network shared across queue slots (``servegym.rl.equivariant``);
+  ``score-residual`` is the same mode as a residual on a tuned scorer, ``params`` the scorer's four
+  parameters per step on the scaled observation (PPO and SAC, stock ``MultiInputPolicy``).
 
 The ``env`` rows step the wrapped env with random actions: the ceiling any agent could train at. The last row
 trains PPO on Gymnasium's ``CartPole-v1`` (``MlpPolicy``) with the same settings, in the same run: the yardstick.
@@ -34,12 +36,19 @@ from servegym.rl.fast_dist import policy_for
 from servegym.rl.train import algorithm_class, make_training_env
 
 CASES = [("ppo", "admit"), ("ppo", "count"), ("ppo", "window"), ("ppo", "rank"), ("ppo", "score"),
+         ("ppo", "score-residual"), ("ppo", "params"), ("sac", "params"),
          ("maskable-ppo", "admit"), ("maskable-ppo", "count")]
 ENGINE = {"length_mode": "predicted"}
+BASE = {"output_weight": 3.8, "wait_weight": 5.2, "target_base": 0.58, "target_slope": 0.24}
+"""The residual modes' base scorer (memory-tight's tuned parameters, rounded)."""
+VARIANTS = {"score-residual": ("score", {"base": BASE}, "raw"), "params": ("params", {"base": BASE}, "scaled")}
+"""Case labels that are not plain modes: (mode, wrapper arguments, observation)."""
 
 
-def make_env(args: argparse.Namespace, mode: str) -> gym.Env:
-    return make_training_env({"workload": args.workload, "engine": dict(ENGINE)}, mode, args.max_episode_steps)
+def make_env(args: argparse.Namespace, case: str) -> gym.Env:
+    mode, kwargs, observation = VARIANTS.get(case, (case, {}, "raw"))
+    return make_training_env({"workload": args.workload, "engine": dict(ENGINE)}, mode, args.max_episode_steps,
+                             mode_kwargs=kwargs, observation=observation)
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,8 @@ def env_rate(args: argparse.Namespace, mode: str) -> float:
 def train_rate(args: argparse.Namespace, algo: str, mode: str, variant: str) -> float:
     factory = [lambda: make_env(args, mode)] * args.n_envs
     venv = DummyVecEnv(factory)
-    policy = policy_for(algo, venv.action_space, mode) if variant in ("slot", "score-net") else "MultiInputPolicy"
+    plain = VARIANTS.get(mode, (mode,))[0]
+    policy = policy_for(algo, venv.action_space, plain) if variant in ("slot", "score-net") else "MultiInputPolicy"
     return _timed(algo, policy, venv, args, variant != "no-validate")
 
 
@@ -88,6 +98,8 @@ def cartpole_rate(args: argparse.Namespace) -> float:
 
 def _timed(algo: str, policy: object, venv: DummyVecEnv, args: argparse.Namespace, validate: bool) -> float:
     hyperparams = {"n_steps": args.n_steps, "batch_size": args.batch_size, "n_epochs": args.n_epochs}
+    if algo == "sac":  # one gradient step per env step, SB3's default, from the first step
+        hyperparams = {"batch_size": args.batch_size, "learning_starts": 0}
     with validation(validate):
         model = algorithm_class(algo)(policy, venv, seed=0, verbose=0, **hyperparams)
         start = time.perf_counter()
@@ -98,7 +110,7 @@ def _timed(algo: str, policy: object, venv: DummyVecEnv, args: argparse.Namespac
 
 
 def variants(mode: str, skip_baseline: bool) -> list[str]:
-    if mode == "score":
+    if mode in ("score", "score-residual"):
         return ["score-net"] if skip_baseline else ["stock", "score-net"]
     if mode != "admit":
         return ["stock"] if skip_baseline else ["stock", "no-validate"]

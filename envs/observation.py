@@ -84,8 +84,9 @@ PROGRESS_SCHEMA = (
     Feature("arrived_frac", "requests arrived / requests in the episode", 0.0, 1.0),
     Feature("remaining_frac", "requests neither finished nor rejected / requests in the episode", 0.0, 1.0),
 )
-"""``obs["progress"]``: how far the episode has gone, in time and in requests (an agent's sense of the horizon;
-hand-coded policies ignore it)."""
+"""``obs["progress"]``: how far the episode has gone, in time and in requests: an agent's sense of the horizon
+(a time-limit feature). It tells the episode's length (its last arrival, its request count), which the env
+fixes at reset; every policy sees it, and the hand-coded ones do not read it."""
 
 SCHEMA = {"engine": ENGINE_SCHEMA, "queue": QUEUE_SCHEMA, "running": RUNNING_SCHEMA, "pool": POOL_SCHEMA,
           "progress": PROGRESS_SCHEMA}

@@ -64,11 +64,14 @@ class ServingEnv(gym.Env):
 
     A `Dict` of flat float32 boxes (SB3 `MultiInputPolicy`); `queue_matrix(obs)` and `running_matrix(obs)`
     give row views. Rows beyond the live count are zero. With `flat_obs=True`, one float32 `Box` instead:
-    `gymnasium.spaces.flatten` of the Dict (keys in sorted order: engine, pool, queue, running), built in place
-    at no extra cost, for `MlpPolicy` and cheap stacking in vector envs.
+    `gymnasium.spaces.flatten` of the Dict (keys in sorted order: engine, pool, progress, queue, running), built
+    in place at no extra cost, for `MlpPolicy` and cheap stacking in vector envs.
 
     Shapes: `engine` `({engine},)`, `queue` `(W * {queue},)`, `running` `(max_num_seqs * {running},)`, `pool`
-    `(num_containers * {pool},)`. Every feature, from `servegym.envs.observation.SCHEMA`:
+    `(num_containers * {pool},)`, `progress` `({progress},)` (the episode's time and requests so far: an agent's
+    sense of the horizon). The features are in raw units (tokens, seconds, counts), for hand-coded policies;
+    `servegym.envs.observation.scale_observation` puts every one on a bounded symmetric log scale for learning
+    agents (`servegym train --observation scaled`). Every feature, from `servegym.envs.observation.SCHEMA`:
 
     {observation_table}
 

@@ -441,4 +441,5 @@ def progress_bar(total: int, desc: str, unit: str) -> Any:
         from tqdm import tqdm
     except ImportError:
         return None
+    tqdm.monitor_interval = 0  # no monitor thread: a signal then lands in the main thread, where workers start
     return tqdm(total=total, desc=desc, unit=unit, disable=None)  # None: off when stderr is not a terminal

@@ -10,8 +10,10 @@ depending on how busy the engine is. Here each transition is discounted by the s
 :class:`TimeDiscount` (a callback) writes each step's ``gamma_t`` into the rollout buffer
 (:func:`buffer_class`) before SB3 stores the step, and makes the bootstrap of a time-limit truncation use it
 too (SB3 adds ``gamma x V(terminal)``; the callback adds the difference to ``gamma_t``). The algorithm's own
-``gamma`` is then used nowhere else. Unlike the env's ``reward_half_life_s``, which scales rewards by time since
-the episode began, the values here stay stationary: a state is worth the same at minute one and minute ten.
+``gamma`` then matters only to ``VecNormalize``'s reward scaling, which the time-discounted recipes leave off
+(``normalize: false``, a fixed ``reward_scale``). Unlike the env's ``reward_half_life_s``, which scales rewards
+by time since the episode began, the values here stay stationary: a state is worth the same at minute one and
+minute ten.
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ class TimeDiscount(BaseCallback):
 
     def _on_step(self) -> bool:
         infos: list[dict[str, Any]] = self.locals["infos"]
+        if any("step_s" not in info for info in infos):
+            raise KeyError("TimeDiscount reads each step's simulated seconds from info['step_s'], which this env's "
+                           "steps do not report (a servegym serving env does)")
         gammas = step_discount([info["step_s"] for info in infos], self.half_life_s)
         buffer = self.model.rollout_buffer
         buffer.discounts[buffer.pos] = gammas

@@ -93,8 +93,11 @@ class TrainConfig:
     """Training episodes of the scorer to imitate."""
     score_base: str | None = None
     """A ``scorer`` params file: in the ``score`` mode the agent's action is a residual on that scorer's decision
-    (:class:`~servegym.rl.wrappers.ScoreAdmit`; action 0 is the scorer); the parameters are recorded in
-    ``config.json`` as ``score_base_params``."""
+    (:class:`~servegym.rl.wrappers.ScoreAdmit`; action 0 is the scorer), in the ``params`` mode it moves that
+    scorer's parameters. Read once, into ``score_base_params``."""
+    score_base_params: dict[str, Any] | None = None
+    """The base scorer's parameters, read from ``score_base`` when the config is made and recorded in
+    ``config.json``: the run trains, resumes and plays with these, whatever later happens to the file."""
     residual_scale: float = RESIDUAL_SCALE
     """With ``score_base``: how far an action of 1 moves a score (a factor ``exp(scale)``) and the target."""
     observation: str = "raw"
@@ -137,15 +140,25 @@ class TrainConfig:
         if self.observation == "scaled" and self.resolved_mode == "score" and self.algo in ("ppo", "a2c"):
             raise ValueError(f"{self.algo} in the score mode has its own network over the raw observation (it scales "
                              "the features itself); observation 'scaled' is for MultiInputPolicy agents")
+        if self.imitate is not None and self.score_base is not None:
+            raise ValueError("imitate and score_base are two warm starts: a residual agent starts at its base "
+                             "scorer already (with head_gain 0, exactly); choose one")
+        if self.observation == "scaled" and self.normalize:
+            raise ValueError("observation 'scaled' is bounded already: train it without normalize "
+                             "(--no-normalize)")
         if self.score_base is not None and self.resolved_mode not in ("score", "params"):
             raise ValueError(f"score_base is the base scorer of the score and params modes, not of "
                              f"{self.resolved_mode!r}")
         if self.score_base is None and self.resolved_mode == "params":
             raise ValueError("the params mode moves a base scorer's parameters: give score_base (a scorer params "
                              "file)")
+        if self.score_base is not None and self.score_base_params is None:
+            object.__setattr__(self, "score_base_params", _scorer_params(self.score_base, "score_base"))
         if not (isinstance(self.residual_scale, int | float) and math.isfinite(self.residual_scale)
                 and self.residual_scale > 0):
             raise ValueError(f"residual_scale must be a finite number > 0, got {self.residual_scale!r}")
+        if self.score_base is None and self.residual_scale != RESIDUAL_SCALE:
+            raise ValueError("residual_scale scales a residual on a base scorer: give score_base too")
         if self.discount_half_life_s is not None:
             if self.algo not in ("ppo", "a2c"):
                 raise ValueError(f"discount_half_life_s discounts PPO's and A2C's rollouts, not {self.algo}'s")
@@ -181,9 +194,9 @@ class TrainConfig:
 
     def mode_kwargs(self) -> dict[str, Any]:
         """The action mode's wrapper arguments: a residual's base scorer (and the score mode's scale), else none."""
-        if self.score_base is None:
+        if self.score_base_params is None:
             return {}
-        base = _scorer_params(self.score_base, "score_base")
+        base = dict(self.score_base_params)
         return {"base": base} if self.resolved_mode == "params" else {"base": base,
                                                                        "residual_scale": self.residual_scale}
 
@@ -244,7 +257,8 @@ def _scorer_params(path: str, field_name: str) -> dict[str, Any]:
 
     name, params = read_params(path)
     if name != "scorer":
-        raise ValueError(f"{field_name}: {path} holds {name!r} parameters; only the scorer acts in the score mode")
+        raise ValueError(f"{field_name}: {path} holds {name!r} parameters; it needs a scorer's (servegym tune "
+                         "--policy scorer)")
     return params
 
 
@@ -460,8 +474,6 @@ def _learn(session: _Session, timesteps: int, progress: bool, reset: bool) -> Pa
 
 def _write_config(run: Path, cfg: TrainConfig, state: dict[str, Any]) -> None:
     grid = {"rank_grid": rank_grid()} if cfg.resolved_mode == "rank" else {}
-    if cfg.score_base is not None:
-        grid["score_base_params"] = cfg.mode_kwargs()["base"]
     write_json(run / "config.json", {**asdict(cfg), **grid, "mode": cfg.resolved_mode, "env_kwargs": cfg.env_kwargs(),
                                      "train_seeds": [TRAIN_SEEDS.start, TRAIN_SEEDS.stop],
                                      "validation_seeds": list(VALIDATION_SEEDS[: cfg.eval_episodes]), **state})

@@ -150,11 +150,14 @@ def score_action(obs: Observation, action: np.ndarray, base: Scorer | None = Non
     if values.size != width + 1:
         raise ValueError(f"a score action has {width + 1} values ({width} slot scores and a memory target), got "
                          f"{values.size}")
+    low, high = SCORE_TARGETS
     if base is not None:
         residual = np.clip(values, -1.0, 1.0) * residual_scale
-        residual[:width] /= _symlog(SCORE_SCALE)  # a slot's score moves by a factor exp(residual_scale) at most
-        values = scorer_action(base, obs, clip=False) + residual
-    low, high = SCORE_TARGETS
+        # A slot's score moves by a factor exp(residual_scale) at most; the target from the scorer's own (not
+        # clipped to SCORE_TARGETS) by what residual_scale moves an action value.
+        scores = scorer_action(base, obs, clip=False)[:width] + residual[:width] / _symlog(SCORE_SCALE)
+        target = max(0.05, base.memory_target(obs) + residual[width] * (high - low) / 2.0)
+        return admit_by_score(obs, scores, target)
     target = low + (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)
     return admit_by_score(obs, values[:width], target)
 
@@ -309,8 +312,10 @@ class ScoreAdmit(_ObservingWrapper):
 
     With ``base`` (a ``scorer``'s parameters) the action is a residual on that scorer's decision (residual
     reinforcement learning): action 0 admits exactly what the scorer admits, and action ``a`` multiplies slot
-    ``i``'s score by up to ``exp(a_i x residual_scale)`` and moves the memory target's action value by
-    ``a_W x residual_scale``. An agent starts at the tuned scorer and learns only what the formula misses.
+    ``i``'s score by up to ``exp(a_i x residual_scale)`` and moves the scorer's memory target by ``a_W x
+    residual_scale x 0.6`` of the cache (what ``residual_scale`` moves an action value, over
+    :data:`SCORE_TARGETS`), floored at 0.05 like the scorer's. An agent starts at the tuned scorer and learns
+    only what the formula misses.
     """
 
     def __init__(self, env: gym.Env, base: dict[str, Any] | None = None,

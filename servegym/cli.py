@@ -453,10 +453,11 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--imitate", default=None, metavar="PARAMS",
                      help="score mode: first fit the policy to a tuned scorer (servegym tune's best_params.json)")
     trn.add_argument("--score-base", default=None, metavar="PARAMS",
-                     help="score mode: act as a residual on this tuned scorer (action 0 is the scorer)")
+                     help="score mode: act as a residual on this tuned scorer (action 0 is the scorer); params "
+                          "mode: the scorer whose parameters the agent moves")
     trn.add_argument("--residual-scale", type=float, default=None,
-                     help="with --score-base: an action of 1 multiplies a score by exp(scale) and moves the target "
-                          "by scale (default 0.2)")
+                     help="score mode with --score-base: an action of 1 multiplies a score by exp(scale) and moves "
+                          "the memory target by 0.6 x scale of the cache (default 0.2)")
     trn.add_argument("--observation", choices=["raw", "scaled"], default="raw",
                      help="what the agent sees: the env's Dict, or every feature on a bounded log scale (for "
                           "MultiInputPolicy agents; use with --no-normalize)")

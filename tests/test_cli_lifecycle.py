@@ -285,6 +285,10 @@ def test_the_pool_kills_what_it_started_when_stopped_while_starting(monkeypatch)
     assert len(started) == 2 and not any(w.proc.is_alive() for w in started)
 
 
+def _pid(_: object) -> int:
+    return os.getpid()
+
+
 def test_a_signal_during_a_workers_spawn_waits_until_the_pool_can_kill_it(monkeypatch):
     # Bug caught: SIGTERM landing between a worker's spawn and its registration left a half-started child that no
     # one killed; it died later with an EOFError traceback on the parent's stderr (a flaky CI failure).
@@ -312,6 +316,7 @@ def test_workers_do_not_inherit_the_signals_held_back_while_they_start():
 
     held = executor.run_jobs(functools.partial(signal.pthread_sigmask, signal.SIG_BLOCK), [[], []], workers=2)
     assert held == [set(), set()]
+    assert os.getpid() not in executor.run_jobs(_pid, [0, 1], workers=2)  # they ran in workers, not inline
 
 
 # --- progress bars ----------------------------------------------------------------------------------------------

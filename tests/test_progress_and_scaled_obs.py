@@ -23,7 +23,7 @@ from servegym.runner import make_env, run_episode
 from tests.conftest import fixed, flat_profile
 
 ROOT = Path(__file__).resolve().parents[1]
-ARRIVALS = np.array([0.0, 1.0, 2.0, 3.0])
+ARRIVALS = np.array([0.5, 1.5, 2.5, 3.5])
 
 
 def _progress(obs) -> dict[str, float]:
@@ -31,7 +31,7 @@ def _progress(obs) -> dict[str, float]:
 
 
 def test_progress_counts_time_arrivals_and_what_remains_from_the_definition():
-    # Four requests arriving at 0, 1, 2 and 3 s, 50 output tokens each at 43 ms a step (FCFS): each finishes
+    # Four requests arriving at 0.5, 1.5, 2.5 and 3.5 s, 50 output tokens each at 43 ms a step (FCFS): each finishes
     # about 2.2 s after it starts, so arrivals and completions interleave; the third (a 1,000-token prompt) can
     # never fit the 320-token cache and is rejected on arrival: it no longer remains, and it did arrive.
     env = make_env(workload=fixed(ARRIVALS, [10, 10, 1000, 10], [50, 50, 50, 50]), profile=flat_profile(),
@@ -45,7 +45,7 @@ def test_progress_counts_time_arrivals_and_what_remains_from_the_definition():
         finished, rejected = finished + info["num_finished"], rejected + info["num_rejected"]
         p = _progress(obs)
         clock = env.unwrapped.cluster.time
-        assert p["elapsed_s"] == pytest.approx(clock, abs=1e-5) and p["arrival_span_s"] == 3.0
+        assert p["elapsed_s"] == pytest.approx(clock - 0.5, abs=1e-5) and p["arrival_span_s"] == 3.0
         assert p["arrived_frac"] == pytest.approx(np.sum(clock >= ARRIVALS) / 4, abs=1e-6)
         assert p["remaining_frac"] == pytest.approx((4 - finished - rejected) / 4, abs=1e-6)
         seen.add((p["arrived_frac"], p["remaining_frac"]))
@@ -88,6 +88,17 @@ def test_an_agent_on_the_scaled_observation_trains_and_plays_on_the_raw_one(tmp_
                       hyperparams={"n_steps": 64, "batch_size": 64, "n_epochs": 1}, out=str(tmp_path))
     run = train(cfg, progress=False, subprocess=False)
     agent = make_policy(f"rl:{run}")
+    # The agent as a policy reads the raw observation and must act as the model on the scaled one did in training:
+    # step by step, its action is the rank mode's mapping of model.predict(scaled observation) from the raw one.
+    obs, _ = env.reset(seed=7)
+    for _ in range(200):
+        raw = env.env._obs  # the action mode's own view, below ScaledObservation
+        predicted, _ = agent.model.predict(obs, deterministic=True)
+        expected = env.env.to_env_action(raw, predicted)
+        assert np.array_equal(agent.act(raw), expected)
+        obs, _, terminated, truncated, _ = env.step(predicted)
+        if terminated or truncated:
+            break
     result = run_episode(make_env(agent, task="memory-tight", split="test", apply_overrides=False), agent,
                          TEST_SEEDS[0])
     assert result.summary["num_finished"] > 0

@@ -10,6 +10,7 @@ import pytest
 
 from servegym.envs import TEST_SEEDS, VALIDATION_SEEDS
 from servegym.policies import make_policy
+from servegym.policies.common import admit_by_score
 from servegym.rl.wrappers import SCORE_TARGETS, ScoreAdmit, score_action
 from servegym.runner import make_env, run_episode
 from tests.conftest import fixed, flat_profile
@@ -44,6 +45,26 @@ def test_a_zero_residual_is_the_scorer_and_differs_from_fcfs():
         obs, _, terminated, truncated, _ = env.step(zero)
         steps, done = steps + 1, terminated or truncated
     assert steps > 500 and differ == 0 and unlike_fcfs > 10
+
+
+def test_a_zero_residual_is_the_scorer_even_outside_the_plain_target_range():
+    # Bug caught: the base's memory target went through the plain mode's [0.3, 1.5] map, so a scorer whose target
+    # stays below 0.3 of the cache was raised to 0.3 and action 0 was no longer the scorer.
+    tight = {"output_weight": 1.0, "wait_weight": 0.0, "target_base": 0.15, "target_slope": 0.1}
+    scorer = make_policy("scorer", **tight)
+    env = ScoreAdmit(make_env(scorer, task="memory-tight"), base=tight)
+    obs, _ = env.reset(seed=3)
+    zero = np.zeros(env.action_space.shape, dtype=np.float32)
+    differ, clipped_differ, highest, done = 0, 0, 0.0, False
+    while not done:
+        want = scorer.act(obs)
+        differ += not np.array_equal(env.to_env_action(obs, zero), want)
+        clipped_differ += not np.array_equal(admit_by_score(obs, scorer.scores(obs), max(0.3, scorer.memory_target(
+            obs))), want)
+        highest = max(highest, scorer.memory_target(obs))
+        obs, _, terminated, truncated, _ = env.step(zero)
+        done = terminated or truncated
+    assert highest < 0.3 and clipped_differ > 0 and differ == 0
 
 
 def test_a_residual_reorders_only_past_its_score_ratio():
@@ -84,10 +105,16 @@ def test_bad_residual_settings_are_clear_errors():
 
     with pytest.raises(ValueError, match="residual_scale must be finite and > 0"):
         ScoreAdmit(make_env(task="memory-tight"), base=TUNED, residual_scale=0.0)
-    with pytest.raises(ValueError, match="score_base is the residual base of the score mode"):
+    with pytest.raises(ValueError, match="score_base is the base scorer of the score and params modes"):
         TrainConfig(mode="rank", score_base="best_params.json")
     with pytest.raises(ValueError, match="residual_scale must be a finite number > 0"):
         TrainConfig(mode="score", residual_scale=math.inf)
+    with pytest.raises(ValueError, match="residual_scale scales a residual on a base scorer"):
+        TrainConfig(mode="score", residual_scale=0.5)
+    with pytest.raises(ValueError, match="two warm starts"):
+        TrainConfig(mode="score", imitate="a.json", score_base="a.json")
+    with pytest.raises(ValueError, match="without normalize"):
+        TrainConfig(mode="rank", observation="scaled")
     with pytest.raises(ValueError, match="discount_half_life_s discounts PPO's and A2C's rollouts"):
         TrainConfig(algo="sac", mode="score", discount_half_life_s=20.0)
     with pytest.raises(ValueError, match="discount_half_life_s must be a finite number > 0"):
@@ -185,6 +212,51 @@ def test_training_writes_each_steps_discount_from_its_simulated_seconds():
     with pytest.raises(TypeError, match="needs the rollout buffer"):
         PPO(policy_for("ppo", venv.action_space, "score"), venv, n_steps=32, batch_size=32).learn(
             32, callback=TimeDiscount(2.0))
+    venv.close()
+
+
+def test_a_time_limit_truncation_bootstraps_with_its_own_steps_discount():
+    # SB3 adds gamma x V(terminal) to a truncated step's reward; the callback makes it gamma_t x V(terminal).
+    pytest.importorskip("stable_baselines3")
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from servegym.rl.fast_dist import policy_for
+    from servegym.rl.time_discount import TimeDiscount, buffer_class
+    from servegym.rl.train import make_training_env
+
+    def short():  # gym.make's TimeLimit: every 5th step is a time-limit truncation
+        import gymnasium as gym
+
+        env = make_training_env({"task": "memory-tight", "decision_steps": True}, "score", None, (0, 1))
+        return gym.wrappers.TimeLimit(env, max_episode_steps=5)
+
+    class Record(BaseCallback):
+        def _init_callback(self) -> None:
+            self.steps = []
+
+        def _on_step(self) -> bool:
+            info = self.locals["infos"][0]
+            self.steps.append((float(self.locals["rewards"][0]), info["step_s"], info.get("terminal_observation")))
+            return True
+
+    venv = DummyVecEnv([short])
+    model = PPO(policy_for("ppo", venv.action_space, "score"), venv, n_steps=16, batch_size=16, n_epochs=1,
+                seed=0, gamma=0.5, learning_rate=0.0, rollout_buffer_class=buffer_class(True))
+    record = Record()
+    model.learn(16, callback=CallbackList([record, TimeDiscount(2.0)]))  # record the reward before the fix
+    stored = model.rollout_buffer.rewards[:, 0]
+    truncated = [i for i, (_, _, terminal) in enumerate(record.steps) if terminal is not None]
+    assert truncated == [4, 9, 14]
+    for i, (reward, step_s, terminal) in enumerate(record.steps):
+        if terminal is None:
+            assert stored[i] == pytest.approx(reward, rel=1e-6)
+            continue
+        with torch.no_grad():
+            value = float(model.policy.predict_values(model.policy.obs_to_tensor(terminal)[0])[0])
+        assert stored[i] == pytest.approx(reward + 2.0 ** (-step_s / 2.0) * value, rel=1e-5, abs=1e-6)
     venv.close()
 
 

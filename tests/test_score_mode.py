@@ -250,7 +250,7 @@ def test_a_cloned_score_agent_trains_records_its_warm_start_and_plays_as_a_polic
     result = run_episode(env, agent, TEST_SEEDS[0])
     assert result.summary["num_arrived"] == result.summary["num_finished"] + result.summary["num_unfinished"] + \
         result.summary["num_rejected"]
-    with pytest.raises(ValueError, match="only the scorer acts in the score mode"):
+    with pytest.raises(ValueError, match="it needs a scorer"):
         write_params("mc-sf", {"order": "total"}, params)
         train(TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "again")}), progress=False, subprocess=False)
 
