@@ -26,6 +26,19 @@ def test_the_shipped_entry_is_the_recipe_the_kept_agents_trained_with():
         ("score", 60_000, 2, False, {"decision_steps": True})
 
 
+@pytest.mark.parametrize("task", ["memory-tight", "long-context"])
+def test_the_residual_entries_are_the_recipe_the_kept_residual_agents_trained_with(task):
+    fields = read_zoo(SHIPPED.with_name("ppo-residual.yml"), task)
+    for seed in range(5):
+        run = json.loads((ROOT / f"docs/rl/Serving-v1__ppo__score-residual__{task}__s{seed}/config.json").read_text())
+        assert fields["hyperparams"] == run["hyperparams"], seed
+        assert (fields["mode"], fields["timesteps"], fields["n_envs"], fields["normalize"], fields["env"]) == \
+            (run["mode"], run["timesteps"], run["n_envs"], run["normalize"], run["env"])
+        assert run["score_base"] == f"docs/tuning/scorer-{task}/best_params.json"
+        assert run["score_base_params"] == json.loads((ROOT / run["score_base"]).read_text())["params"]
+        assert (run["reward_scale"], run["discount_half_life_s"], run["residual_scale"]) == (0.01, 20.0, 0.2)
+
+
 def test_policy_kwargs_are_read_without_running_code():
     # The Zoo's own style: nested dict(...) calls with literal values.
     assert policy_kwargs("dict(log_std_init=-2, net_arch=dict(pi=[64], vf=[64]))") == \
