@@ -105,10 +105,11 @@ def test_an_agent_on_the_scaled_observation_trains_and_plays_on_the_raw_one(tmp_
 
 
 def test_a_shipped_agent_from_before_the_progress_features_replays_its_leaderboard_return():
-    # The v1 score agents were trained without obs["progress"]: they see their own keys and score exactly what
-    # the leaderboard recorded (a change to the observation that moved them would fail here).
+    # The v0 rank agent was trained without obs["progress"] (and with VecNormalize over the old keys): it sees its
+    # own keys and scores exactly what the leaderboard recorded (a change to the observation that moved it would
+    # fail here).
     pytest.importorskip("stable_baselines3")
-    name = "rl:Serving-v1__ppo__score__memory-tight__s0"
+    name = "rl:Serving-v0__ppo__rank__memory-tight__s0"
     with (ROOT / "docs/bench/leaderboard.csv").open() as handle:
         row = next(r for r in csv.DictReader(handle) if r["task"] == "memory-tight" and r["policy"] == name
                    and int(r["seed"]) == TEST_SEEDS[0])
