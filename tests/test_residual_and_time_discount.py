@@ -30,21 +30,27 @@ def _first(admit: np.ndarray) -> int:
     return int(np.flatnonzero(admit == 1)[0])
 
 
+def _zero_residual_steps(params: dict, seed: int):
+    """Each step of an episode played at residual 0 on ``params``' scorer: (obs, the scorer's action, the
+    residual mode's action)."""
+    scorer = make_policy("scorer", **params)
+    env = ScoreAdmit(make_env(scorer, task="memory-tight"), base=params)
+    obs, _ = env.reset(seed=seed)
+    zero = np.zeros(env.action_space.shape, dtype=np.float32)
+    done = False
+    while not done:
+        yield obs, scorer.act(obs), env.to_env_action(obs, zero)
+        obs, _, terminated, truncated, _ = env.step(zero)
+        done = terminated or truncated
+
+
 def test_a_zero_residual_is_the_scorer_and_differs_from_fcfs():
     # Rule: action 0 admits exactly what the base scorer admits, every step of an episode (the scorer is not FCFS
     # there, so a wrapper that ignored its base would fail).
-    scorer = make_policy("scorer", **TUNED)
-    env = ScoreAdmit(make_env(scorer, task="memory-tight"), base=TUNED)
-    obs, _ = env.reset(seed=5)
-    zero = np.zeros(env.action_space.shape, dtype=np.float32)
-    steps, differ, unlike_fcfs, done = 0, 0, 0, False
-    while not done:
-        want = scorer.act(obs)
-        differ += not np.array_equal(env.to_env_action(obs, zero), want)
-        unlike_fcfs += not np.array_equal(make_policy("fcfs").act(obs), want)
-        obs, _, terminated, truncated, _ = env.step(zero)
-        steps, done = steps + 1, terminated or truncated
-    assert steps > 500 and differ == 0 and unlike_fcfs > 10
+    fcfs = make_policy("fcfs")
+    steps = [(np.array_equal(got, want), np.array_equal(fcfs.act(obs), want))
+             for obs, want, got in _zero_residual_steps(TUNED, 5)]
+    assert len(steps) > 500 and all(same for same, _ in steps) and sum(not f for _, f in steps) > 10
 
 
 def test_a_zero_residual_is_the_scorer_even_outside_the_plain_target_range():
@@ -52,18 +58,12 @@ def test_a_zero_residual_is_the_scorer_even_outside_the_plain_target_range():
     # stays below 0.3 of the cache was raised to 0.3 and action 0 was no longer the scorer.
     tight = {"output_weight": 1.0, "wait_weight": 0.0, "target_base": 0.15, "target_slope": 0.1}
     scorer = make_policy("scorer", **tight)
-    env = ScoreAdmit(make_env(scorer, task="memory-tight"), base=tight)
-    obs, _ = env.reset(seed=3)
-    zero = np.zeros(env.action_space.shape, dtype=np.float32)
-    differ, clipped_differ, highest, done = 0, 0, 0.0, False
-    while not done:
-        want = scorer.act(obs)
-        differ += not np.array_equal(env.to_env_action(obs, zero), want)
-        clipped_differ += not np.array_equal(admit_by_score(obs, scorer.scores(obs), max(0.3, scorer.memory_target(
-            obs))), want)
+    differ, clipped_differ, highest = 0, 0, 0.0
+    for obs, want, got in _zero_residual_steps(tight, 3):
+        differ += not np.array_equal(got, want)
+        raised = max(0.3, scorer.memory_target(obs))
+        clipped_differ += not np.array_equal(admit_by_score(obs, scorer.scores(obs), raised), want)
         highest = max(highest, scorer.memory_target(obs))
-        obs, _, terminated, truncated, _ = env.step(zero)
-        done = terminated or truncated
     assert highest < 0.3 and clipped_differ > 0 and differ == 0
 
 
