@@ -265,11 +265,18 @@ class _Worker:
     """One spawned process with its own pipe, so a death breaks nothing but its own job."""
 
     def __init__(self, ctx: Any, fn: Callable[[Any], Any]) -> None:
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(fn, child), daemon=True)
-        self.proc.start()
-        child.close()
+        self.conn, self._child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(fn, self._child), daemon=True)
         self.job: int | None = None
+
+    def start(self) -> None:
+        """Spawn the process (the pool registers the worker first, so a stop during the spawn still kills it)."""
+        self.proc.start()
+        self._child.close()
+
+    @property
+    def started(self) -> bool:
+        return self.proc.pid is not None
 
     @property
     def exitcode(self) -> int | None:
@@ -303,13 +310,17 @@ class _Pool:
         """Start a worker into ``slot`` with Ctrl-C and SIGTERM held back until it is registered: a signal in the
         middle of a spawn would otherwise leave a half-started child that no one kills (it then dies with an
         ``EOFError`` traceback on the parent's stderr). A held-back signal arrives once the mask is restored."""
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        # Read the mask first: a signal already pending raises from this call with nothing changed, whereas one
+        # raised from the blocking call would leave the signals blocked for good (the mask changes first).
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, ())
         try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             worker = _Worker(self.ctx, self.fn)
             if slot == len(self.workers):
                 self.workers.append(worker)
             else:
                 self.workers[slot] = worker
+            worker.start()  # registered first: in a process with other threads a stop can still land here
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
@@ -344,10 +355,11 @@ class _Pool:
 
     def kill(self) -> None:
         for worker in self.workers:
-            if worker.proc.is_alive():
+            if worker.started and worker.proc.is_alive():
                 worker.proc.kill()
         for worker in self.workers:
-            worker.proc.join(timeout=2)
+            if worker.started:
+                worker.proc.join(timeout=2)
             worker.conn.close()
 
 

@@ -291,24 +291,51 @@ def _pid(_: object) -> int:
 
 def test_a_signal_during_a_workers_spawn_waits_until_the_pool_can_kill_it(monkeypatch):
     # Bug caught: SIGTERM landing between a worker's spawn and its registration left a half-started child that no
-    # one killed; it died later with an EOFError traceback on the parent's stderr (a flaky CI failure).
+    # one killed; it died later with an EOFError traceback on the parent's stderr (a flaky CI failure). The pool
+    # registers a worker before it spawns, and holds the signal back while it does.
     from servegym.evaluation import executor
 
     started = []
     real = executor._Worker
 
     class SignalMidStart(real):
-        def __init__(self, ctx, fn):
-            super().__init__(ctx, fn)
+        def start(self):
+            super().start()
             started.append(self)
             if len(started) == 2:
-                os.kill(os.getpid(), signal.SIGTERM)  # the child exists; the pool does not hold it yet
+                os.kill(os.getpid(), signal.SIGTERM)  # the child exists, mid-start
 
     monkeypatch.setattr(executor, "_Worker", SignalMidStart)
     with pytest.raises(Interrupted) as caught:
         executor.run_jobs(abs, [1, 2, 3, 4], workers=3)
     assert caught.value.exit_status == 143
     assert len(started) == 2 and not any(w.proc.is_alive() for w in started)
+
+
+def test_a_signal_pending_as_the_pool_holds_signals_back_leaves_none_blocked(monkeypatch):
+    # Bug caught (a CI failure): pthread_sigmask changes the mask, then runs Python's handlers; a Ctrl-C already
+    # pending raised from the blocking call itself, before the code that restores the mask, so SIGINT and SIGTERM
+    # stayed blocked in the process and in every child it started afterwards.
+    from servegym.evaluation import executor
+
+    real = signal.pthread_sigmask
+    before = real(signal.SIG_BLOCK, [])
+    calls = []
+
+    def pending_interrupt(how, mask):
+        result = real(how, mask)
+        calls.append(how)
+        if how == signal.SIG_BLOCK and set(mask) == executor.STOP_SIGNALS and calls.count(how) <= 2:
+            raise KeyboardInterrupt  # what the pending signal's handler does, after the mask changed
+        return result
+
+    monkeypatch.setattr(signal, "pthread_sigmask", pending_interrupt)
+    try:
+        with pytest.raises(Interrupted):
+            executor.run_jobs(abs, [1, 2, 3], workers=2)
+        assert real(signal.SIG_BLOCK, []) == before
+    finally:
+        real(signal.SIG_SETMASK, before)  # never leave a broken mask to the tests that follow
 
 
 def test_workers_do_not_inherit_the_signals_held_back_while_they_start():
