@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from servegym.envs import TEST_SEEDS
+from servegym.envs.observation import queue_matrix
 from servegym.evaluation.stats import paired_difference
 from servegym.policies import make_policy
 from servegym.policies.base import Observation, Policy
@@ -42,7 +43,7 @@ class RandomResidual(Policy):
         self.rng = np.random.default_rng(self.seed)
 
     def act(self, obs: Observation) -> np.ndarray:
-        width = obs["queue"].shape[0] // 6
+        width = queue_matrix(obs).shape[0]
         return score_action(obs, self.rng.uniform(-1.0, 1.0, width + 1), self.base, self.residual_scale)
 
 

@@ -219,6 +219,10 @@ class ObservationEncoder:
         self._length_mode = LENGTH_MODE_CODE[engine.config.length_mode]
         self._chunk = engine.config.prefill_chunk_tokens
         self._budget = engine.config.max_num_batched_tokens
+        log = engine.log  # the episode's, shared by every container: its size and arrival span are fixed now
+        self._num_requests = log.num_requests
+        self._first_arrival = float(log.arrival_s[0]) if log.num_requests else 0.0
+        self._arrival_span = float(log.arrival_s[-1]) - self._first_arrival if log.num_requests else 0.0
 
     def encode(self, cluster: Cluster) -> dict[str, np.ndarray] | np.ndarray:
         engine = cluster.engine
@@ -273,16 +277,13 @@ class ObservationEncoder:
                        e.waiting.size, e.num_running, 1.0 - e.num_used_blocks / e.num_kv_blocks)
         return values
 
-    @staticmethod
-    def _progress(cluster: Cluster) -> tuple[float, float, float, float]:
-        """``obs["progress"]``: PROGRESS_SCHEMA's values."""
-        log = cluster.log
-        n = log.num_requests
+    def _progress(self, cluster: Cluster) -> tuple[float, float, float, float]:
+        """``obs["progress"]``: PROGRESS_SCHEMA's values (the episode's constants read at reset)."""
+        n = self._num_requests
         if not n:
             return 0.0, 0.0, 1.0, 0.0
-        first = float(log.arrival_s[0])
         finished = sum(e.num_finished for e in cluster.engines)
-        return (cluster.time - first, float(log.arrival_s[-1]) - first, cluster.num_arrived / n,
+        return (cluster.time - self._first_arrival, self._arrival_span, cluster.num_arrived / n,
                 (n - finished - cluster.num_rejected) / n)
 
     def _refresh_queue(self, engine: EngineBase) -> None:

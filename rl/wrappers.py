@@ -128,14 +128,18 @@ def _symlog(x: np.ndarray | float) -> np.ndarray:
     return np.sign(x) * np.log1p(np.abs(x))
 
 
-def scorer_action(scorer: Scorer, obs: Observation, clip: bool = True) -> np.ndarray:
-    """The scorer's decision at ``obs`` as a ``score``-mode action: its scores mapped monotonically (the order,
-    all the rule reads, is kept; ``clip`` bounds them to the action space, which can tie scores past
-    :data:`SCORE_SCALE`), zeros on empty slots, and its memory target."""
+def _mapped_scores(scorer: Scorer, obs: Observation) -> np.ndarray:
+    """The scorer's scores of the visible queue, mapped monotonically (the order, all the rule reads, is kept)."""
+    return _symlog(scorer.scores(obs)) / _symlog(SCORE_SCALE)
+
+
+def scorer_action(scorer: Scorer, obs: Observation) -> np.ndarray:
+    """The scorer's decision at ``obs`` as a ``score``-mode action: its mapped scores clipped to the action space
+    (which can tie scores past :data:`SCORE_SCALE`), zeros on empty slots, and its memory target."""
     width = queue_matrix(obs).shape[0]
     action = np.zeros(width + 1, dtype=np.float64)
-    mapped = _symlog(scorer.scores(obs)) / _symlog(SCORE_SCALE)
-    action[: mapped.size] = np.clip(mapped, -1.0, 1.0) if clip else mapped
+    mapped = _mapped_scores(scorer, obs)
+    action[: mapped.size] = np.clip(mapped, -1.0, 1.0)
     action[width] = score_target_value(scorer.memory_target(obs))
     return action
 
@@ -155,7 +159,9 @@ def score_action(obs: Observation, action: np.ndarray, base: Scorer | None = Non
         residual = np.clip(values, -1.0, 1.0) * residual_scale
         # A slot's score moves by a factor exp(residual_scale) at most; the target from the scorer's own (not
         # clipped to SCORE_TARGETS) by what residual_scale moves an action value.
-        scores = scorer_action(base, obs, clip=False)[:width] + residual[:width] / _symlog(SCORE_SCALE)
+        scores = residual[:width] / _symlog(SCORE_SCALE)
+        mapped = _mapped_scores(base, obs)  # not clipped: past SCORE_SCALE the scorer's order still holds
+        scores[: mapped.size] += mapped
         target = max(0.05, base.memory_target(obs) + residual[width] * (high - low) / 2.0)
         return admit_by_score(obs, scores, target)
     target = low + (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)
