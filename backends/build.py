@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from servegym.backends.profile import Profile, ProfileError
+from servegym.backends.runtimes import DEFAULT_RUNTIME, Runtime, get_runtime
 from servegym.backends.token_model import TokenLatencyModel
 
 TABLES = Path(__file__).parent / "vidur"
@@ -90,8 +91,6 @@ MODELS = {
                              "meta-llama/Llama-2-70b-hf config.json; 68.98e9 parameters (Llama 2 paper)"),
 }
 ESTIMATES = {
-    "decode_bandwidth_efficiency": (0.7, "ESTIMATE: share of data-sheet bandwidth paged decode attention achieves"),
-    "prefill_flops_efficiency": (0.5, "ESTIMATE: share of fp16 peak that FlashAttention-style prefill achieves"),
     "activation_reserve_gib": (2.0, "ESTIMATE: activations, CUDA graphs and allocator slack per GPU (vLLM "
                                     "profiles them with a dummy batch; 1-3 GiB is typical at default settings)"),
     "gpu_memory_utilization": (0.9, "vLLM's default"),
@@ -160,8 +159,10 @@ def linear_term(tables: Path, gpu: str, shape: ModelShape, tp: int) -> tuple[np.
     return knots, values / 1e3, report
 
 
-def allreduce_term(tables: Path, gpu: Gpu, shape: ModelShape, tp: int, knots: np.ndarray) -> tuple[np.ndarray, dict]:
-    """Seconds of two all-reduces per layer of ``T x hidden`` fp16 values at each token knot."""
+def allreduce_term(tables: Path, gpu: Gpu, shape: ModelShape, tp: int, knots: np.ndarray,
+                   runtime: Runtime) -> tuple[np.ndarray, dict]:
+    """Seconds of two all-reduces per layer of ``T x hidden`` fp16 values at each token knot: the runtime's custom
+    all-reduce where it has one and the message fits, else NCCL's measured table."""
     if tp == 1:
         return np.zeros(knots.size), {"measured": "none needed (one GPU)"}
     if gpu.node is None:
@@ -183,11 +184,21 @@ def allreduce_term(tables: Path, gpu: Gpu, shape: ModelShape, tp: int, knots: np
     per_call_ms = np.exp(np.interp(np.log(message), log_size, log_ms))
     report = {"rows": int(size.size), "median_rel_error": float(np.median(error)), "max_rel_error": float(error.max()),
               "table": str(path.relative_to(tables)), "node": gpu.node}
+    custom = runtime.custom_allreduce
+    if custom is not None:
+        in_graph = [custom.call_s(m) for m in message]
+        per_call_ms = np.array([nccl if c is None else c * 1e3 for c, nccl in zip(in_graph, per_call_ms, strict=True)])
+        report["custom"] = {"max_bytes": custom.max_bytes, "latency_s": custom.latency_s.value,
+                            "bus_bandwidth_bytes_s": custom.bus_bandwidth_bytes_s.value,
+                            "knots_below_max": int(sum(c is not None for c in in_graph)),
+                            "source": custom.latency_s.source}
     return np.maximum.accumulate(2 * shape.layers * per_call_ms) / 1e3, report
 
 
-def cpu_term(tables: Path, gpu: str, shape: ModelShape, tp: int) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Host-side seconds per iteration by batch size, from the closest measured configuration."""
+def cpu_term(tables: Path, gpu: str, shape: ModelShape, tp: int,
+             runtime: Runtime) -> tuple[np.ndarray, np.ndarray, float, dict]:
+    """Host-side seconds per iteration by batch size, from the closest measured configuration, with the runtime's
+    dispatch to tensor-parallel workers; and the seconds per request beyond the largest measured batch."""
     wanted = shape.table
     candidates = [(gpu, wanted, tp, "measured")]
     family = "meta-llama/Llama-2-70b-hf" if shape.layers == 80 else "meta-llama/Llama-2-7b-hf"
@@ -207,17 +218,36 @@ def cpu_term(tables: Path, gpu: str, shape: ModelShape, tp: int) -> tuple[np.nda
     else:
         raise ProfileError(f"no cpu_overheads rows for {gpu} {wanted} TP{tp} or a fallback")
 
+    per_row = runtime.host_s_per_row[gpu].value + (runtime.tp_dispatch_s_per_row.value if tp > 1 else 0.0)
+
     def ms(row: dict[str, str]) -> float:
-        ray = float(row.get("ray_comm_time_mean") or 0.0) if table_tp > 1 else 0.0
-        return sum(float(row[c]) for c in CPU_COLUMNS) + ray
+        if tp == 1:
+            dispatch = 0.0
+        elif runtime.tp_dispatch_from_table:
+            dispatch = float(row.get("ray_comm_time_mean") or 0.0) if table_tp > 1 else 0.0
+        else:
+            dispatch = runtime.tp_dispatch_s.value * 1e3
+        runtime_ms = (dispatch + per_row * 1e3 * int(row["batch_size"])) if per_row else dispatch
+        return sum(float(row[c]) for c in CPU_COLUMNS) + runtime_ms
 
     batch, values = _median_by(rows, "batch_size", ms)
     envelope = np.maximum.accumulate(values)
+    envelope_error = float(np.median(_relative_errors(envelope, values)))
+    if per_row and batch[0] > 1:  # the per-request cost scales down to one request; the table's floor does not
+        batch = np.concatenate(([1.0], batch))
+        envelope = np.concatenate(([envelope[0] - (batch[1] - 1) * per_row * 1e3], envelope))
+    tail = max(0.0, float(np.polyfit(batch, envelope, 1)[0])) / 1e3
     report = {"source": source, "table": str(path.relative_to(tables)), "rows": int(batch.size),
-              "median_rel_error": float(np.median(_relative_errors(envelope, values))),
+              "median_rel_error": envelope_error,
+              "dispatch": "none (one GPU)" if tp == 1 else ("measured: the table's ray_comm_time_mean"
+                                                            if runtime.tp_dispatch_from_table
+                                                            else f"{runtime.tp_dispatch_s.kind}: "
+                                                                 f"{runtime.tp_dispatch_s.source}"),
+              "tail_s_per_row": tail,
               "note": "knots at every measured batch size; the error is the monotone envelope's change; below "
-                      "the smallest measured batch the smallest batch's time holds"}
-    return batch, envelope / 1e3, report
+                      "the smallest measured batch the smallest batch's time holds; beyond the largest, a stated "
+                      "model: host work per request at the least-squares slope over the measured batches"}
+    return batch, envelope / 1e3, tail, report
 
 
 def kv_capacity(gpu: Gpu, shape: ModelShape, tp: int, block_size: int = 16) -> tuple[int, dict[str, Any]]:
@@ -235,18 +265,28 @@ def kv_capacity(gpu: Gpu, shape: ModelShape, tp: int, block_size: int = 16) -> t
                     "kv_bytes_per_token_per_gpu": per_token, "kv_tokens": blocks * block_size}
 
 
-def build_profile(gpu_key: str, model_key: str, tp: int, tables: Path = TABLES, date: str = "2026-11-29") -> Profile:
-    """The schema-2 profile of ``model_key`` on ``gpu_key`` with tensor parallelism ``tp``."""
+def build_profile(gpu_key: str, model_key: str, tp: int, tables: Path = TABLES, date: str = "2026-12-02",
+                  runtime: str | Runtime = DEFAULT_RUNTIME) -> Profile:
+    """The schema-2 profile of ``model_key`` on ``gpu_key`` with tensor parallelism ``tp`` under ``runtime`` (a
+    registered name, or a :class:`Runtime` object, as the runtime fit passes its candidates)."""
+    try:
+        rt = runtime if isinstance(runtime, Runtime) else get_runtime(runtime)
+    except ValueError as err:
+        raise ProfileError(str(err)) from None
     if gpu_key not in GPUS:
         raise ProfileError(f"GPU {gpu_key!r} has no stated specs; known: {sorted(GPUS)}")
     if model_key not in MODELS:
         raise ProfileError(f"model {model_key!r} unknown; known: {sorted(MODELS)}")
     gpu, shape = GPUS[gpu_key], MODELS[model_key]
     knots, linear_s, linear_report = linear_term(tables, gpu_key, shape, tp)
-    allreduce_s, allreduce_report = allreduce_term(tables, gpu, shape, tp, knots)
-    cpu_rows, cpu_s, cpu_report = cpu_term(tables, gpu_key, shape, tp)
+    allreduce_s, allreduce_report = allreduce_term(tables, gpu, shape, tp, knots, rt)
+    cpu_rows, cpu_s, cpu_tail, cpu_report = cpu_term(tables, gpu_key, shape, tp, rt)
     blocks, kv_report = kv_capacity(gpu, shape, tp)
-    bw_eff, flops_eff = ESTIMATES["decode_bandwidth_efficiency"][0], ESTIMATES["prefill_flops_efficiency"][0]
+    bw, flops = rt.decode_bandwidth_efficiency[gpu_key], rt.prefill_flops_efficiency[gpu_key]
+    bw_eff, flops_eff = bw.value, flops.value
+    scale = rt.linear_scale[gpu_key]
+    if scale.value != 1.0:
+        linear_s = linear_s * scale.value
     latency = TokenLatencyModel(
         cpu_rows=tuple(cpu_rows.tolist()), cpu_s=tuple(cpu_s.tolist()),
         linear_tokens=tuple(knots.tolist()), linear_s=tuple(linear_s.tolist()),
@@ -258,15 +298,17 @@ def build_profile(gpu_key: str, model_key: str, tp: int, tables: Path = TABLES, 
         lm_head_bytes=shape.vocab * shape.hidden * 2.0 / tp,
         lm_head_flops_per_row=2.0 * shape.vocab * shape.hidden / tp,
         memory_bandwidth_bytes_s=gpu.bandwidth_bytes_s, peak_flops_s=gpu.peak_fp16_flops_s,
+        launch_floor_s=shape.layers * rt.launch_s_per_layer[gpu_key].value, cpu_tail_s_per_row=cpu_tail,
     )
     weights_bytes = shape.params * 2.0 / tp
     cold = weights_bytes / ESTIMATES["load_bytes_s"][0] + ESTIMATES["cold_start_fixed_s"][0]
     provenance = {
         "hardware": f"{gpu.name}" + (f" x{tp} (tensor parallel, {gpu.node})" if tp > 1 else ""),
         "model": f"{shape.table}, fp16",
-        "method": "schema 2 built by `servegym profile build` from Vidur's measured tables; attention, LM head and "
-                  "KV capacity from first principles; every estimate labelled",
+        "method": f"schema 2 built by `servegym profile build` from Vidur's measured tables for the {rt.name!r} "
+                  "runtime; attention, LM head and KV capacity from first principles; every estimate labelled",
         "date": date,
+        "build": {"gpu": gpu_key, "model": model_key, "tp": tp},
         "source": SOURCE,
         "gpu": {"name": gpu.name, "memory_gib": gpu.memory_gib, "bandwidth_bytes_s": gpu.bandwidth_bytes_s,
                 "peak_fp16_flops_s": gpu.peak_fp16_flops_s, "sources": gpu.sources},
@@ -275,12 +317,16 @@ def build_profile(gpu_key: str, model_key: str, tp: int, tables: Path = TABLES, 
                         "vocab": shape.vocab, "params": shape.params, "tensor_parallel": tp, "source": shape.source},
         "terms": {
             "cpu": {"kind": "measured", **cpu_report},
-            "linear": {"kind": "measured", **linear_report},
+            "linear": {"kind": "measured", **linear_report, "runtime_scale": scale.value,
+                       "runtime_scale_note": f"{scale.kind.upper()}: {scale.source}"},
             "allreduce": {"kind": "measured" if tp > 1 else "zero", **allreduce_report},
             "decode_attention": {"kind": "first principles", "efficiency": bw_eff,
-                                 "note": ESTIMATES["decode_bandwidth_efficiency"][1]},
+                                 "note": f"{bw.kind.upper()}: {bw.source}"},
             "prefill_attention": {"kind": "first principles", "efficiency": flops_eff,
-                                  "note": ESTIMATES["prefill_flops_efficiency"][1]},
+                                  "note": f"{flops.kind.upper()}: {flops.source}"},
+            "launch": {"kind": rt.launch_s_per_layer[gpu_key].kind,
+                       "s_per_layer": rt.launch_s_per_layer[gpu_key].value,
+                       "note": rt.launch_s_per_layer[gpu_key].source},
             "lm_head": {"kind": "first principles", "note": "roofline: weights read once or 2 x hidden x vocab "
                         "FLOPs per emitting row at peak, whichever is slower"},
         },
@@ -288,7 +334,29 @@ def build_profile(gpu_key: str, model_key: str, tp: int, tables: Path = TABLES, 
         "cold_start": {"kind": "ESTIMATE", "weights_gib_per_gpu": weights_bytes / GIB,
                        "load_bytes_s": ESTIMATES["load_bytes_s"][0], "fixed_s": ESTIMATES["cold_start_fixed_s"][0]},
     }
-    return Profile(profile_name(gpu_key, model_key, tp), latency, blocks, 16, round(cold, 3), provenance)
+    return Profile(profile_name(gpu_key, model_key, tp), latency, blocks, 16, round(cold, 3), provenance, rt.name)
+
+
+def runtime_terms(gpu_key: str, rt: Runtime) -> dict[str, str]:
+    """One line per runtime number a profile on ``gpu_key`` uses: value, kind and source (``profile show``)."""
+    def line(item) -> str:
+        return f"{item.value:g} ({item.kind}: {item.source})"
+
+    lines = {"launch_s_per_layer": line(rt.launch_s_per_layer[gpu_key]),
+             "host_s_per_row": line(rt.host_s_per_row[gpu_key]), "linear_scale": line(rt.linear_scale[gpu_key]),
+             "tp_dispatch": ("the CPU table's ray_comm_time_mean (measured)" if rt.tp_dispatch_from_table
+                             else line(rt.tp_dispatch_s)),
+             "tp_dispatch_s_per_row": line(rt.tp_dispatch_s_per_row),
+             "decode_bandwidth_efficiency": line(rt.decode_bandwidth_efficiency[gpu_key]),
+             "prefill_flops_efficiency": line(rt.prefill_flops_efficiency[gpu_key]),
+             "max_batched_tokens": line(rt.max_batched_tokens)}
+    if rt.custom_allreduce is not None:
+        ar = rt.custom_allreduce
+        lines["custom_allreduce"] = (f"up to {ar.max_bytes:,} bytes: {line(ar.latency_s)} + bytes / "
+                                     f"{line(ar.bus_bandwidth_bytes_s)}")
+    else:
+        lines["allreduce"] = "NCCL, Vidur's measured table"
+    return lines
 
 
 def rebuild_shipped(out: Path, tables: Path = TABLES) -> list[Path]:

@@ -17,6 +17,7 @@ from servegym.backends.profile_limits import (
     check_noise,
     check_term_seconds,
 )
+from servegym.backends.runtimes import LEGACY_RUNTIME, RUNTIMES
 from servegym.backends.token_model import TokenLatencyModel
 
 SCHEMA_VERSIONS = (1, 2)
@@ -112,11 +113,15 @@ class Profile:
     block_size: int
     cold_start_s: float
     provenance: dict[str, Any]
+    runtime: str | None = None
+    """The serving runtime the terms model (:mod:`servegym.backends.runtimes`); None for schema 1, whose single
+    model is whatever its source measured or stated."""
 
     def to_json(self) -> dict[str, Any]:
         token = isinstance(self.latency, TokenLatencyModel)
-        latency = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.latency).items()}
-        return {
+        latency = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.latency).items()
+                   if not (k == "cpu_tail_s_per_row" and v is None)}
+        data = {
             "schema_version": 2 if token else 1,
             "name": self.name,
             "provenance": self.provenance,
@@ -124,12 +129,16 @@ class Profile:
             "kv_cache": {"num_blocks": self.num_kv_blocks, "block_size": self.block_size},
             "cold_start_s": self.cold_start_s,
         }
+        if self.runtime is not None:
+            data["runtime"] = self.runtime
+        return data
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
 
 _TOP_KEYS = {"schema_version", "name", "provenance", "latency", "kv_cache", "cold_start_s"}
+_OPTIONAL_TOP_KEYS = {"runtime"}
 _PROVENANCE_KEYS = {"hardware", "model", "method", "date"}
 
 
@@ -147,7 +156,7 @@ def _check_keys(where: str, obj: Any, required: set[str], optional: set[str] = f
 def profile_from_dict(data: Any, source: str = "<dict>") -> Profile:
     """Validate a parsed profile; every error names ``source`` and the offending key."""
     try:
-        _check_keys(source, data, _TOP_KEYS)
+        _check_keys(source, data, _TOP_KEYS, _OPTIONAL_TOP_KEYS)
         version = data["schema_version"]
         if isinstance(version, bool) or version not in SCHEMA_VERSIONS:
             raise ProfileError(f"schema_version {version!r} unsupported (supported: {list(SCHEMA_VERSIONS)})")
@@ -161,7 +170,8 @@ def profile_from_dict(data: Any, source: str = "<dict>") -> Profile:
             latency: LatencyModel | TokenLatencyModel = LatencyModel(**lat)
         else:
             names = {f.name for f in fields(TokenLatencyModel)}
-            _check_keys("latency", lat, names - {"noise_cv"}, {"noise_cv"})
+            optional = {"noise_cv", "launch_floor_s", "cpu_tail_s_per_row"}
+            _check_keys("latency", lat, names - optional, optional)
             try:
                 latency = TokenLatencyModel(**lat)
                 check_hardware(latency.memory_bandwidth_bytes_s, latency.decode_bandwidth_bytes_s,
@@ -183,6 +193,11 @@ def profile_from_dict(data: Any, source: str = "<dict>") -> Profile:
             check_capacity(kv["num_blocks"], kv["block_size"], cold)
         except ProfileValueError as err:
             raise ProfileError(str(err)) from None
+        runtime = data.get("runtime", LEGACY_RUNTIME if version == 2 else None)
+        if version == 1 and runtime is not None:
+            raise ProfileError("runtime: a schema-1 profile has one model and names no runtime")
+        if version == 2 and runtime not in RUNTIMES:
+            raise ProfileError(f"runtime {runtime!r} unknown; known: {sorted(RUNTIMES)}")
         return Profile(
             name=data["name"],
             latency=latency,
@@ -190,6 +205,7 @@ def profile_from_dict(data: Any, source: str = "<dict>") -> Profile:
             block_size=kv["block_size"],
             cold_start_s=float(cold),
             provenance=dict(prov),
+            runtime=runtime,
         )
     except ProfileError as err:
         if str(err).startswith(source):
@@ -204,7 +220,11 @@ def shipped_profiles() -> list[str]:
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
-    """Load a bundled profile by name, or any profile file by path."""
+    """Load a bundled profile by name, or any profile file by path. ``NAME@RUNTIME`` (say
+    ``h100-llama2-70b-tp4@eager``) is the same GPU, model and TP built for another serving runtime."""
+    if isinstance(name_or_path, str) and "@" in name_or_path:
+        base, runtime = name_or_path.rsplit("@", 1)
+        return with_runtime(load_profile(base), runtime)
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
         if not path.is_file():
@@ -220,3 +240,20 @@ def load_profile(name_or_path: str | Path) -> Profile:
     except json.JSONDecodeError as err:
         raise ProfileError(f"{source}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}") from None
     return profile_from_dict(data, source)
+
+
+def with_runtime(profile: Profile, runtime: str) -> Profile:
+    """``profile`` as the serving runtime ``runtime`` would run it: rebuilt from the bundled tables for profiles
+    that ``servegym profile build`` made (their provenance names the GPU, model and TP); any other profile
+    describes only its own runtime."""
+    if runtime not in RUNTIMES:
+        raise ProfileError(f"runtime {runtime!r} unknown; known: {sorted(RUNTIMES)}")
+    if profile.runtime == runtime:
+        return profile
+    build = profile.provenance.get("build")
+    if not isinstance(build, dict):
+        raise ProfileError(f"profile {profile.name!r} was not built from tables (its provenance names no build): it "
+                           f"describes the {profile.runtime or 'schema-1'} runtime only, not {runtime!r}")
+    from servegym.backends.build import build_profile  # the build reads the tables: only when asked
+
+    return build_profile(build["gpu"], build["model"], int(build["tp"]), runtime=runtime)

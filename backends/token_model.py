@@ -12,7 +12,13 @@ KV byte of every decoding request, prefill attention does ``chunk x context`` wo
 * ``decode_attention``: KV bytes read by the decoding requests over the effective memory bandwidth;
 * ``prefill_attention``: FLOPs of each chunk token against its context over the effective FLOP rate;
 * ``lm_head``: the vocabulary projection of the rows that emit a token, on the roofline (weights read once,
-  or FLOPs, whichever is slower).
+  or FLOPs, whichever is slower);
+* ``launch``: where the serving runtime launches kernels from Python every iteration (``eager``), the GPU work
+  cannot end before the host has launched it: the iteration waits ``max(0, launch_floor_s - GPU terms)``. Zero
+  where iterations replay CUDA graphs (:mod:`servegym.backends.runtimes`).
+
+Beyond its last measured batch the ``cpu`` term continues at ``cpu_tail_s_per_row`` (a stated model: host work
+per request, the least-squares slope over the measured batches); a file without it continues the last segment.
 
 :func:`servegym.backends.build.build_profile` fills one from Vidur-format tables; each term's provenance is in
 the profile file.
@@ -58,7 +64,8 @@ def _check_knots(name: str, xs: tuple[float, ...], ys: tuple[float, ...]) -> Non
 
 @dataclass(frozen=True)
 class TokenLatencyModel:
-    """Schema-2 iteration latency: ``cpu + linear + allreduce + decode_attention + prefill_attention + lm_head``."""
+    """Schema-2 iteration latency: ``cpu + max(linear + allreduce + decode_attention + prefill_attention + lm_head,
+    launch_floor_s)``; :meth:`terms` names the wait for the launch floor ``launch``."""
 
     cpu_rows: tuple[float, ...] = field(metadata={"help": "knots: requests (rows) in the iteration"})
     cpu_s: tuple[float, ...] = field(metadata={"help": "host-side seconds per iteration at each knot"})
@@ -82,10 +89,18 @@ class TokenLatencyModel:
     memory_bandwidth_bytes_s: float = field(metadata={"help": "data-sheet memory bandwidth (bytes/s)"})
     peak_flops_s: float = field(metadata={"help": "stated fp16 dense peak FLOP/s"})
     noise_cv: float = field(default=0.0, metadata={"help": "coefficient of variation of multiplicative noise"})
+    launch_floor_s: float = field(
+        default=0.0, metadata={"help": "host seconds to launch an iteration's kernels (eager runtimes; 0 with CUDA "
+                                       "graphs): the GPU terms of an iteration take at least this long"})
+    cpu_tail_s_per_row: float | None = field(
+        default=None, metadata={"help": "cpu seconds per request beyond the last cpu knot (None: the last "
+                                        "segment's slope continues)"})
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if value is None and f.name == "cpu_tail_s_per_row":
+                continue
             if isinstance(value, tuple | list):
                 object.__setattr__(self, f.name, tuple(float(v) for v in value))
             elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -107,6 +122,9 @@ class TokenLatencyModel:
         """No term charges more than ``MAX_TERM_S`` per iteration or per unit of work (``profile_limits``)."""
         for name in ("cpu_s", "linear_s", "allreduce_s"):
             check_term_seconds(name, max(getattr(self, name)))
+        check_term_seconds("launch_floor_s", self.launch_floor_s)
+        if self.cpu_tail_s_per_row is not None:
+            check_term_seconds("cpu_tail_s_per_row", self.cpu_tail_s_per_row, "request")
         check_term_seconds("kv_bytes_per_token / decode_bandwidth_bytes_s",
                            self.kv_bytes_per_token / self.decode_bandwidth_bytes_s, "KV token read")
         check_term_seconds("attention_flops_per_pair / prefill_flops_s",
@@ -124,8 +142,8 @@ class TokenLatencyModel:
         ``decode_context`` KV tokens and whose prefill chunks attend over ``prefill_pairs`` (query, key) pairs."""
         if rows == 0:
             return dict.fromkeys(TERMS, 0.0)
-        return {
-            "cpu": _interp(rows, self.cpu_rows, self.cpu_s),
+        terms = {
+            "cpu": self._cpu(rows),
             "linear": _interp(tokens, self.linear_tokens, self.linear_s),
             "allreduce": _interp(tokens, self.linear_tokens, self.allreduce_s),
             "decode_attention": decode_context * self.kv_bytes_per_token / self.decode_bandwidth_bytes_s,
@@ -133,6 +151,15 @@ class TokenLatencyModel:
             "lm_head": max(self.lm_head_bytes / self.memory_bandwidth_bytes_s,
                            emitting_rows * self.lm_head_flops_per_row / self.peak_flops_s) if emitting_rows else 0.0,
         }
+        gpu = sum(terms.values()) - terms["cpu"]
+        terms["launch"] = max(0.0, self.launch_floor_s - gpu)
+        return terms
+
+    def _cpu(self, rows: int) -> float:
+        """The ``cpu`` term: the knots, then ``cpu_tail_s_per_row`` past the last one where the profile states it."""
+        if self.cpu_tail_s_per_row is not None and rows > self.cpu_rows[-1]:
+            return self.cpu_s[-1] + (rows - self.cpu_rows[-1]) * self.cpu_tail_s_per_row
+        return _interp(rows, self.cpu_rows, self.cpu_s)
 
     def total_s(self, rows: int, tokens: float, decode_context: float, prefill_pairs: float,
                 emitting_rows: int) -> float:
@@ -141,7 +168,7 @@ class TokenLatencyModel:
             return 0.0
         cpu = self._cpu_memo.get(rows)
         if cpu is None:
-            cpu = self._cpu_memo[rows] = _interp(rows, self.cpu_rows, self.cpu_s)
+            cpu = self._cpu_memo[rows] = self._cpu(rows)
         linear = self._linear_memo.get(tokens)
         if linear is None:
             linear = self._linear_memo[tokens] = (_interp(tokens, self.linear_tokens, self.linear_s),
@@ -152,6 +179,8 @@ class TokenLatencyModel:
         if emitting_rows:
             total += max(self.lm_head_bytes / self.memory_bandwidth_bytes_s,
                          emitting_rows * self.lm_head_flops_per_row / self.peak_flops_s)
+        if self.launch_floor_s and total - cpu < self.launch_floor_s:  # (summed as before without a floor)
+            total = cpu + self.launch_floor_s
         return total
 
     def iteration_s(self, batch: StepBatch) -> float:
@@ -189,6 +218,6 @@ class TokenLatencyModel:
         return batch
 
 
-TERMS = ("cpu", "linear", "allreduce", "decode_attention", "prefill_attention", "lm_head")
+TERMS = ("cpu", "linear", "allreduce", "decode_attention", "prefill_attention", "lm_head", "launch")
 """The named terms of :meth:`TokenLatencyModel.terms`, in the profile's order."""
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from servegym.backends import Profile, TokenLatencyModel, load_profile, shipped_profiles
+from servegym.backends.runtimes import DEFAULT_RUNTIME, LEGACY_RUNTIME, RUNTIMES
 
 
 def _summary(profile: Profile) -> tuple[str, ...]:
@@ -18,20 +19,53 @@ def _summary(profile: Profile) -> tuple[str, ...]:
     if isinstance(source, dict):
         source = f"{source['repository']} @ {source['commit'][:7]}"
     kv_tokens = f"{profile.num_kv_blocks * profile.block_size:,}"
-    return profile.name, prov.get("hardware", "?"), prov.get("model", "?"), tp, kv_tokens, str(source)[:70]
+    return (profile.name, prov.get("hardware", "?"), prov.get("model", "?"), tp, kv_tokens,
+            profile.runtime or "-", str(source)[:70])
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    rows = [("name", "GPU", "model", "TP", "KV tokens", "source")]
+    rows = [("name", "GPU", "model", "TP", "KV tokens", "runtime", "source")]
     rows += [_summary(load_profile(name)) for name in shipped_profiles()]
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)) + "  " + row[5])
+        print("  ".join(cell.ljust(w) for cell, w in zip(row[:6], widths, strict=True)) + "  " + row[6])
+    return 0
+
+
+def _named(args: argparse.Namespace) -> Profile:
+    """The profile ``args.name`` under ``--runtime`` when given (``NAME@RUNTIME`` works too)."""
+    runtime = getattr(args, "runtime", None)
+    return load_profile(f"{args.name}@{runtime}" if runtime else args.name)
+
+
+def cmd_runtimes(args: argparse.Namespace) -> int:
+    from servegym.backends.build import GPUS, runtime_terms
+
+    for runtime in RUNTIMES.values():
+        default = " (default of the shipped profiles)" if runtime.name == DEFAULT_RUNTIME else ""
+        print(f"{runtime.name}{default}: {runtime.summary}")
+        for gpu in GPUS:
+            print(f"  {gpu}:")
+            for key, line in runtime_terms(gpu, runtime).items():
+                print(f"    {key} = {line}")
+    print(f"A schema-2 file without a runtime key describes {LEGACY_RUNTIME!r} (its terms came from Vidur's tables).")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from servegym.backends.runtime_fit import compare
+
+    print("| profile | runtime | shape | measured (ms) | predicted (ms) | error | use | source |")
+    print("|---|---|---|---|---|---|---|---|")
+    for ref, predicted in compare():
+        print(f"| `{ref.profile}` | {ref.runtime} | {ref.label} | {ref.measured_s * 1e3:,.1f} | "
+              f"{predicted * 1e3:,.1f} | {predicted / ref.measured_s - 1:+.1%} | "
+              f"{'fit' if ref.fitted else 'check'} | {ref.source} |")
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    profile = load_profile(args.name)
+    profile = _named(args)
     data = profile.to_json()
     if args.json:
         print(json.dumps(data, indent=2))
@@ -39,6 +73,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"{profile.name}: {data['provenance'].get('hardware')}, {data['provenance'].get('model')}")
     print(f"schema {data['schema_version']}; KV {profile.num_kv_blocks:,} blocks of {profile.block_size} tokens; "
           f"cold start {profile.cold_start_s} s")
+    print(f"runtime: {profile.runtime or 'none (schema 1: one measured or stated model)'}")
     lat = profile.latency
     print(f"decode floor l_min {lat.l_min_s * 1e3:.2f} ms, saturation batch B0 {lat.saturation_batch}")
     if isinstance(lat, TokenLatencyModel):
@@ -47,6 +82,13 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("terms (fit error against the table each came from):")
         for line in fit_report(profile):
             print(f"  {line}")
+        build = profile.provenance.get("build")
+        if isinstance(build, dict) and profile.runtime in RUNTIMES:
+            from servegym.backends.build import runtime_terms
+
+            print(f"runtime numbers ({profile.runtime}, {build['gpu']}):")
+            for key, line in runtime_terms(build["gpu"], RUNTIMES[profile.runtime]).items():
+                print(f"  {key} = {line}")
     else:
         for key, value in data["latency"].items():
             print(f"  {key} = {value}")
@@ -90,16 +132,24 @@ def shape_warnings(profile: Profile, batch: int, context: int, prefill: int | No
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    profile = load_profile(args.name)
+    profile = _named(args)
     lat = profile.latency
     if args.prefill is not None:
         if args.context:
             raise ValueError("--context describes decodes; a prefill-only iteration has none")
-        seconds = lat.prefill_s(args.prefill, args.batch)
+        if profile.runtime in RUNTIMES:  # the runtime splits a batch of prompts by its token budget
+            from servegym.backends.runtime_fit import prefill_iterations_s
+
+            budget = int(RUNTIMES[profile.runtime].max_batched_tokens.value)
+            seconds = prefill_iterations_s(lat, args.prefill, args.batch, budget)
+        else:
+            seconds = lat.prefill_s(args.prefill, args.batch)
     else:
         seconds = lat.decode_s(args.batch, args.context)
     for line in shape_warnings(profile, args.batch, args.context, args.prefill):
         print(f"servegym profile predict: warning: {line}", file=sys.stderr)
+    print(f"servegym profile predict: {profile.name}, runtime {profile.runtime or 'none (schema 1)'}",
+          file=sys.stderr)
     print(f"{seconds * 1e3:.3f}")
     return 0
 
@@ -143,18 +193,26 @@ def add_profile_parser(sub: Any) -> None:
     """Add ``servegym profile`` to ``sub`` (the parser's ``add_subparsers()`` result)."""
     prof = sub.add_parser("profile", help="list, show, predict with or build calibrated-backend profiles")
     verbs = prof.add_subparsers(dest="verb", required=True)
-    verbs.add_parser("list", help="name, GPU, model, TP, KV capacity and source of every shipped profile") \
+    verbs.add_parser("list", help="name, GPU, model, TP, KV capacity, runtime and source of every shipped profile") \
         .set_defaults(func=cmd_list)
+    verbs.add_parser("runtimes", help="the serving runtimes a profile can model, each number with its source") \
+        .set_defaults(func=cmd_runtimes)
+    verbs.add_parser("check", help="every cited whole-iteration measurement beside the profiles' prediction") \
+        .set_defaults(func=cmd_check)
+    runtime_help = f"serving runtime ({', '.join(RUNTIMES)}; default: the profile's own)"
     show = verbs.add_parser("show", help="every term of a profile and its provenance")
     show.add_argument("name", help="shipped name or JSON path")
+    show.add_argument("--runtime", choices=sorted(RUNTIMES), default=None, help=runtime_help)
     show.add_argument("--json", action="store_true", help="the profile file as JSON")
     show.set_defaults(func=cmd_show)
     pred = verbs.add_parser(
         "predict", help="one iteration's time in ms",
         description="Print one iteration's predicted time in milliseconds (ms): --batch decoding requests each "
-                    "holding --context KV tokens, or (--prefill P) --batch prompts of P tokens prefilled whole. "
+                    "holding --context KV tokens, or (--prefill P) --batch prompts of P tokens prefilled whole, in "
+                    "iterations of at most the runtime's token budget. "
                     "Warns on stderr when the shape exceeds the profile's KV capacity or its measured range.")
     pred.add_argument("name", help="shipped name or JSON path")
+    pred.add_argument("--runtime", choices=sorted(RUNTIMES), default=None, help=runtime_help)
     pred.add_argument("--batch", type=_positive, default=1, help="decoding requests (or prompts with --prefill)")
     pred.add_argument("--context", type=_non_negative, default=0, help="KV tokens each decoding request holds")
     pred.add_argument("--prefill", type=_positive, default=None, help="prefill --batch prompts of this many tokens")

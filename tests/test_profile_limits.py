@@ -151,7 +151,9 @@ def test_noise_over_the_limit_is_refused_in_the_file_and_as_an_override(tmp_path
 def predict(capsys, *args: str) -> tuple[float, list[str]]:
     assert main(["profile", "predict", *args]) == 0
     out = capsys.readouterr()
-    return float(out.out), out.err.splitlines()
+    lines = out.err.splitlines()
+    assert sum("warning" not in line for line in lines) == 1  # the line naming the profile's runtime
+    return float(out.out), [line for line in lines if ": warning: " in line]
 
 
 def test_predict_warns_how_far_past_the_kv_capacity_and_measured_range(capsys):
