@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from servegym.backends.profile import Profile, ProfileError
-from servegym.backends.runtimes import DEFAULT_RUNTIME, Runtime, get_runtime
+from servegym.backends.runtimes import DEFAULT_RUNTIME, Runtime, Sourced, get_runtime
 from servegym.backends.token_model import TokenLatencyModel
 
 TABLES = Path(__file__).parent / "vidur"
@@ -339,7 +339,7 @@ def build_profile(gpu_key: str, model_key: str, tp: int, tables: Path = TABLES, 
 
 def runtime_terms(gpu_key: str, rt: Runtime) -> dict[str, str]:
     """One line per runtime number a profile on ``gpu_key`` uses: value, kind and source (``profile show``)."""
-    def line(item) -> str:
+    def line(item: Sourced) -> str:
         return f"{item.value:g} ({item.kind}: {item.source})"
 
     lines = {"launch_s_per_layer": line(rt.launch_s_per_layer[gpu_key]),

@@ -257,3 +257,28 @@ def with_runtime(profile: Profile, runtime: str) -> Profile:
     from servegym.backends.build import build_profile  # the build reads the tables: only when asked
 
     return build_profile(build["gpu"], build["model"], int(build["tp"]), runtime=runtime)
+
+
+def measured_range(profile: Profile) -> dict[str, float]:
+    """The largest shape the profile's tables measured: ``rows`` (requests per iteration), ``tokens`` (tokens per
+    iteration) and ``context`` (tokens per request), as far as the profile states them. Schema 2 takes them from
+    its knots (beyond them the stated CPU tail and the linear term's last segment); a calibrated schema-1 profile
+    from its sweep; a profile read off a paper states none."""
+    lat = profile.latency
+    if isinstance(lat, TokenLatencyModel):
+        return {"rows": lat.cpu_rows[-1], "tokens": lat.linear_tokens[-1]}
+    sweep = profile.provenance.get("sweep", {})
+    limits = {"rows": sweep.get("max_batch"), "context": sweep.get("max_context")}
+    return {key: float(value) for key, value in limits.items() if isinstance(value, int | float)}
+
+
+def engine_range_warnings(profile: Profile, max_rows: int, max_tokens: int) -> list[str]:
+    """What an engine allowed ``max_rows`` requests and ``max_tokens`` tokens per iteration may ask of ``profile``
+    beyond what its tables measured (the time there is extrapolated)."""
+    lines = []
+    for key, asked, what in (("rows", max_rows, "max_num_seqs"), ("tokens", max_tokens, "max_num_batched_tokens")):
+        top = measured_range(profile).get(key)
+        if top is not None and asked > top:
+            lines.append(f"profile {profile.name!r} was measured up to {top:,.0f} {key} per iteration; the engine's "
+                         f"{what} = {asked:,} lets iterations go past it, where its times are extrapolated")
+    return lines

@@ -54,25 +54,29 @@ class Reference:
         return f"request b={self.batch} {self.input_len}/{self.output_len}"
 
 
-def _splitwise(gpu: str, tp: int, b1: float, b64: float, p2k: float, p8k: float) -> list[Reference]:
+def _splitwise(gpu: str, tp: int, b1: float, b64: float, p2k: float, p8k: float, p16x512: float) -> list[Reference]:
     profile = f"{gpu}-llama2-70b-tp{tp}"
     # Fitted: the prefills at both TPs, batch 64 at TP4 and batch 1 at TP8 (where the launch floor binds); the
-    # other two decodes are checks.
+    # other two decodes and the batched prefill (16 prompts of 512 tokens) are checks.
     return [Reference(profile, "eager", "decode", 1, 512, 128, b1 / 1e3, SPLITWISE, tp == 8),
             Reference(profile, "eager", "decode", 64, 512, 128, b64 / 1e3, SPLITWISE, tp == 4),
             Reference(profile, "eager", "prefill", 1, 2048, 1, p2k / 1e3, SPLITWISE, True),
-            Reference(profile, "eager", "prefill", 1, 8192, 1, p8k / 1e3, SPLITWISE, True)]
+            Reference(profile, "eager", "prefill", 1, 8192, 1, p8k / 1e3, SPLITWISE, True),
+            Reference(profile, "eager", "prefill", 16, 512, 1, p16x512 / 1e3, SPLITWISE)]
 
 
 REFERENCES: tuple[Reference, ...] = (
-    *_splitwise("a100", 4, 44.99, 72.95, 403.3, 2278.5),
-    *_splitwise("a100", 8, 44.85, 71.61, 274.2, 1549.8),
-    *_splitwise("h100", 4, 29.72, 52.36, 200.7, 953.6),
-    *_splitwise("h100", 8, 29.76, 50.16, 136.8, 844.9),
+    *_splitwise("a100", 4, 44.99, 72.95, 403.3, 2278.5, 2892.6),
+    *_splitwise("a100", 8, 44.85, 71.61, 274.2, 1549.8, 2084.4),
+    *_splitwise("h100", 4, 29.72, 52.36, 200.7, 953.6, 874.3),
+    *_splitwise("h100", 8, 29.76, 50.16, 136.8, 844.9, 811.9),
     Reference("a100-llama2-70b-tp4", "cuda-graphs", "decode", 1, 5, 200, 1 / 38.01, GPT_FAST),
     Reference("a100-llama2-70b-tp8", "cuda-graphs", "decode", 1, 5, 200, 1 / 62.50, GPT_FAST),
     Reference("a100-llama2-70b-tp4", "cuda-graphs", "prefill", 1, 2048, 1, 0.377, TRT_LLM + ", first token"),
     Reference("a100-llama2-70b-tp4", "cuda-graphs", "request", 64, 128, 2048, 64 * 2048 / 1181, TRT_LLM, True),
+    Reference("a100-llama2-70b-tp4", "cuda-graphs", "request", 64, 128, 128, 64 * 128 / 1237, TRT_LLM),
+    Reference("a100-llama2-70b-tp4", "cuda-graphs", "request", 64, 2048, 128, 64 * 128 / 272, TRT_LLM),
+    Reference("a100-llama2-70b-tp4", "cuda-graphs", "request", 64, 2048, 2048, 64 * 2048 / 738, TRT_LLM),
     Reference("a100-llama2-70b-tp4", "cuda-graphs", "request", 64, 256, 256, 14.57, VLLM_2192, True),
 )
 """Every cited measurement; docs/PROFILES.md prints them beside the predictions."""

@@ -12,6 +12,7 @@ import numpy as np
 from gymnasium import spaces
 
 from servegym.backends import Backend, CalibratedBackend, Profile, load_profile
+from servegym.backends.profile import engine_range_warnings
 from servegym.engine import Cluster, EngineBase, EngineConfig, PoolConfig, StepOutcome
 from servegym.engine.cluster import ClusterStep
 from servegym.engine.validation import boolean, non_negative_number, optional, positive_int, positive_number
@@ -221,6 +222,9 @@ class ServingEnv(gym.Env):
             if profile is None:
                 profile = profile_for(workload)
             prof = profile if isinstance(profile, Profile) else load_profile(profile)
+            for line in engine_range_warnings(prof, self.engine_config.max_num_seqs,
+                                              self.engine_config.max_num_batched_tokens):
+                warnings.warn(line, RuntimeWarning, stacklevel=2)
             backends = [CalibratedBackend(prof, noise_cv=latency_noise_cv) for _ in range(n)]
             cold_start = prof.cold_start_s
         self.workload = make_workload(workload) if isinstance(workload, str) else workload

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from servegym.backends import Profile, TokenLatencyModel, load_profile, shipped_profiles
+from servegym.backends.profile import measured_range
 from servegym.backends.runtimes import DEFAULT_RUNTIME, LEGACY_RUNTIME, RUNTIMES
 
 
@@ -95,19 +96,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     for key in ("method", "date"):
         print(f"{key}: {data['provenance'].get(key)}")
     return 0
-
-
-def measured_range(profile: Profile) -> dict[str, float]:
-    """The largest shape the profile's tables measured: ``rows`` (requests per iteration), ``tokens`` (tokens per
-    iteration) and ``context`` (tokens per request), as far as the profile states them. Schema 2 takes them from
-    its knots (beyond the last one the last segment is extrapolated); a calibrated schema-1 profile from its
-    sweep; a profile read off a paper states none."""
-    lat = profile.latency
-    if isinstance(lat, TokenLatencyModel):
-        return {"rows": lat.cpu_rows[-1], "tokens": lat.linear_tokens[-1]}
-    sweep = profile.provenance.get("sweep", {})
-    limits = {"rows": sweep.get("max_batch"), "context": sweep.get("max_context")}
-    return {key: float(value) for key, value in limits.items() if isinstance(value, int | float)}
 
 
 def shape_warnings(profile: Profile, batch: int, context: int, prefill: int | None) -> list[str]:
