@@ -1,99 +1,164 @@
-"""The fit of a calibration: timed steps in, the calibrated :class:`LatencyModel` out.
+"""The fit of a calibration: timed steps in, a schema-2 :class:`TokenLatencyModel` out.
 
-Least squares on relative error: for every candidate breakpoint ``B0`` (each measured batch size) the decode
-samples are regressed on ``[1, max(0, B - B0), context tokens]`` and the ``B0`` with the smallest squared error
-wins; prefill samples, minus ``l_min``, are then regressed on ``[chunk tokens, attention work]``. Repeats are
-reduced to their median before fitting.
+The same token-based model the GPU profiles use. A sampled iteration of ``rows`` requests and ``T`` tokens, whose
+decodes read ``K`` KV tokens and whose chunk attends over ``P`` (query, key) pairs, costs
+
+    cpu(rows) + linear(T) + K * kv_s + P * pair_s,    cpu(rows) = c0 + c1 * rows,
+
+with ``linear`` monotone and piecewise linear, zero at one token (so ``c0`` holds the floor), with knots at the
+sweep's decode-only and single-prefill token counts and at the largest step (a CPU's matrix kernels change
+pace between one row and two, so the knots follow the sweep). On a CPU backend everything is host work:
+``cpu`` is the per-iteration floor plus each request's share (packing, its attention call and its sampled row),
+``linear`` the layers' work by tokens. All coefficients come from one least-squares fit on relative error (20 ms
+and 1 s steps count alike), non-negative, over the median of each point's repeats; every fifth point of each
+group is held out of the fit and its error reported.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
-from servegym.backends.base import prefill_attention_work
-from servegym.backends.calibrated import step_latency
+from servegym.backends.base import BatchTotals, prefill_attention_work
 from servegym.backends.profile import LatencyModel
+from servegym.backends.token_model import TokenLatencyModel
+
+HOLDOUT_EVERY = 5
+"""Every fifth distinct point of each group (from the third on) is held out of the fit."""
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One timed iteration: ``decode`` requests holding ``context`` KV tokens in all, plus one prefill chunk."""
+    """One timed iteration: ``decode`` requests holding ``context`` KV tokens in all, plus ``prompts`` prefill
+    chunks of ``chunk`` tokens each from ``chunk_start`` (none when ``chunk`` is 0), each completing its
+    prompt."""
 
     decode: int
     context: float
     chunk: int
     chunk_start: int
     seconds: float
+    prompts: int = 1
+
+    @property
+    def num_prefills(self) -> int:
+        return self.prompts if self.chunk else 0
 
     @property
     def attention(self) -> float:
-        return prefill_attention_work(np.array([self.chunk_start]), np.array([self.chunk])) if self.chunk else 0.0
+        """(query, key) pairs of all the chunks."""
+        if not self.chunk:
+            return 0.0
+        return self.prompts * prefill_attention_work(np.array([self.chunk_start]), np.array([self.chunk]))
+
+    def totals(self) -> BatchTotals:
+        n = self.num_prefills
+        return BatchTotals(self.decode, self.context, n, float(n * self.chunk), self.attention, n)
 
 
-def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares on relative error (rows weighted by 1/y, so 20 ms and 1 s steps count alike), with
-    coefficients clipped at zero (dropping a negative column and refitting)."""
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares on relative error (rows weighted by 1/y), with coefficients clipped at zero (dropping the
+    most negative column and refitting until none is negative); returns the coefficients and their standard
+    errors (0 for a dropped column)."""
     keep = np.ones(x.shape[1], dtype=bool)
     w = 1.0 / np.maximum(np.abs(y), 1e-9)
     while True:
         coef = np.zeros(x.shape[1])
-        coef[keep] = np.linalg.lstsq(x[:, keep] * w[:, None], y * w, rcond=None)[0]
-        negative = keep & (coef < 0)
-        if not negative.any():
-            return coef
-        keep &= ~negative
-
-
-def fit_decode(samples: list[Sample]) -> tuple[float, int, float, float]:
-    """``(l_min, B0, alpha, per-context-token)`` from decode-only samples."""
-    b = np.array([s.decode for s in samples], dtype=float)
-    ctx = np.array([s.context for s in samples])
-    t = np.array([s.seconds for s in samples])
-    best = None
-    for b0 in np.unique(b):
-        x = np.column_stack([np.ones_like(b), np.maximum(0.0, b - b0), ctx])
-        coef = _nonneg_lstsq(x, t)
-        sse = float(np.sum(((x @ coef - t) / t) ** 2))
-        if best is None or sse < best[0]:
-            best = (sse, int(b0), coef)
-    _, b0, (l_min, alpha, per_ctx) = best
-    return float(l_min), b0, float(alpha), float(per_ctx)
-
-
-def fit_prefill(samples: list[Sample], l_min: float) -> tuple[float, float]:
-    """``(per-token, per-token-x-context)`` from prefill-only samples."""
-    x = np.column_stack([[s.chunk for s in samples], [s.attention for s in samples]]).astype(float)
-    t = np.array([s.seconds for s in samples]) - l_min
-    per_token, per_attention = _nonneg_lstsq(x, t)
-    return float(per_token), float(per_attention)
-
-
-def predict(model: LatencyModel, s: Sample) -> float:
-    return step_latency(model, s.decode, s.chunk, s.attention, s.context)
-
-
-def fit_errors(model: LatencyModel, samples: list[Sample]) -> dict[str, float]:
-    if not samples:
-        return {}
-    measured = np.array([s.seconds for s in samples])
-    fitted = np.array([predict(model, s) for s in samples])
-    return {"rmse_ms": float(np.sqrt(np.mean((fitted - measured) ** 2)) * 1e3),
-            "mean_abs_rel_error": float(np.mean(np.abs(fitted - measured) / measured)),
-            "samples": len(samples)}
+        xw = x[:, keep] * w[:, None]
+        coef[keep] = np.linalg.lstsq(xw, y * w, rcond=None)[0]
+        if not (keep & (coef < 0)).any():
+            break
+        keep[int(np.argmin(np.where(keep, coef, np.inf)))] = False
+    errors = np.zeros(x.shape[1])
+    dof = x.shape[0] - int(keep.sum())
+    if dof > 0:
+        residual = xw @ coef[keep] - y * w
+        errors[keep] = np.sqrt(np.clip(np.diag(np.linalg.pinv(xw.T @ xw)), 0.0, None) * (residual @ residual) / dof)
+    return coef, errors
 
 
 def medians(samples: list[Sample]) -> list[Sample]:
     """One sample per distinct configuration, at the median of its repeats (robust to timing outliers)."""
     groups: dict[tuple, list[float]] = {}
     for s in samples:
-        groups.setdefault((s.decode, s.context, s.chunk, s.chunk_start), []).append(s.seconds)
-    return [Sample(*key, float(np.median(times))) for key, times in groups.items()]
+        groups.setdefault((s.decode, s.context, s.chunk, s.chunk_start, s.prompts), []).append(s.seconds)
+    return [Sample(d, c, k, st, float(np.median(times)), n) for (d, c, k, st, n), times in groups.items()]
 
 
-def fit_latency_model(decode: list[Sample], prefill: list[Sample]) -> LatencyModel:
-    l_min, b0, alpha, per_ctx = fit_decode(medians(decode))
-    per_token, per_attention = fit_prefill(medians(prefill), l_min)
-    return LatencyModel(l_min_s=l_min, saturation_batch=max(1, b0), alpha_s=alpha, prefill_s_per_token=per_token,
-                        prefill_s_per_token_context=per_attention, decode_s_per_context_token=per_ctx)
+def split_holdout(samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
+    """(fitted, held out) medians of one group: every :data:`HOLDOUT_EVERY`-th distinct point, from the third,
+    is held out (a fixed rule, so a calibration is reproducible)."""
+    points = medians(samples)
+    held = {i for i in range(2, len(points), HOLDOUT_EVERY)}
+    return [p for i, p in enumerate(points) if i not in held], [p for i, p in enumerate(points) if i in held]
+
+
+def _shape(s: Sample) -> tuple[int, int]:
+    """(rows, tokens) of a sample's iteration."""
+    return s.decode + s.num_prefills, s.decode + s.num_prefills * s.chunk
+
+
+def _knots(samples: list[Sample]) -> np.ndarray:
+    """Token knots of ``linear``: 1, every decode-only and every single-prefill step's token count, and the
+    largest step's. Where the two kinds share a token count (decode batch T, chunk of T tokens) they differ
+    only in rows, which pins ``cpu``'s per-row slope; mixed steps fall between knots."""
+    shapes = [(_shape(s), s.chunk == 0) for s in samples]
+    pure = [tokens for (rows, tokens), decode_only in shapes if (decode_only or rows == 1) and tokens > 1]
+    return np.unique([1.0, *pure, max(tokens for (_, tokens), _ in shapes)])
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fitted model and its scalar terms' values with their standard errors (from the weighted least squares'
+    covariance; 0 for a term clipped at zero)."""
+
+    model: TokenLatencyModel
+    terms: dict[str, tuple[float, float]]
+    """``name -> (value, standard error)`` for ``cpu_s_per_step``, ``cpu_s_per_row``, ``kv_s_per_token`` and
+    ``s_per_pair``."""
+
+
+def fit_token_model(samples: list[Sample], kv_bytes_per_token: float, flops_per_pair: float) -> Fit:
+    """The schema-2 model of ``samples`` (medians, any groups); ``kv_bytes_per_token`` and ``flops_per_pair`` are
+    the model's own (the fit gives the effective bandwidth and FLOP rate that turn them into seconds)."""
+    if len(samples) < 4:
+        raise ValueError(f"a fit needs at least 4 sweep points, got {len(samples)}")
+    rows = np.array([_shape(s)[0] for s in samples], dtype=float)
+    tokens = np.array([_shape(s)[1] for s in samples], dtype=float)
+    knots = _knots(samples)
+    ramps = np.column_stack([np.clip(tokens - lo, 0.0, hi - lo) for lo, hi in itertools.pairwise(knots)])
+    x = np.column_stack([np.ones_like(rows), rows, ramps, [s.context for s in samples],
+                         [s.attention for s in samples]])
+    y = np.array([s.seconds for s in samples])
+    coef, errors = _nonneg_lstsq(x, y)
+    c0, c1, slopes, kv_s, pair_s = coef[0], coef[1], coef[2:-2], coef[-2], coef[-1]
+    linear = np.concatenate(([0.0], np.cumsum(slopes * np.diff(knots))))
+    top = float(max(rows.max(), 2.0))
+    # A term the fit found no cost for keeps its physical size over a rate so high it charges nothing visible.
+    bandwidth = kv_bytes_per_token / kv_s if kv_s > 0 else 1e14
+    flops = flops_per_pair / pair_s if pair_s > 0 else 1e17
+    model = TokenLatencyModel(
+        cpu_rows=(1.0, top), cpu_s=(c0 + c1, c0 + c1 * top), linear_tokens=tuple(knots.tolist()),
+        linear_s=tuple(linear.tolist()), allreduce_s=(0.0,) * knots.size, kv_bytes_per_token=kv_bytes_per_token,
+        decode_bandwidth_bytes_s=bandwidth, attention_flops_per_pair=flops_per_pair, prefill_flops_s=flops,
+        lm_head_bytes=0.0, lm_head_flops_per_row=0.0, memory_bandwidth_bytes_s=bandwidth, peak_flops_s=flops,
+        cpu_tail_s_per_row=float(c1))
+    names = {"cpu_s_per_step": 0, "cpu_s_per_row": 1, "kv_s_per_token": -2, "s_per_pair": -1}
+    return Fit(model, {name: (float(coef[i]), float(errors[i])) for name, i in names.items()})
+
+
+def predict(model: LatencyModel | TokenLatencyModel, s: Sample) -> float:
+    return model.totals_s(s.totals())
+
+
+def fit_errors(model: LatencyModel | TokenLatencyModel, samples: list[Sample]) -> dict[str, float]:
+    if not samples:
+        return {}
+    measured = np.array([s.seconds for s in samples])
+    fitted = np.array([predict(model, s) for s in samples])
+    return {"rmse_ms": float(np.sqrt(np.mean((fitted - measured) ** 2)) * 1e3),
+            "mean_abs_rel_error": float(np.mean(np.abs(fitted - measured) / measured)),
+            "max_abs_rel_error": float(np.max(np.abs(fitted - measured) / measured)),
+            "samples": len(samples)}

@@ -40,17 +40,19 @@ def _blocks(tokens: int, block_size: int) -> int:
 @dataclass(frozen=True)
 class SweepPlan:
     """What a calibration times, each point ``repeats`` times: decode-only steps of every batch size at every
-    per-request context, single prefill chunks at every start offset, and mixed steps (decode batch, prefill
-    chunk) whose decodes hold ``mixed_context`` tokens each. The defaults are the CPU sweep
-    (``SweepPlan.up_to(64, 512)``)."""
+    per-request context, single prefill chunks at every start offset, batched prefills (``prompts`` whole
+    prompts of ``tokens`` each in one step, as an engine packs new requests under its token budget), and mixed
+    steps (decode batch, prefill chunk) whose decodes hold ``mixed_context`` tokens each. The defaults are the
+    CPU sweep (``SweepPlan.up_to(64, 512, max_tokens=2048)``)."""
 
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     contexts: tuple[int, ...] = (32, 128, 512)
-    chunks: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    chunks: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
     chunk_starts: tuple[int, ...] = (0, 256)
     mixed: tuple[tuple[int, int], ...] = ((8, 64), (8, 256), (32, 64), (32, 256))
     mixed_context: int = 128
     repeats: int = 3
+    batched: tuple[tuple[int, int], ...] = ((4, 256), (8, 256), (16, 128))
 
     def __post_init__(self) -> None:
         for name in ("batches", "contexts", "chunks"):
@@ -61,23 +63,31 @@ class SweepPlan:
             raise ValueError(f"SweepPlan.chunk_starts must be non-empty and >= 0, got {self.chunk_starts}")
         if any(min(pair) < 1 for pair in self.mixed):
             raise ValueError(f"SweepPlan.mixed pairs (decode batch, chunk) must be >= 1, got {self.mixed}")
+        if any(min(pair) < 1 for pair in self.batched):
+            raise ValueError(f"SweepPlan.batched pairs (prompts, tokens) must be >= 1, got {self.batched}")
         if self.mixed_context < 1 or self.repeats < 1:
             raise ValueError(f"SweepPlan.mixed_context and repeats must be >= 1, got {self.mixed_context} and "
                              f"{self.repeats}")
 
     @classmethod
-    def up_to(cls, max_batch: int, max_context: int, repeats: int = 3) -> SweepPlan:
+    def up_to(cls, max_batch: int, max_context: int, repeats: int = 3, max_tokens: int | None = None) -> SweepPlan:
         """Batches 1, 2, 4, ... up to ``max_batch``; contexts 32, 128, 512, ... up to ``max_context``; chunks
-        16, 32, ... up to ``max_context`` at starts 0 and ``max_context / 2``; mixed steps of ``max_batch / 8``
-        and ``max_batch / 2`` decodes with chunks of 64 and 256 tokens (each capped at ``max_context``)."""
-        if max_batch < 1 or max_context < 1:
-            raise ValueError(f"max_batch and max_context must be >= 1, got {max_batch} and {max_context}")
+        16, 32, ... up to ``max_tokens`` (the largest step, by default ``max_context``; an engine's token budget)
+        at starts 0 and ``max_context / 2``; batched prefills of 4 and 8 prompts of ``max_tokens / 8`` tokens and
+        16 of ``max_tokens / 16``; mixed steps of ``max_batch / 8`` and ``max_batch / 2`` decodes with chunks of
+        64 and 256 tokens (each capped at ``max_context``)."""
+        max_tokens = max_context if max_tokens is None else max_tokens
+        if max_batch < 1 or max_context < 1 or max_tokens < 1:
+            raise ValueError(f"max_batch, max_context and max_tokens must be >= 1, got {max_batch}, {max_context} "
+                             f"and {max_tokens}")
+        eighth, sixteenth = max(1, max_tokens // 8), max(1, max_tokens // 16)
         mixed_batches = sorted({max(1, max_batch // 8), max(1, max_batch // 2)})
         mixed_chunks = sorted({min(64, max_context), min(256, max_context)})
         return cls(batches=_ladder(1, 2, max_batch), contexts=_ladder(32, 4, max_context),
-                   chunks=_ladder(16, 2, max_context), chunk_starts=tuple(sorted({0, max_context // 2})),
+                   chunks=_ladder(16, 2, max_tokens), chunk_starts=tuple(sorted({0, max_context // 2})),
                    mixed=tuple(itertools.product(mixed_batches, mixed_chunks)),
-                   mixed_context=min(128, max_context), repeats=repeats)
+                   mixed_context=min(128, max_context), repeats=repeats,
+                   batched=((4, eighth), (8, eighth), (16, sixteenth)))
 
     def kv_blocks_needed(self, block_size: int) -> int:
         """KV blocks the sweep holds at its peak: the decode phase keeps ``max(batches)`` requests of the
@@ -86,14 +96,16 @@ class SweepPlan:
         prefill = _blocks(max(self.chunk_starts) + max(self.chunks) + 1, block_size)
         mixed = max((batch * _blocks(self.mixed_context + 1 + self.repeats, block_size) + _blocks(chunk + 1,
                      block_size) for batch, chunk in self.mixed), default=0)
-        return max(decode, prefill, mixed, _blocks(WARMUP_CHUNK + 1, block_size))
+        batched = max((n * _blocks(tokens + 1, block_size) for n, tokens in self.batched), default=0)
+        return max(decode, prefill, mixed, batched, _blocks(WARMUP_CHUNK + 1, block_size))
 
     def max_step_tokens(self) -> int:
         """Tokens of the sweep's largest step, timed or not (what a CUDA backend must profile memory for)."""
         rows = max(*self.batches, *(batch for batch, _ in self.mixed))
         tokens = max(*self.contexts, *self.chunk_starts, *((self.mixed_context,) if self.mixed else ()))
         untimed = min(UNTIMED_ROWS, rows) * min(UNTIMED_TOKENS, tokens)
-        return max(untimed, *self.chunks, *(batch + chunk for batch, chunk in self.mixed), WARMUP_CHUNK)
+        return max(untimed, *self.chunks, *(batch + chunk for batch, chunk in self.mixed),
+                   *(n * tokens for n, tokens in self.batched), WARMUP_CHUNK)
 
     def check_fits(self, num_kv_blocks: int, block_size: int) -> None:
         """Raise a clear error when the sweep would overflow a cache of ``num_kv_blocks``."""
@@ -110,6 +122,8 @@ def point_label(group: str, s: Sample) -> str:
         return f"decode B={s.decode} context={round(s.context / s.decode) - 1}"
     if group == "prefill":
         return f"prefill chunk={s.chunk} start={s.chunk_start}"
+    if group == "batched":
+        return f"batched prefill {s.prompts} x {s.chunk}"
     return f"{group} B={s.decode} chunk={s.chunk}"
 
 
@@ -137,25 +151,29 @@ class Sweeper:
                 done += step
 
     def decode(self, plan: SweepPlan, progress: Callable[[str], object] | None = None) -> list[Sample]:
+        """Decode steps of every batch size at every context. The repeats are rounds over the batch sizes, not
+        back-to-back, so a slow spell of a shared machine lands on one repeat of many points, not on every
+        repeat of one (the median then drops it)."""
         samples = []
         for context in plan.contexts:
             ids = self._new_ids(max(plan.batches))
             self._prefill(ids, context)
-            for batch in plan.batches:
-                chosen = ids[:batch]
-                for _ in range(plan.repeats):
+            for round_ in range(plan.repeats):
+                for batch in plan.batches:
+                    chosen = ids[:batch]
                     seconds = self.backend.execute(StepBatch(chosen, EMPTY, EMPTY, EMPTY, EMPTY, EMPTY))
                     samples.append(Sample(batch, float(batch * (context + 1)), 0, 0, seconds))
                 if progress:
-                    progress(point_label("decode", samples[-1]))
+                    progress(f"decode context={context} round {round_ + 1}/{plan.repeats}")
             self.backend.release(ids)
         return samples
 
     def prefill(self, plan: SweepPlan, progress: Callable[[str], object] | None = None) -> list[Sample]:
+        """Single prefill chunks at every start offset, in rounds as :meth:`decode`'s."""
         samples = []
-        for start in plan.chunk_starts:
-            for chunk in plan.chunks:
-                for _ in range(plan.repeats):
+        for round_ in range(plan.repeats):
+            for start in plan.chunk_starts:
+                for chunk in plan.chunks:
                     rid = self._new_ids(1)
                     if start:
                         self._prefill(rid, start, start + chunk)
@@ -163,8 +181,20 @@ class Sweeper:
                                                              np.array([start + chunk])))
                     samples.append(Sample(0, 0.0, chunk, start, seconds))
                     self.backend.release(rid)
-                if progress:
-                    progress(point_label("prefill", samples[-1]))
+            if progress:
+                progress(f"prefill round {round_ + 1}/{plan.repeats}")
+        return samples
+
+    def batched(self, plan: SweepPlan) -> list[Sample]:
+        """Batched prefills: ``prompts`` whole prompts of ``tokens`` each in one step, in rounds."""
+        samples = []
+        for _ in range(plan.repeats):
+            for prompts, tokens in plan.batched:
+                ids = self._new_ids(prompts)
+                seconds = self.backend.execute(StepBatch(EMPTY, EMPTY, ids, np.zeros(prompts, dtype=np.int64),
+                                                         np.full(prompts, tokens), np.full(prompts, tokens)))
+                samples.append(Sample(0, 0.0, tokens, 0, seconds, prompts))
+                self.backend.release(ids)
         return samples
 
     def mixed(self, plan: SweepPlan) -> list[Sample]:

@@ -262,13 +262,13 @@ def with_runtime(profile: Profile, runtime: str) -> Profile:
 def measured_range(profile: Profile) -> dict[str, float]:
     """The largest shape the profile's tables measured: ``rows`` (requests per iteration), ``tokens`` (tokens per
     iteration) and ``context`` (tokens per request), as far as the profile states them. Schema 2 takes them from
-    its knots (beyond them the stated CPU tail and the linear term's last segment); a calibrated schema-1 profile
-    from its sweep; a profile read off a paper states none."""
+    its knots (beyond them the stated CPU tail and the linear term's last segment), and a calibrated profile's
+    sweep the context per request; a profile read off a paper states none."""
     lat = profile.latency
-    if isinstance(lat, TokenLatencyModel):
-        return {"rows": lat.cpu_rows[-1], "tokens": lat.linear_tokens[-1]}
     sweep = profile.provenance.get("sweep", {})
     limits = {"rows": sweep.get("max_batch"), "context": sweep.get("max_context")}
+    if isinstance(lat, TokenLatencyModel):
+        limits.update(rows=lat.cpu_rows[-1], tokens=lat.linear_tokens[-1])
     return {key: float(value) for key, value in limits.items() if isinstance(value, int | float)}
 
 

@@ -36,7 +36,7 @@ from servegym.backends.attention import (
     to_device,
     varlen_available,
 )
-from servegym.backends.base import StepBatch
+from servegym.backends.base import BatchTotals, StepBatch, batch_totals
 from servegym.backends.kv_memory import (
     GIB,
     KVCapacityError,
@@ -167,6 +167,8 @@ class TorchBackend:
         self.forward_s: list[float] = []
         self.overhead_s: list[float] = []
         """Host time of each step: packing, index copies, sampling and bookkeeping."""
+        self.totals: list[BatchTotals] = []
+        """Each step's batch sizes and sums (what a latency model prices)."""
         self.last_logits: dict[int, np.ndarray] = {}
 
     def release(self, request_ids: np.ndarray) -> None:
@@ -190,6 +192,7 @@ class TorchBackend:
         total = clock() - start
         self.forward_s.append(forward)
         self.overhead_s.append(total - forward)
+        self.totals.append(batch_totals(batch))
         return total if self.count_host_time else forward
 
     # ------------------------------------------------------------------ internals

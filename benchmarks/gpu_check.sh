@@ -9,13 +9,14 @@
 #   $PYTHON: the interpreter servegym is installed in (default: the repository's .venv/bin/python when it
 #       exists, else python3); it must import servegym, torch and transformers.
 #
-# On a CUDA machine it runs, each stage under its own time budget (480 s in all: it fits in 8 minutes on one
+# On a CUDA machine it runs, each stage under its own time budget (530 s in all: it fits in 9 minutes on one
 # H100-class GPU, stages that overrun are cut and reported):
 #   1. nvidia-smi and library versions;
 #   2. host syncs: one mixed prefill + decode step, after a warm-up step, with the model's forward pass under
 #      torch.cuda.set_sync_debug_mode("error"); the stage fails if anything in it synchronises with the host;
 #   3. servegym calibrate: decode batches up to 128 at contexts up to 1,024 tokens, 3 repeats;
-#   4. servegym fidelity: FCFS on the cpu-fidelity workload, real backend vs the profile just fitted;
+#   4. servegym fidelity: FCFS, TWP and flow control on the cpu-fidelity workload, seeds 0-2, two real
+#      repeats each, real backend vs the profile just fitted (errors beside the repeat spread, ranking);
 # and writes host_syncs.txt, profile.json, calibration.png, profile.samples.csv, fidelity.md/.csv,
 # nvidia-smi.txt, gpu_usage.csv, versions.txt, timing.tsv, one log per stage and README.md (the summary) to the
 # report folder.
@@ -70,13 +71,14 @@ if "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else
     MODE=cuda
     MODEL=${CHECKPOINT:-llama-3.2-3b}
     CALIBRATE=(--device cuda --max-batch 128 --max-context 1024 --repeats 3)
-    FIDELITY=(--device cuda --workload cpu-fidelity --policy fcfs)
-    BUDGETS=(30 240 120 60)  # versions and profile; calibrate; fidelity; host syncs: 480 s in all
+    FIDELITY=(--device cuda --workload cpu-fidelity --policy fcfs twp flow-control --seeds 0 1 2 --repeats 2)
+    BUDGETS=(30 240 200 60)  # versions and profile; calibrate; fidelity; host syncs: 530 s in all
 else
     MODE=cpu-fallback
     MODEL=tiny-llama
     CALIBRATE=(--device cpu --threads 1 --max-batch 2 --max-context 32 --repeats 2)
-    FIDELITY=(--device cpu --threads 1 --workload cpu-fidelity --policy fcfs --max-requests 6)
+    FIDELITY=(--device cpu --threads 1 --workload cpu-fidelity --policy fcfs --max-requests 6 --seeds 0
+              --repeats 2)
     BUDGETS=(60 120 120)
     echo "gpu_check: no CUDA device visible: the CUDA path is NOT run. Running the tiny CPU fallback instead" \
          "(tiny-llama${CHECKPOINT:+; the checkpoint $CHECKPOINT is not loaded}), which only shows the script works."

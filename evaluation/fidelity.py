@@ -1,23 +1,33 @@
-"""Fidelity: the same seeded workload through the real backend and through the calibrated model.
+"""Fidelity: the same seeded workloads through the real backend and through the calibrated model.
+
+Every policy runs on every seed, ``repeats`` times on the real backend (its repeats differ only by the clock:
+their spread is the noise floor) and once on the calibrated model. Each metric's error is the model's mean over
+the seeds against the real means, with the real repeats' spread and the per-seed errors beside it. The ranking
+check takes every pair of policies and metric the real runs separate by more than their spreads and asks
+whether the model orders them alike. Nothing differs between the two sides but the backend: the same policy,
+workload, seeds, engine settings and KV cache.
 
 The real backend's steps are reported on two clocks: the forward pass alone and host-inclusive (packing,
 forward pass and sampling). The episode metrics are those of the clock the backend gave the engine, which
-by default is the clock the profile was fitted on.
+by default is the clock the profile was fitted on. Each real step is also re-priced by the profile from its
+own batch (:func:`step_residuals`), which points at the term that misses.
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from servegym.backends import LatencyModel, load_profile, step_latency
-from servegym.backends.calibration_provenance import FORWARD_ONLY, HOST_INCLUSIVE, backend_clock, clock_option
-from servegym.engine import STEP_INDEX, EpisodeLog
+from servegym.backends import LatencyModel, Profile, TokenLatencyModel, load_profile
+from servegym.backends.base import BatchTotals
+from servegym.backends.calibration_provenance import FORWARD_ONLY, HOST_INCLUSIVE, clock_option
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
 from servegym.workloads import RequestSpec, Workload
@@ -27,21 +37,63 @@ if TYPE_CHECKING:
 
 FIDELITY_METRICS = (
     ("ttft_p50", "TTFT P50 (s)"), ("ttft_p99", "TTFT P99 (s)"), ("e2e_p50", "E2E P50 (s)"),
-    ("e2e_p99", "E2E P99 (s)"), ("itl_mean", "ITL mean (s)"), ("itl_p99", "ITL P99 (s)"),
+    ("e2e_p99", "E2E P99 (s)"), ("itl_mean", "ITL mean (s)"), ("itl_p50", "ITL P50 (s)"), ("itl_p99", "ITL P99 (s)"),
     ("throughput_rps", "throughput (req/s)"),
 )
+TOLERANCE = 0.10
+"""The calibrated model passes a metric when its mean lies within this relative error of the real backend's."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class FidelityRow:
+    """One policy's metric over the seeds: the real backend's mean (over seeds of each seed's mean over repeats),
+    the calibrated model's, and how far the real repeats of one seed disagree."""
+
     policy: str
     metric: str
     real: float
     calibrated: float
+    spread: float = math.nan
+    """Median over seeds of ``(max - min) / mean`` of a seed's real repeats (nan with one repeat)."""
+    seed_errors: tuple[float, ...] = ()
+    """The calibrated model's relative error on each seed alone."""
 
     @property
     def relative_error(self) -> float:
         return (self.calibrated - self.real) / self.real if self.real else math.nan
+
+
+@dataclass(frozen=True)
+class PairOrder:
+    """Two policies whose real runs differ on ``metric`` by more than their repeat spread, and whether the
+    calibrated model orders them the same way."""
+
+    metric: str
+    first: str
+    second: str
+    real_difference: float
+    """``first - second`` on the real backend (means over seeds)."""
+    calibrated_difference: float
+
+    @property
+    def same_order(self) -> bool:
+        return math.copysign(1.0, self.real_difference) == math.copysign(1.0, self.calibrated_difference) \
+            and self.calibrated_difference != 0.0
+
+
+def ranking(rows: Sequence[FidelityRow]) -> list[PairOrder]:
+    """Every pair of policies and metric where the real means differ by more than the sum of their absolute
+    repeat spreads (``spread x real`` each; 0 where unmeasured), in row order."""
+    by_metric: dict[str, list[FidelityRow]] = {}
+    for row in rows:
+        by_metric.setdefault(row.metric, []).append(row)
+    orders = []
+    for metric, group in by_metric.items():
+        for a, b in itertools.combinations(group, 2):
+            noise = sum(0.0 if math.isnan(r.spread) else r.spread * abs(r.real) for r in (a, b))
+            if abs(a.real - b.real) > noise:
+                orders.append(PairOrder(metric, a.policy, b.policy, a.real - b.real, a.calibrated - b.calibrated))
+    return orders
 
 
 @dataclass(frozen=True)
@@ -106,72 +158,150 @@ class FirstRequests:
         return RequestSpec(spec.arrival_s[:n], spec.num_prompt_tokens[:n], spec.num_output_tokens[:n])
 
 
-def fidelity(policy_name: str, workload: Workload, profile: str, seed: int = 0,
-             backend_options: dict[str, Any] | None = None, engine: dict[str, Any] | None = None,
-             max_steps: int = 100_000, clock: str | None = None) -> tuple[list[FidelityRow], RealTiming]:
-    """Run one seeded episode on both backends; return per-metric rows and the real run's timing breakdown.
+@dataclass
+class RealSteps:
+    """Every step the real backend ran over several episodes: forward and host seconds, and the batch's totals
+    (what :func:`real_timing` and :func:`step_residuals` read)."""
+
+    count_host_time: bool
+    forward_s: list[float] = field(default_factory=list)
+    overhead_s: list[float] = field(default_factory=list)
+    totals: list[BatchTotals] = field(default_factory=list)
+
+    def add(self, backend: TorchBackend) -> None:
+        self.forward_s += backend.forward_s
+        self.overhead_s += backend.overhead_s
+        self.totals += backend.totals
+
+
+@dataclass(frozen=True)
+class FidelityReport:
+    rows: list[FidelityRow]
+    orders: list[PairOrder]
+    timings: dict[str, RealTiming]
+    seeds: tuple[int, ...]
+    repeats: int
+
+
+def _episode(policy_name: str, workload: Workload, profile: Profile, engine: dict[str, Any], seed: int,
+             backend: TorchBackend | None, max_steps: int) -> dict[str, float]:
+    policy = make_policy(policy_name)
+    env = make_env(policy, max_episode_steps=max_steps, workload=workload, profile=profile, engine=engine,
+                   backend=backend)
+    try:
+        return run_episode(env, policy, seed=seed).summary
+    finally:
+        env.close()
+
+
+def fidelity(policies: Sequence[str], workload: Workload, profile: str, seeds: Sequence[int] = (0, 1, 2),
+             repeats: int = 2, backend_options: dict[str, Any] | None = None, engine: dict[str, Any] | None = None,
+             max_steps: int = 100_000, clock: str | None = None,
+             progress: Callable[[str], object] | None = None) -> FidelityReport:
+    """Run every policy on every seed ``repeats`` times on the real backend and once on the calibrated model
+    (deterministic); compare the means over seeds, metric by metric, and the policies' order.
 
     ``clock`` (``host-inclusive`` or ``forward-only``) is the real backend's; by default the one the profile
     records (the backend's own default when the profile records none)."""
+    if not policies or not seeds or repeats < 1:
+        raise ValueError(f"fidelity needs policies, seeds and repeats >= 1; got {policies}, {seeds}, {repeats}")
     from servegym.backends.torch_backend import TorchBackend
 
     prof = load_profile(profile)
     profile_clock = prof.provenance.get("clock")
     engine = {"num_kv_blocks": prof.num_kv_blocks, "block_size": prof.block_size, **(engine or {})}
-    summaries = {}
     real = TorchBackend(**{"num_kv_blocks": engine["num_kv_blocks"], "block_size": engine["block_size"],
-                           **clock_option(clock or profile_clock),
-                           **(backend_options or {})})
-    for name, backend in (("torch", real), ("calibrated", None)):
-        policy = make_policy(policy_name)
-        env = make_env(policy, max_episode_steps=max_steps, workload=workload, profile=prof, engine=engine,
-                       backend=backend)
-        result = run_episode(env, policy, seed=seed)
-        summaries[name] = result.summary
-        if backend is real:
-            timing = real_timing(real, step_residuals(result.log, prof.latency), profile_clock)
-        env.close()
-    rows = [FidelityRow(policy_name, m, summaries["torch"][m], summaries["calibrated"][m]) for m, _ in FIDELITY_METRICS]
-    return rows, timing
+                           **clock_option(clock or profile_clock), **(backend_options or {})})
+    rows, timings = [], {}
+    for name in policies:
+        steps = RealSteps(real.count_host_time)
+        runs: dict[str, list[list[float]]] = {m: [] for m, _ in FIDELITY_METRICS}
+        modelled: dict[str, list[float]] = {m: [] for m, _ in FIDELITY_METRICS}
+        for seed in seeds:
+            repeated = []
+            for repeat in range(repeats):
+                repeated.append(_episode(name, workload, prof, engine, seed, real, max_steps))
+                steps.add(real)
+                if progress:
+                    progress(f"{name} seed {seed} repeat {repeat + 1}/{repeats}: real backend, "
+                             f"E2E P50 {repeated[-1]['e2e_p50']:.3f} s")
+            calibrated = _episode(name, workload, prof, engine, seed, None, max_steps)
+            for metric, _ in FIDELITY_METRICS:
+                runs[metric].append([r[metric] for r in repeated])
+                modelled[metric].append(calibrated[metric])
+        rows += [_row(name, metric, runs[metric], modelled[metric]) for metric, _ in FIDELITY_METRICS]
+        timings[name] = real_timing(steps, step_residuals(steps, prof.latency), profile_clock)
+    return FidelityReport(rows, ranking(rows), timings, tuple(seeds), repeats)
 
 
-def real_timing(backend: TorchBackend, residuals: tuple[StepResidual, ...],
+def _row(policy: str, metric: str, real: list[list[float]], calibrated: list[float]) -> FidelityRow:
+    """``real[seed][repeat]`` and ``calibrated[seed]`` reduced to one row."""
+    seed_means = [float(np.mean(r)) for r in real]
+    spreads = [(max(r) - min(r)) / abs(m) for r, m in zip(real, seed_means, strict=True) if len(r) > 1 and m]
+    errors = tuple((c - m) / m if m else math.nan for c, m in zip(calibrated, seed_means, strict=True))
+    return FidelityRow(policy, metric, float(np.mean(seed_means)), float(np.mean(calibrated)),
+                       float(np.median(spreads)) if spreads else math.nan, errors)
+
+
+def real_timing(steps: RealSteps, residuals: tuple[StepResidual, ...],
                 profile_clock: str | None = None) -> RealTiming:
-    """The timing breakdown of a real backend's run from its per-step ``forward_s`` and ``overhead_s``."""
-    forward, overhead = np.asarray(backend.forward_s, dtype=float), np.asarray(backend.overhead_s, dtype=float)
+    """The timing breakdown of a real backend's steps from their ``forward_s`` and ``overhead_s``."""
+    forward, overhead = np.asarray(steps.forward_s, dtype=float), np.asarray(steps.overhead_s, dtype=float)
     clocks = (StepClock.of(FORWARD_ONLY, forward), StepClock.of(HOST_INCLUSIVE, forward + overhead))
     return RealTiming(forward.size, 1e3 * float(forward.mean()), 1e3 * float(overhead.mean()), residuals,
-                      backend_clock(backend), clocks, profile_clock)
+                      HOST_INCLUSIVE if steps.count_host_time else FORWARD_ONLY, clocks, profile_clock)
 
 
-def step_residuals(log: EpisodeLog, model: LatencyModel) -> tuple[StepResidual, ...]:
-    """Mean relative error (model - measured) / measured of the real run's own steps, by step type.
-
-    Each step is re-predicted from what the step log records: decode batch, prefill tokens and KV in use
-    (an upper bound on the decodes' context, since it includes prefill rows); the attention term of prefill
-    chunks is left out. Large errors on one step type point at the term that misses.
-    """
-    steps = log.steps()
-    col = {name: steps[:, STEP_INDEX[name]] for name in ("dt_s", "num_decode_tokens", "num_prefill_tokens",
-                                                                "num_used_blocks")}
-    ran = (col["num_decode_tokens"] > 0) | (col["num_prefill_tokens"] > 0)
-    predicted = np.array([step_latency(model, int(b), p, 0.0, kv * log.block_size)
-                          for b, p, kv in zip(col["num_decode_tokens"], col["num_prefill_tokens"],
-                                              col["num_used_blocks"], strict=True)])
-    error = (predicted - col["dt_s"]) / np.where(col["dt_s"] > 0, col["dt_s"], np.nan)
-    kinds = (("decode-only steps", ran & (col["num_prefill_tokens"] == 0)),
-             ("steps with prefill", ran & (col["num_prefill_tokens"] > 0)))
+def step_residuals(steps: RealSteps, model: LatencyModel | TokenLatencyModel) -> tuple[StepResidual, ...]:
+    """Mean relative error (model - measured) / measured of the real steps, by step type, each step priced from
+    its own batch's totals on the clock the engine ran on. Large errors on one type point at the term that
+    misses."""
+    measured = np.asarray(steps.forward_s, dtype=float)
+    if steps.count_host_time:
+        measured = measured + np.asarray(steps.overhead_s, dtype=float)
+    predicted = np.array([model.totals_s(t) for t in steps.totals])
+    prefill = np.array([t.num_prefills > 0 for t in steps.totals], dtype=bool)
+    error = (predicted - measured) / np.where(measured > 0, measured, np.nan)
+    kinds = (("decode-only steps", ~prefill), ("steps with prefill", prefill))
     return tuple(StepResidual(kind, float(np.nanmean(error[chosen])), int(chosen.sum()))
                  for kind, chosen in kinds if chosen.any())
 
 
-def fidelity_table(rows: list[FidelityRow]) -> str:
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:+.1%}"
+
+
+def fidelity_table(rows: list[FidelityRow], tolerance: float = TOLERANCE) -> str:
     labels = dict(FIDELITY_METRICS)
-    lines = ["| policy | metric | real | calibrated | relative error |", "|---|---|---|---|---|"]
+    lines = ["| policy | metric | real | calibrated | relative error | per seed | real repeat spread | within "
+             f"{tolerance:.0%} |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        seeds = " / ".join(_pct(e) for e in r.seed_errors)
+        spread = "n/a" if math.isnan(r.spread) else f"{r.spread:.1%}"
+        ok = "yes" if abs(r.relative_error) <= tolerance else "**no**"
         lines.append(f"| {r.policy} | {labels[r.metric]} | {r.real:.4f} | {r.calibrated:.4f} | "
-                     f"{r.relative_error:+.1%} |")
+                     f"{_pct(r.relative_error)} | {seeds} | {spread} | {ok} |")
     return "\n".join(lines)
+
+
+def ranking_table(orders: list[PairOrder]) -> str:
+    labels = dict(FIDELITY_METRICS)
+    lines = ["| metric | pair | real difference | calibrated difference | same order |", "|---|---|---|---|---|"]
+    for o in orders:
+        lines.append(f"| {labels[o.metric]} | {o.first} - {o.second} | {o.real_difference:+.4f} | "
+                     f"{o.calibrated_difference:+.4f} | {'yes' if o.same_order else '**no**'} |")
+    return "\n".join(lines)
+
+
+def verdict(report: FidelityReport, tolerance: float = TOLERANCE) -> str:
+    """One line: how many metrics lie within ``tolerance`` and how many ordered pairs the model keeps."""
+    within = sum(abs(r.relative_error) <= tolerance for r in report.rows)
+    kept = sum(o.same_order for o in report.orders)
+    worst = max(report.rows, key=lambda r: abs(r.relative_error))
+    return (f"{within} of {len(report.rows)} policy metrics within {tolerance:.0%} of the real backend (worst: "
+            f"{worst.policy} {dict(FIDELITY_METRICS)[worst.metric]} {_pct(worst.relative_error)}); {kept} of "
+            f"{len(report.orders)} pairs that the real runs separate beyond their spread ordered the same way; "
+            f"seeds {list(report.seeds)}, {report.repeats} real repeats each")
 
 
 def timing_table(timings: dict[str, RealTiming]) -> str:
@@ -188,6 +318,8 @@ def timing_table(timings: dict[str, RealTiming]) -> str:
 def write_fidelity_csv(rows: list[FidelityRow], path: Path) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["policy", "metric", "real", "calibrated", "relative_error"])
+        writer.writerow(["policy", "metric", "real", "calibrated", "relative_error", "real_repeat_spread",
+                         "seed_errors"])
         for r in rows:
-            writer.writerow([r.policy, r.metric, r.real, r.calibrated, r.relative_error])
+            writer.writerow([r.policy, r.metric, r.real, r.calibrated, r.relative_error, r.spread,
+                             " ".join(f"{e:.6g}" for e in r.seed_errors)])

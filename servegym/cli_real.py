@@ -23,6 +23,7 @@ from servegym.backends.calibration_sweep import (
     SweepPlan,
 )
 from servegym.cli_args import positive_int, writable_dir
+from servegym.engine import EngineConfig
 from servegym.workloads import WORKLOADS, make_workload
 
 DEFAULT_KV_BLOCKS = 8192
@@ -71,7 +72,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     max_context = args.max_context or (CUDA_MAX_CONTEXT if cuda else CPU_MAX_CONTEXT)
     if max_context < args.block_size:
         raise ValueError(f"--max-context {max_context} is shorter than one KV block (--block-size {args.block_size})")
-    plan = SweepPlan.up_to(max_batch, max_context, args.repeats)
+    plan = SweepPlan.up_to(max_batch, max_context, args.repeats, max(max_context, args.max_tokens))
     options = {**clock_option(args.clock), **_backend_options(args, device, args.threads),
                "max_batch_tokens": plan.max_step_tokens()}  # CUDA memory is profiled for the largest step
     if args.kv_blocks:
@@ -107,13 +108,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     table = out.with_suffix(".samples.csv")
     write_samples_csv(samples, table)
 
-    prov, lat = profile.provenance, profile.latency
-    print(f"l_min {lat.l_min_s * 1e3:.2f} ms, B0 {lat.saturation_batch}, alpha {lat.alpha_s * 1e3:.3f} ms/request, "
-          f"prefill {lat.prefill_s_per_token * 1e6:.1f} us/token, attention {lat.prefill_s_per_token_context:.2e} "
-          f"s/token^2, decode context {lat.decode_s_per_context_token:.2e} s/token ({prov['clock']} clock)")
+    prov, terms = profile.provenance, profile.provenance["terms"]
+    print(f"runtime {profile.runtime} ({prov['clock']} clock): " + ", ".join(
+        f"{term} {t['value']:.3g} +- {t['standard_error']:.2g}" for term, t in terms.items()))
     for group, err in prov["fit_error"].items():
+        held = prov["holdout_error"].get(group)
+        held_text = (f"; held out: mean |rel err| {held['mean_abs_rel_error']:.1%}, max "
+                     f"{held['max_abs_rel_error']:.1%} ({held['samples']} points)") if held else ""
         print(f"  fit {group}: RMSE {err['rmse_ms']:.2f} ms, mean |rel err| {err['mean_abs_rel_error']:.1%} "
-              f"({err['samples']} samples)")
+              f"({err['samples']} points){held_text}")
     spread, machine_load = prov["spread"], prov["load"]
     if "median" in spread:
         print(f"  repeat spread (max - min) / median: median {spread['median']:.1%}, max {spread['max']:.1%} over "
@@ -130,7 +133,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
-    from servegym.evaluation.fidelity import FirstRequests, fidelity, fidelity_table, timing_table, write_fidelity_csv
+    from servegym.evaluation.fidelity import (
+        FirstRequests,
+        fidelity,
+        fidelity_table,
+        ranking_table,
+        timing_table,
+        verdict,
+        write_fidelity_csv,
+    )
 
     profile = load_profile(args.profile)  # fails on a bad path before the model is built
     device = resolve_device(args.device)
@@ -139,23 +150,29 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     if args.max_requests:
         workload = FirstRequests(workload, args.max_requests)
     out = writable_dir(Path(args.out)) if args.out else None
-    rows, timings = [], {}
-    for policy in args.policy:
-        print(f"servegym fidelity: {policy} on {args.workload}, real backend ({device}, "
-              f"{_threads(threads) if threads else 'default threads'}) vs profile {args.profile}", flush=True)
-        policy_rows, timings[policy] = fidelity(policy, workload, args.profile, seed=args.seed, clock=args.clock,
-                                                backend_options=_backend_options(args, device, threads))
-        rows += policy_rows
-    table, steps = fidelity_table(rows), timing_table(timings)
-    notes = "\n".join(f"- {policy}: {timing.describe()}" for policy, timing in timings.items())
-    print(f"{table}\n\nstep latency of the real runs:\n{steps}\n{notes}")
+    print(f"servegym fidelity: {' '.join(args.policy)} on {args.workload}, seeds {args.seeds}, {args.repeats} real "
+          f"repeats each; real backend ({device}, {_threads(threads) if threads else 'default threads'}) vs profile "
+          f"{args.profile}", flush=True)
+    report = fidelity(args.policy, workload, args.profile, seeds=args.seeds, repeats=args.repeats, clock=args.clock,
+                      backend_options=_backend_options(args, device, threads),
+                      progress=None if args.quiet else lambda text: print(f"  {text}", flush=True))
+    table, orders, steps = fidelity_table(report.rows), ranking_table(report.orders), timing_table(report.timings)
+    notes = "\n".join(f"- {policy}: {timing.describe()}" for policy, timing in report.timings.items())
+    summary = verdict(report)
+    print(f"{table}\n\n{orders}\n\n{summary}\n\nstep latency of the real runs:\n{steps}\n{notes}")
     if out:
-        write_fidelity_csv(rows, out / "fidelity.csv")
+        write_fidelity_csv(report.rows, out / "fidelity.csv")
         subset = f", first {args.max_requests} requests" if args.max_requests else ""
         (out / "fidelity.md").write_text(
-            f"Workload `{args.workload}`{subset}, seed {args.seed}; real backend `{args.model}` on {device} vs "
-            f"profile `{args.profile}`.\n\n## Episode metrics\n\n{table}\n\n## Step latency of the real runs\n\n"
-            f"{steps}\n\n{notes}\n")
+            f"Workload `{args.workload}`{subset}, seeds {list(report.seeds)}, {report.repeats} real repeats per "
+            f"seed; real backend `{args.model}` on {device} vs profile `{args.profile}`. Written by `servegym "
+            f"fidelity --profile {args.profile} --workload {args.workload} --policy {' '.join(args.policy)} --seeds "
+            f"{' '.join(map(str, args.seeds))} --repeats {args.repeats}`.\n\n{summary}.\n\n## Episode metrics\n\n"
+            "Means over the seeds (real: each seed's mean over its repeats); per seed: the model's error on each "
+            "seed alone; real repeat spread: the median over seeds of (max - min) / mean of a seed's real repeats."
+            f"\n\n{table}\n\n## Ranking\n\nEvery pair of policies and metric where the real means differ by more "
+            f"than the sum of the two policies' repeat spreads, and whether the model orders them alike.\n\n{orders}"
+            f"\n\n## Step latency of the real runs\n\n{steps}\n\n{notes}\n")
         print(f"wrote {out / 'fidelity.csv'} and {out / 'fidelity.md'}")
     return 0
 
@@ -183,6 +200,9 @@ def add_real_backend_parsers(sub: Any) -> None:
     cal.add_argument("--max-context", type=positive_int, default=None,
                      help=f"longest per-request context and prefill chunk swept, in tokens (default "
                           f"{CUDA_MAX_CONTEXT} on CUDA, {CPU_MAX_CONTEXT} on CPU)")
+    cal.add_argument("--max-tokens", type=positive_int, default=EngineConfig().max_num_batched_tokens,
+                     help="largest prefill step swept, single chunks and batched prompts (default: the engine's "
+                          "max_num_batched_tokens, %(default)s, so that episodes stay inside the measured range)")
     cal.add_argument("--repeats", type=positive_int, default=3,
                      help="timings per sweep point, the median fitted (default: 3)")
     cal.add_argument("--kv-blocks", type=positive_int, default=None,
@@ -202,7 +222,10 @@ def add_real_backend_parsers(sub: Any) -> None:
                      help="only the workload's first N requests (a short run)")
     fid.add_argument("--policy", nargs="+", default=["fcfs", "twp", "flow-control"],
                      help="policies to run on both backends (default: fcfs twp flow-control)")
-    fid.add_argument("--seed", type=int, default=0)
+    fid.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="episode seeds (default: 0 1 2)")
+    fid.add_argument("--repeats", type=positive_int, default=2,
+                     help="real runs per seed, whose spread is the noise beside each error (default: 2)")
+    fid.add_argument("--quiet", action="store_true")
     fid.add_argument("--threads", type=positive_int, default=None,
                      help="torch CPU threads (default: those the profile was calibrated with)")
     fid.add_argument("--out", default=None, help="folder for fidelity.csv and fidelity.md (default: print only)")

@@ -27,14 +27,17 @@ from servegym.backends.calibration_provenance import (
 )
 from servegym.backends.calibration_sweep import SweepPlan
 from servegym.cli import main
-from servegym.evaluation.fidelity import FirstRequests, real_timing, timing_table
+from servegym.evaluation.fidelity import FirstRequests, RealSteps, real_timing, timing_table
 from tests.conftest import fixed
 
 # ------------------------------------------------------------------------------------------- the plan
 
 
-def test_the_cpu_limits_give_the_historical_cpu_sweep():
-    assert SweepPlan.up_to(64, 512, repeats=3) == SweepPlan()
+def test_the_cpu_limits_give_the_default_cpu_sweep():
+    assert SweepPlan.up_to(64, 512, repeats=3, max_tokens=2048) == SweepPlan()
+    # Without max_tokens the chunks stop at the context limit: 2048 / 8 = 256 and 2048 / 16 = 128 become 64, 32.
+    plan = SweepPlan.up_to(64, 512)
+    assert plan.chunks == (16, 32, 64, 128, 256, 512) and plan.batched == ((4, 64), (8, 64), (16, 32))
 
 
 def test_the_gpu_limits_reach_batch_256_and_context_2048():
@@ -61,15 +64,19 @@ def test_limits_off_the_ladder_are_swept_themselves():
 
 def test_kv_blocks_needed_by_hand():
     # Decode: 64 requests of 512 tokens + 1 generated + one per timed decode (7 batches x 3 repeats) = 534
-    # tokens = 34 blocks each, 2176 in all; prefill (256 + 512 + 1 = 769 tokens, 49 blocks) and mixed
-    # (32 x ceil(132 / 16) + ceil(257 / 16) = 305) need fewer.
+    # tokens = 34 blocks each, 2176 in all; prefill (256 + 2048 + 1 = 2305 tokens, 145 blocks), batched
+    # (16 x ceil(129 / 16) = 144) and mixed (32 x ceil(132 / 16) + ceil(257 / 16) = 305) need fewer.
     assert SweepPlan().kv_blocks_needed(16) == 2176
     # 4 requests of 30 tokens + 1 + 2 x 2 decodes = 35 tokens = 3 blocks each.
-    small = SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=2)
+    small = SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=2,
+                      batched=())
     assert small.kv_blocks_needed(16) == 12
     # 28 + 1 + 4 = 33 tokens: still 3 blocks each (without the generated token, 32 would be 2).
     assert SweepPlan(batches=(1, 4), contexts=(28,), chunks=(16,), chunk_starts=(0,), mixed=(),
-                     repeats=2).kv_blocks_needed(16) == 12
+                     repeats=2, batched=()).kv_blocks_needed(16) == 12
+    # Batched prefills: 8 prompts of 256 tokens + 1 = 17 blocks each, 136; 16 of 128 + 1: 9 each, 144.
+    assert SweepPlan(batches=(1,), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=1,
+                     batched=((8, 256), (16, 128))).kv_blocks_needed(16) == 144
 
 
 def test_a_sweep_that_overflows_the_cache_is_refused_before_it_starts():
@@ -85,7 +92,8 @@ def test_the_kv_estimate_is_exactly_what_the_decode_sweep_holds():
     from servegym.backends.calibration_sweep import Sweeper
     from servegym.backends.torch_backend import TorchBackend
 
-    plan = SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=2)
+    plan = SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=2,
+                      batched=())
     backend = TorchBackend("tiny-llama", device="cpu", num_kv_blocks=plan.kv_blocks_needed(16))
     assert len(Sweeper(backend).decode(plan)) == 4  # 12 blocks suffice: 2 batch sizes x 2 repeats timed
     backend.reset(np.random.default_rng(0))
@@ -99,11 +107,15 @@ def test_the_largest_step_by_hand():
     # Untimed prefills: 16 of the 64 requests x 512 tokens = 8192, more than any timed step.
     assert SweepPlan().max_step_tokens() == 8192
     # 4 requests x 30 tokens = 120, more than the 64-token warm-up and the 16-token chunk.
-    assert SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=()).max_step_tokens() == 120
+    assert SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(),
+                     batched=()).max_step_tokens() == 120
+    # A batch of 16 prompts of 200 tokens is the largest step: 3200 > 4 x 30 and the chunk.
+    assert SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(),
+                     batched=((16, 200),)).max_step_tokens() == 3200
 
 
 @pytest.mark.parametrize("bad", [{"batches": ()}, {"contexts": (0,)}, {"repeats": 0}, {"chunk_starts": (-1,)},
-                                 {"mixed": ((0, 16),)}])
+                                 {"mixed": ((0, 16),)}, {"batched": ((4, 0),)}])
 def test_a_bad_plan_is_a_clear_error(bad):
     with pytest.raises(ValueError, match="SweepPlan"):
         SweepPlan(**bad)
@@ -183,7 +195,7 @@ def test_choosing_a_clock():
 def test_fidelity_reports_both_clocks_and_marks_the_engines():
     # Forward 10, 20, 30, 40 ms plus 1 ms of host work each: means 25 and 26 ms; P99 by linear interpolation
     # 10 + 0.99 x 3 x 10 = 39.7 ms forward-only, 40.7 ms host-inclusive.
-    fake = SimpleNamespace(forward_s=[0.010, 0.020, 0.030, 0.040], overhead_s=[0.001] * 4, count_host_time=True)
+    fake = RealSteps(True, [0.010, 0.020, 0.030, 0.040], [0.001] * 4)
     timing = real_timing(fake, (), profile_clock=FORWARD_ONLY)
     forward, host = timing.clocks
     assert (forward.clock, host.clock, timing.clock) == (FORWARD_ONLY, HOST_INCLUSIVE, HOST_INCLUSIVE)
@@ -194,8 +206,7 @@ def test_fidelity_reports_both_clocks_and_marks_the_engines():
     assert "| fcfs | host-inclusive (engine clock) | 4 | 26.00 | 26.00 | 40.70 |" in table
     assert "| fcfs | forward-only | 4 | 25.00 | 25.00 | 39.70 |" in table
     assert "MISMATCH" in timing.describe()  # fitted forward-only, run host-inclusive
-    forward_only = real_timing(SimpleNamespace(forward_s=fake.forward_s, overhead_s=fake.overhead_s,
-                                               count_host_time=False), (), FORWARD_ONLY)
+    forward_only = real_timing(RealSteps(False, fake.forward_s, fake.overhead_s), (), FORWARD_ONLY)
     assert forward_only.clock == FORWARD_ONLY and "MISMATCH" not in forward_only.describe()
 
 
@@ -256,20 +267,23 @@ def test_calibrate_then_fidelity_on_the_tiny_model(tmp_path, capsys):
     pytest.importorskip("transformers")
     out = tmp_path / "tiny.json"
     assert main(["calibrate", "--model", "tiny-llama", "--device", "cpu", "--threads", "1", "--max-batch", "2",
-                 "--max-context", "16", "--repeats", "2", "--kv-blocks", "64", "--out", str(out), "--quiet"]) == 0
+                 "--max-context", "16", "--max-tokens", "16", "--repeats", "2", "--kv-blocks", "64", "--out",
+                 str(out), "--quiet"]) == 0
     prov = json.loads(out.read_text())["provenance"]
     assert (prov["device"], prov["dtype"], prov["threads"]) == ("cpu", "float32", 1)
     assert prov["hardware"].startswith("CPU: ") and prov["hardware"].endswith(", 1 thread")
     assert prov["clock"] == HOST_INCLUSIVE and HOST_INCLUSIVE in prov["method"]  # the backend's default
     assert {"python", "torch", "transformers"} <= set(prov["versions"])
     assert set(prov["load"]) == {"loadavg_before", "loadavg_after", "sweep_wall_s", "process_cpu_s", "cpu_per_wall"}
-    # up_to(2, 16, 2): decode B=1, 2 at context 16; prefill chunk 16 at starts 0 and 8; mixed (1 decode, chunk
-    # 16): 5 points of 2 repeats each.
-    assert prov["sweep"] == {"max_batch": 2, "max_context": 16, "repeats": 2, "kv_blocks_needed": 5}
-    assert prov["spread"]["points"] == 5
+    # up_to(2, 16, 2, 16): decode B=1, 2 at context 16; prefill chunk 16 at starts 0 and 8; batched prefills of
+    # 4 and 8 prompts of 2 tokens and 16 of 1; mixed (1 decode, chunk 16): 8 points of 2 repeats each. The
+    # batched 16 x 1 holds the most: 16 one-block requests.
+    assert prov["sweep"] == {"max_batch": 2, "max_context": 16, "max_tokens": 16, "repeats": 2,
+                             "kv_blocks_needed": 16}
+    assert prov["spread"]["points"] == 8
     with out.with_suffix(".samples.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 10 and {r["group"] for r in rows} == {"decode", "prefill", "mixed"}
+    assert len(rows) == 16 and {r["group"] for r in rows} == {"decode", "prefill", "batched", "mixed"}
     assert out.with_suffix(".png").is_file()
     capsys.readouterr()
 

@@ -13,9 +13,8 @@ pytest.importorskip("transformers")
 
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
-from servegym.backends import LatencyModel, load_profile, step_latency  # noqa: E402
+from servegym.backends import TokenLatencyModel, load_profile  # noqa: E402
 from servegym.backends.base import StepBatch  # noqa: E402
-from servegym.backends.calibration_fit import Sample, fit_latency_model  # noqa: E402
 from servegym.backends.torch_backend import TorchBackend  # noqa: E402
 from servegym.policies import make_policy  # noqa: E402
 from servegym.runner import make_env, run_episode  # noqa: E402
@@ -126,33 +125,18 @@ def test_backend_cache_and_engine_config_must_agree():
         make_env(None, backend=backend, engine={"num_kv_blocks": 64})
 
 
-def synthetic_samples(model: LatencyModel, rng) -> tuple[list[Sample], list[Sample]]:
-    def noisy(s: Sample) -> Sample:
-        t = step_latency(model, s.decode, s.chunk, s.attention, s.context)
-        return Sample(s.decode, s.context, s.chunk, s.chunk_start, t * (1 + 0.005 * rng.standard_normal()))
-
-    decode = [noisy(Sample(b, float(b * (c + 1)), 0, 0, 0.0)) for c in (32, 128, 512)
-              for b in (1, 2, 4, 8, 16, 32, 64) for _ in range(3)]
-    prefill = [noisy(Sample(0, 0.0, c, s, 0.0)) for s in (0, 256) for c in (16, 32, 64, 128, 256, 512)
-               for _ in range(3)]
-    return decode, prefill
-
-
-def test_calibration_recovers_known_parameters_within_5_percent():
-    truth = LatencyModel(l_min_s=0.02, saturation_batch=8, alpha_s=0.0015, prefill_s_per_token=4e-4,
-                         prefill_s_per_token_context=2e-7, decode_s_per_context_token=3e-6)
-    fitted = fit_latency_model(*synthetic_samples(truth, np.random.default_rng(0)))
-    assert fitted.saturation_batch == 8
-    for name in ("l_min_s", "alpha_s", "prefill_s_per_token", "prefill_s_per_token_context",
-                 "decode_s_per_context_token"):
-        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.05), name
-
-
 def test_shipped_cpu_profile_round_trips_and_carries_provenance(tmp_path):
     profile = load_profile("cpu-small-llama")
     for key in ("hardware", "model", "method", "date", "versions", "fit_error"):
         assert key in profile.provenance
-    assert set(profile.provenance["fit_error"]) == {"decode", "prefill", "mixed"}
+    groups = {"decode", "prefill", "batched", "mixed"}
+    assert set(profile.provenance["fit_error"]) == set(profile.provenance["holdout_error"]) == groups
+    assert profile.runtime == "eager" and isinstance(profile.latency, TokenLatencyModel)
+    # The recorded terms are the model's: KV bytes over the effective bandwidth, FLOPs over the FLOP rate.
+    lat, terms = profile.latency, profile.provenance["terms"]
+    assert lat.kv_bytes_per_token / lat.decode_bandwidth_bytes_s == pytest.approx(terms["kv_s_per_token"]["value"])
+    assert lat.attention_flops_per_pair / lat.prefill_flops_s == pytest.approx(terms["s_per_pair"]["value"])
+    assert lat.cpu_s[0] == pytest.approx(terms["cpu_s_per_step"]["value"] + terms["cpu_s_per_row"]["value"])
     profile.save(tmp_path / "p.json")
     assert load_profile(tmp_path / "p.json") == profile
     data = json.loads((tmp_path / "p.json").read_text())
@@ -172,11 +156,13 @@ def test_calibrate_and_fidelity_commands_run_end_to_end(tmp_path, capsys):
     plan = SweepPlan(batches=(1, 4, 16), contexts=(16, 64), chunks=(16, 64), chunk_starts=(0, 32),
                      mixed=((4, 16),), repeats=1)
     profile, samples = calibrate(backend, "tiny-test", plan)
-    assert profile.latency.l_min_s > 0 and len(samples["decode"]) == 6
+    assert profile.latency.decode_s(1) > 0 and len(samples["decode"]) == 6
     path = tmp_path / "tiny.json"
     profile.save(path)
-    rows, timing = fidelity("fcfs", fixed(np.linspace(0, 0.3, 6), np.full(6, 20), np.full(6, 8)), str(path),
-                            backend_options={"model": "tiny-llama"})
-    assert {r.metric for r in rows} >= {"ttft_p50", "itl_mean", "throughput_rps"}
+    report = fidelity(["fcfs", "flow-control"], fixed(np.linspace(0, 0.3, 6), np.full(6, 20), np.full(6, 8)),
+                      str(path), seeds=(0, 1), repeats=2, backend_options={"model": "tiny-llama"})
+    assert {r.metric for r in report.rows} >= {"ttft_p50", "itl_mean", "throughput_rps"}
+    assert all(len(r.seed_errors) == 2 and r.spread >= 0 for r in report.rows)
+    timing = report.timings["fcfs"]
     assert timing.forward_ms_mean > 0 and timing.overhead_ms_mean > 0
-    assert "relative error" in fidelity_table(rows)
+    assert "relative error" in fidelity_table(report.rows)

@@ -96,7 +96,8 @@ WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
     "cpu-fidelity": (
         lambda: SyntheticWorkload(Poisson(6.0), 20.0, prompt=Choice((32, 128, 256), (0.5, 0.3, 0.2)),
                                   output=Choice((16, 64, 128), (0.5, 0.3, 0.2))),
-        "short prompts/outputs, Poisson 6 req/s for 20 s: crosses B0 of the CPU profile in a few minutes of CPU",
+        "short prompts/outputs, Poisson 6 req/s for 20 s: about the capacity of the CPU profile's first machine "
+        "(a 2x slower one runs it 2x overloaded), a few minutes of CPU",
     ),
     "azure-code": (
         lambda: TraceWorkload(str(bundled_trace()), duration_s=120.0),

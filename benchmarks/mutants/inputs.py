@@ -86,6 +86,6 @@ MUTATIONS = [
      "        if shape[key] >= top:", (LIMITS,), "profile"),
     ("predict-prefill-tokens-one-prompt", "servegym/cli_profile.py",
      '"tokens": batch * (prefill or 1)', '"tokens": prefill or batch', (LIMITS,), "profile"),
-    ("predict-sweep-ignored", "servegym/cli_profile.py", '    sweep = profile.provenance.get("sweep", {})',
+    ("predict-sweep-ignored", "backends/profile.py", '    sweep = profile.provenance.get("sweep", {})',
      "    sweep = {}", (LIMITS + "::test_predict_reads_a_calibrated_profiles_sweep",), "profile"),
 ]
