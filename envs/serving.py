@@ -18,6 +18,7 @@ from servegym.engine.cluster import ClusterStep
 from servegym.engine.validation import boolean, non_negative_number, optional, positive_int, positive_number
 from servegym.envs.actions import slot_action_masks
 from servegym.envs.observation import SCHEMA, ObservationEncoder, observation_space, schema_table
+from servegym.envs.render import draw_frame, panel_of
 from servegym.metrics.core import censored_latency, num_met_slo
 from servegym.workloads import Workload, make_workload
 from servegym.workloads.scenarios import profile_for
@@ -145,6 +146,7 @@ class ServingEnv(gym.Env):
     | `truncation_penalty_s` | `600.0` (v0: `60.0`) | latency charged per unserved request when `max_steps` or the guard truncates |
     | `latency_noise_cv` | `None` | override the profile's multiplicative latency noise |
     | `strict_actions` | `False` | raise on admits of empty slots instead of counting them |
+    | `render_mode` | `None` | `"ansi"` (a line per container) or `"rgb_array"` (a frame per step, `servegym.envs.render`: KV cache by owner state, queue, batch, clock; `RecordVideo` records it) |
 
     ## Version History
 
@@ -153,7 +155,7 @@ class ServingEnv(gym.Env):
     * v0: initial release (legacy, `servegym/Serving-v0`: whole-trace windows for every split, 60 s).
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
 
     def __init__(
         self,
@@ -373,7 +375,13 @@ class ServingEnv(gym.Env):
         log = self.cluster.log
         return log.num_requests - sum(e.num_finished for e in self.cluster.engines) - self.cluster.num_rejected
 
-    def render(self) -> str | None:
+    def render(self) -> str | np.ndarray | None:
+        """``ansi``: one line per container; ``rgb_array``: the frame of :mod:`servegym.envs.render` (KV cache,
+        queue, batch and clock), of shape ``render.frame_shape(num_containers)``; None without a render mode."""
+        if self.render_mode == "rgb_array":
+            log, now = self.cluster.log, self.cluster.time
+            return draw_frame(now, self._num_steps, [panel_of(e, log, self.queue_window, now)
+                                                     for e in self.cluster.engines])
         if self.render_mode != "ansi":
             return None
         return " | ".join(

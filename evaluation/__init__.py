@@ -39,8 +39,10 @@ def default_experiment() -> Experiment:
 
 def compare(experiment: Experiment, out: Path, workers: int | None = None, progress: bool = True,
             plots: bool = True, resume: bool = True,
-            executor: Executor = PROCESSES) -> tuple[list[TaskResult], dict[str, Path]]:
-    """Run ``experiment`` and write ``results.csv``, ``summary.md`` and (``plots``) the PNG figures.
+            executor: Executor = PROCESSES, timeline: bool = False) -> tuple[list[TaskResult], dict[str, Path]]:
+    """Run ``experiment`` and write ``results.csv``, ``summary.md``, (``plots``) the PNG figures and
+    (``timeline``) ``timeline.png``: every policy's episode of the first seed on the focus workload, side by side
+    (those episodes are run again, in this process).
 
     Each finished run is kept in ``out/runs/`` as it finishes; with ``resume`` (the default) runs already there
     are not run again. Reports from an earlier call are removed first and written atomically at the end; when
@@ -67,6 +69,10 @@ def compare(experiment: Experiment, out: Path, workers: int | None = None, progr
 
         for path in plot_all(results, summarize_results(results), out):
             paths[path.stem] = path
+    if timeline:
+        from servegym.evaluation.timeline import plot_policies
+
+        paths["timeline"] = plot_policies(experiment, out / "timeline.png")
     return results, paths
 
 

@@ -12,8 +12,8 @@ from servegym.engine import STEP_INDEX, EngineConfig
 from servegym.evaluation.executor import PROCESSES, Executor, RunStore, progress_bar, run_stored
 from servegym.evaluation.spec import Experiment, PolicySpec, WorkloadSpec, check_workload
 from servegym.metrics import inter_token_latencies, summarize
-from servegym.policies import make_policy
-from servegym.runner import make_env, run_episode
+from servegym.policies import Policy, make_policy
+from servegym.runner import EpisodeResult, make_env, run_episode
 from servegym.workloads.scenarios import profile_for
 
 ITL_SAMPLE = 4000
@@ -95,12 +95,19 @@ def check_inputs(experiment: Experiment, todo: list[Task]) -> None:
             raise fail(f"policy {task.policy.title!r} on workload {task.workload.label!r}", err) from None
 
 
-def run_task(task: Task) -> TaskResult:
+def episode(task: Task) -> tuple[Policy, EpisodeResult]:
+    """The task's episode, on exactly the settings :func:`run_task` scores, and the policy that ran it."""
     policy = make_policy(task.policy.name, **_params(task))
-    engine = _engine(task)
     env = make_env(policy, max_episode_steps=task.max_steps, workload=task.workload.build(), profile=task.profile,
-                   engine=engine, pool=task.pool)
-    result = run_episode(env, policy, seed=task.seed)
+                   engine=_engine(task), pool=task.pool)
+    try:
+        return policy, run_episode(env, policy, seed=task.seed)
+    finally:
+        env.close()
+
+
+def run_task(task: Task) -> TaskResult:
+    policy, result = episode(task)
     log = result.log
     metrics = summarize(log, task.ttft_slo_s, task.itl_slo_s)
     metrics["truncated"] = float(result.truncated)
@@ -125,7 +132,6 @@ def run_task(task: Task) -> TaskResult:
                                                                                                    "num_waiting")},
         }
     ttft = log.first_token_s - log.arrival_s
-    env.close()
     return TaskResult(task.policy.title, task.workload.label, task.seed, metrics, ttft, gaps, series)
 
 

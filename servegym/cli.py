@@ -74,6 +74,8 @@ def format_summary(summary: dict[str, float]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    for folder in ([Path(args.out)] if args.out else []) + ([Path(args.trace).parent] if args.trace else []):
+        writable_dir(folder)  # before the episode runs
     params = {}
     if args.params:
         from servegym.tuning.study import read_params
@@ -98,8 +100,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("stability (flow-control paper's conditions for this workload):")
     print(_stability_text(args.workload, args.profile, EngineConfig(**{**engine, **policy.engine_overrides()})))
     if args.out:
+        from servegym.evaluation.timeline import plot_timeline
+
         req, steps = write_csvs(result.log, args.out)
-        print(f"wrote {req} and {steps}")
+        timeline = plot_timeline({f"{args.policy} on {args.workload}, seed {args.seed}": result.log},
+                                 Path(args.out) / "timeline.png")
+        print(f"wrote {req}, {steps} and {timeline}")
+    if args.trace:
+        from servegym.evaluation.trace import write_trace
+
+        print(f"wrote {write_trace(result.log, args.trace)} (Trace Event Format: open it in ui.perfetto.dev or "
+              "chrome://tracing)")
     return 0
 
 
@@ -148,7 +159,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
               f"{len(experiment.workloads)} workloads x {len(experiment.seeds)} seeds = {runs} runs"
               f"{' as Ray tasks' if executor.kind == 'ray' else ''} -> {out}{kept}")
         _, paths = compare(experiment, out, workers=args.workers, progress=not args.quiet, plots=not args.no_plots,
-                           resume=not args.fresh, executor=executor)
+                           resume=not args.fresh, executor=executor, timeline=args.timeline)
     print(paths["summary"].read_text())
     for name, path in paths.items():
         print(f"wrote {name}: {path}")
@@ -352,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--length-mode", choices=LENGTH_MODES, default=None)
     run.add_argument("--max-steps", type=positive_int, default=200_000,
                      help="truncate the episode after this many steps")
-    run.add_argument("--out", default=None, help="folder for requests.csv and steps.csv")
+    run.add_argument("--out", default=None, help="folder for requests.csv, steps.csv and timeline.png")
+    run.add_argument("--trace", default=None, help="write the episode as Trace Event Format JSON (Perfetto)")
     run.add_argument("--params", default=None, help="policy parameters file (servegym tune's best_params.json)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
@@ -366,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_executor_args(comp)
     comp.add_argument("--out", default=None, help="output folder (default: results/<experiment name>)")
     comp.add_argument("--no-plots", action="store_true")
+    comp.add_argument("--timeline", action="store_true",
+                      help="also write timeline.png: each policy's first-seed episode of the focus workload")
     comp.add_argument("--params", nargs="+", default=None,
                       help="params files (servegym tune's best_params.json): each adds '<policy>-tuned'")
     comp.add_argument("--fresh", action="store_true",
