@@ -16,6 +16,7 @@ is what the env hands over.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -34,16 +35,29 @@ QUEUE_SLOTS, QUEUE_COLUMN, QUEUE_HEIGHT = 32, 8, 48
 MAX_SCALE_TOKENS = 4096
 """The queue's columns saturate at this many tokens (prompt plus predicted output)."""
 
-BACKGROUND = (24, 24, 28)
-FREE = (60, 60, 66)
-DECODING = (76, 175, 80)
-PREFILLING = (255, 152, 0)
-PROMPT = (66, 133, 244)
-PREDICTED = (171, 71, 188)
-TEXT = (230, 230, 230)
-STATE_COLOURS = {"running": DECODING, "idle": (120, 144, 156), "loading": (255, 213, 79), "cold": (3, 169, 244)}
-KV_COLOURS = np.array([FREE, DECODING, PREFILLING], dtype=np.uint8)
-"""Cell colour by owner: 0 free, 1 decoding, 2 prefilling."""
+def _rgb(r: int, g: int, b: int) -> int:
+    """A colour packed as the frame's canvas holds it: one little-endian uint32 of R, G, B and an opaque alpha."""
+    return r | g << 8 | b << 16 | 255 << 24
+
+
+BACKGROUND = _rgb(24, 24, 28)
+FREE = _rgb(60, 60, 66)
+DECODING = _rgb(76, 175, 80)
+PREFILLING = _rgb(255, 152, 0)
+PROMPT = _rgb(66, 133, 244)
+PREDICTED = _rgb(171, 71, 188)
+TEXT = _rgb(230, 230, 230)
+STATE_COLOURS = {"running": DECODING, "idle": _rgb(120, 144, 156), "loading": _rgb(255, 213, 79),
+                 "cold": _rgb(3, 169, 244)}
+_DARK = [_rgb(30, 30, 33), _rgb(38, 87, 40), _rgb(127, 76, 0)]
+KV_COLOURS = np.array([FREE, DECODING, PREFILLING, *_DARK], dtype="<u4")
+"""Cell colour by owner: 0 free, 1 decoding, 2 prefilling; 3-5 the same, darker (each cell row's last line)."""
+QUEUE_COLOURS = np.array([BACKGROUND, PROMPT, PREDICTED], dtype="<u4")
+"""A queue pixel's colour: 0 empty, 1 prompt, 2 predicted output."""
+_KV_PIXELS = np.arange(KV_ROWS * KV_COLUMNS).reshape(KV_ROWS, KV_COLUMNS).repeat(KV_CELL, 0).repeat(KV_CELL, 1)
+"""The cell each pixel of the KV grid shows."""
+_KV_SHADE = np.where(np.arange(KV_ROWS * KV_CELL) % KV_CELL == KV_CELL - 1, 3, 0)[:, None]
+"""Added to a cell's colour index on the last pixel line of each cell row."""
 
 _GLYPHS = {
     "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
@@ -95,14 +109,20 @@ def frame_shape(num_containers: int) -> tuple[int, int, int]:
     return HEADER + PANEL * num_containers, WIDTH, 3
 
 
-def text(img: np.ndarray, x: int, y: int, string: str, scale: int = 2, colour: tuple[int, int, int] = TEXT) -> None:
+@functools.cache
+def _glyph(ch: str, scale: int) -> np.ndarray:
+    """The bitmap of ``ch`` (a blank for characters the font lacks) and a blank column after it, each pixel
+    ``scale`` x ``scale``."""
+    bits = np.array([b == "1" for b in _GLYPHS.get(ch, _GLYPHS[" "])]).reshape(5, 3)
+    bits = np.hstack([bits, np.zeros((5, 1), dtype=bool)])
+    return bits.repeat(scale, axis=0).repeat(scale, axis=1)
+
+
+def text(img: np.ndarray, x: int, y: int, string: str, scale: int = 2, colour: int = TEXT) -> None:
     """Draw ``string`` (characters of the bitmap font; others as blanks) with its top-left corner at (x, y)."""
-    for i, ch in enumerate(string):
-        glyph = np.array([int(b) for b in _GLYPHS.get(ch, _GLYPHS[" "])], dtype=bool).reshape(5, 3)
-        pixels = np.kron(glyph, np.ones((scale, scale), dtype=bool))
-        left = x + i * 4 * scale
-        region = img[y : y + pixels.shape[0], left : left + pixels.shape[1]]
-        region[pixels[: region.shape[0], : region.shape[1]]] = colour
+    pixels = np.hstack([_glyph(ch, scale) for ch in string])
+    region = img[y : y + pixels.shape[0], x : x + pixels.shape[1]]
+    region[pixels[: region.shape[0], : region.shape[1]]] = colour
 
 
 def kv_cells(view: PanelView, cells: int = KV_COLUMNS * KV_ROWS) -> tuple[np.ndarray, int]:
@@ -119,48 +139,78 @@ def kv_cells(view: PanelView, cells: int = KV_COLUMNS * KV_ROWS) -> tuple[np.nda
 
 
 def draw_panel(img: np.ndarray, top: int, index: int, view: PanelView) -> None:
-    img[top : top + 16, 8:24] = STATE_COLOURS[view.state]
-    text(img, 30, top + 3, f"c{index}")
-    # KV grid.
+    img[top : top + 16, 8:24] = STATE_COLOURS[view.state]  # its name, "c<index>", is in the background
+    # KV grid: a cell of KV_CELL x KV_CELL pixels per entry, the last pixel row of each cell row darker.
     cells, _ = kv_cells(view)
-    grid = KV_COLOURS[cells.reshape(KV_ROWS, KV_COLUMNS)]
-    block = np.kron(grid, np.ones((KV_CELL, KV_CELL, 1), dtype=np.uint8))
-    block[KV_CELL - 1 :: KV_CELL, :] //= 2  # a darker line between cell rows
+    grid = KV_COLOURS[cells[_KV_PIXELS] + _KV_SHADE]
     kv_top, kv_left = top + 22, 8
-    img[kv_top : kv_top + block.shape[0], kv_left : kv_left + block.shape[1]] = block
+    img[kv_top : kv_top + grid.shape[0], kv_left : kv_left + grid.shape[1]] = grid
     used = int(view.kv_blocks.sum())
-    text(img, kv_left + block.shape[1] + 8, kv_top, f"k{used}", scale=2)
-    text(img, kv_left + block.shape[1] + 8, kv_top + 14, f"/{view.num_kv_blocks}", scale=2)
+    text(img, kv_left + grid.shape[1] + 8, kv_top, f"k{used}", scale=2)  # over "/<capacity>" of the background
     # Batch bar: decode then prefill tokens against the budget.
-    bar_top, bar_width = kv_top + block.shape[0] + 6, KV_COLUMNS * KV_CELL
-    img[bar_top : bar_top + 8, kv_left : kv_left + bar_width] = FREE
+    bar_top, bar_width = kv_top + grid.shape[0] + 6, KV_COLUMNS * KV_CELL  # its FREE background is static
     budget = max(view.token_budget, 1)
     decode = min(bar_width, round(bar_width * view.decode_tokens / budget))
     prefill = min(bar_width - decode, round(bar_width * view.prefill_tokens / budget))
     img[bar_top : bar_top + 8, kv_left : kv_left + decode] = DECODING
     img[bar_top : bar_top + 8, kv_left + decode : kv_left + decode + prefill] = PREFILLING
-    # Queue: prompt (bottom) and predicted output (above) per visible request.
+    # Queue: per visible request a column, its prompt rising from the bottom and its predicted output above.
     q_top, q_left = bar_top + 14, 8
     shown = min(view.queue_prompt.size, QUEUE_SLOTS)
-    for i in range(shown):
-        prompt, predicted = float(view.queue_prompt[i]), float(view.queue_predicted[i])
-        p = min(QUEUE_HEIGHT, round(QUEUE_HEIGHT * prompt / MAX_SCALE_TOKENS) + 1)
-        o = min(QUEUE_HEIGHT - p, round(QUEUE_HEIGHT * predicted / MAX_SCALE_TOKENS))
-        x = q_left + i * (QUEUE_COLUMN + 2)
-        bottom = q_top + QUEUE_HEIGHT
-        img[bottom - p : bottom, x : x + QUEUE_COLUMN] = PROMPT
-        img[bottom - p - o : bottom - p, x : x + QUEUE_COLUMN] = PREDICTED
+    if shown:
+        scale = QUEUE_HEIGHT / MAX_SCALE_TOKENS
+        prompt = np.minimum(QUEUE_HEIGHT, np.round(view.queue_prompt[:shown] * scale).astype(np.int64) + 1)
+        predicted = np.minimum(QUEUE_HEIGHT - prompt, np.round(view.queue_predicted[:shown] * scale).astype(np.int64))
+        depth = QUEUE_HEIGHT - np.arange(QUEUE_HEIGHT)[:, None]  # pixels from the bottom, 1 at the last row
+        colour = np.where(depth <= prompt, 1, np.where(depth <= prompt + predicted, 2, 0))  # (height, shown)
+        columns = np.zeros((QUEUE_HEIGHT, shown, QUEUE_COLUMN + 2), dtype=np.int8)
+        columns[:, :, :QUEUE_COLUMN] = colour[:, :, None]
+        columns = columns.reshape(QUEUE_HEIGHT, -1)
+        region = img[q_top : q_top + QUEUE_HEIGHT, q_left : q_left + columns.shape[1]]
+        np.copyto(region, QUEUE_COLOURS[columns], where=columns > 0)
     text(img, q_left + QUEUE_SLOTS * (QUEUE_COLUMN + 2) + 8, q_top + QUEUE_HEIGHT - 10, f"#{view.queue_prompt.size}")
 
 
+@functools.cache
+def _background(capacities: tuple[int, ...]) -> np.ndarray:
+    """The frame's static part on the packed canvas, for containers of these KV capacities: the background, a
+    rule above each panel, each panel's name, capacity and empty batch bar."""
+    img = np.full(frame_shape(len(capacities))[:2], BACKGROUND, dtype="<u4")
+    for i, blocks in enumerate(capacities):
+        top = HEADER + PANEL * i
+        img[top, :] = FREE
+        text(img, 30, top + 7, f"c{i}")
+        kv_top = top + 4 + 22
+        text(img, 8 + KV_COLUMNS * KV_CELL + 8, kv_top + 14, f"/{blocks}", scale=2)
+        bar_top = kv_top + KV_ROWS * KV_CELL + 6
+        img[bar_top : bar_top + 8, 8 : 8 + KV_COLUMNS * KV_CELL] = FREE
+    img.flags.writeable = False
+    return img
+
+
+def _rgb_bytes(img: np.ndarray) -> np.ndarray:
+    """The packed canvas as ``(height, width, 3)`` uint8 (channel by channel: numpy copies a 3-of-4-byte view
+    five times slower)."""
+    out = np.empty((*img.shape, 3), dtype=np.uint8)
+    for channel in range(3):
+        np.copyto(out[:, :, channel], img >> (8 * channel), casting="unsafe")
+    return out
+
+
+@functools.cache
+def _canvas(capacities: tuple[int, ...]) -> np.ndarray:
+    """A scratch canvas, reused from frame to frame (a fresh 400 KB array a step costs page faults)."""
+    return np.empty_like(_background(capacities))
+
+
 def draw_frame(clock_s: float, step: int, panels: list[PanelView]) -> np.ndarray:
-    """The frame of one step: ``(HEADER + PANEL x containers, WIDTH, 3)`` uint8."""
-    img = np.empty(frame_shape(len(panels)), dtype=np.uint8)
-    img[:] = BACKGROUND
+    """The frame of one step: ``(HEADER + PANEL x containers, WIDTH, 3)`` uint8, a new array. Drawn on a reused
+    canvas of packed RGBA uint32 (one store a pixel), whose RGB bytes are the frame."""
+    capacities = tuple(view.num_kv_blocks for view in panels)
+    img = _canvas(capacities)
+    np.copyto(img, _background(capacities))
     text(img, 8, 6, f"t={clock_s:.3f}s", scale=3)
     text(img, 360, 6, f"#{step}", scale=3)
     for i, view in enumerate(panels):
-        top = HEADER + PANEL * i
-        img[top, :] = FREE
-        draw_panel(img, top + 4, i, view)
-    return img
+        draw_panel(img, HEADER + PANEL * i + 4, i, view)
+    return _rgb_bytes(img)

@@ -142,8 +142,11 @@ def test_ranking_compares_only_pairs_the_real_runs_separate_beyond_their_spread(
 
 
 def test_a_model_that_ties_what_the_real_runs_separate_does_not_keep_their_order():
-    orders = ranking([FidelityRow("a", "itl_mean", 1.0, 2.0, 0.0), FidelityRow("b", "itl_mean", 2.0, 2.0, 0.0)])
-    assert len(orders) == 1 and not orders[0].same_order
+    # A tie's difference is +0.0, whose sign matches a positive real difference: a tie must still not count.
+    for real_a, real_b in ((1.0, 2.0), (2.0, 1.0)):
+        orders = ranking([FidelityRow("a", "itl_mean", real_a, 2.0, 0.0),
+                          FidelityRow("b", "itl_mean", real_b, 2.0, 0.0)])
+        assert len(orders) == 1 and not orders[0].same_order
 
 
 def test_step_residuals_price_each_real_step_from_its_own_batch():
