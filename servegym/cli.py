@@ -103,9 +103,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         from servegym.evaluation.timeline import plot_timeline
 
         req, steps = write_csvs(result.log, args.out)
-        timeline = plot_timeline({f"{args.policy} on {args.workload}, seed {args.seed}": result.log},
-                                 Path(args.out) / "timeline.png")
-        print(f"wrote {req}, {steps} and {timeline}")
+        try:
+            timeline = plot_timeline({f"{args.policy} on {args.workload}, seed {args.seed}": result.log},
+                                     Path(args.out) / "timeline.png")
+        except ImportError:  # matplotlib comes with the eval extra
+            print(f"wrote {req} and {steps} (no timeline.png: matplotlib is missing; pip install 'servegym[eval]')")
+        else:
+            print(f"wrote {req}, {steps} and {timeline}")
     if args.trace:
         from servegym.evaluation.trace import write_trace
 

@@ -215,3 +215,14 @@ def test_run_refuses_an_unwritable_trace_before_the_episode(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     assert main(["run", "--workload", "burst", "--trace", str(tmp_path / "file" / "t.json")]) == 2
     assert "not writable" in capsys.readouterr().err
+
+
+def test_run_out_without_matplotlib_still_writes_the_csvs(tmp_path, capsys, monkeypatch):
+    import sys
+
+    from servegym.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing it now raises ImportError
+    assert main(["run", "--workload", "burst", "--out", str(tmp_path), "--quiet", "--max-steps", "50"]) == 0
+    assert "no timeline.png: matplotlib is missing" in capsys.readouterr().out
+    assert (tmp_path / "requests.csv").is_file() and not (tmp_path / "timeline.png").exists()
