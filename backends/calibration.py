@@ -49,6 +49,8 @@ def calibrate(backend: TorchBackend, name: str, plan: SweepPlan | None = None, l
     sweeper = Sweeper(backend)
     load_before, wall, cpu = loadavg(), time.perf_counter(), time.process_time()
     sweeper.prefill(SweepPlan(chunks=(WARMUP_CHUNK,), chunk_starts=(0,), repeats=2))  # warm-up, discarded
+    sweeper.scatter(min(backend.num_kv_blocks, plan.kv_blocks_needed(backend.block_size)), np.random.default_rng(0),
+                    rows=plan.max_step_tokens())
     samples = {"decode": sweeper.decode(plan, progress), "prefill": sweeper.prefill(plan, progress),
                "batched": sweeper.batched(plan), "mixed": sweeper.mixed(plan)}
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -64,7 +66,8 @@ def calibrate(backend: TorchBackend, name: str, plan: SweepPlan | None = None, l
         "method": (f"servegym calibrate: decode batches {list(plan.batches)} at contexts {list(plan.contexts)}, "
                    f"prefill chunks {list(plan.chunks)} at starts {list(plan.chunk_starts)}, batched prefills "
                    f"{[list(b) for b in plan.batched]} (prompts, tokens), mixed steps "
-                   f"{[list(m) for m in plan.mixed]}, {plan.repeats} repeats each in rounds (median), timed on the "
+                   f"{[list(m) for m in plan.mixed]}, {plan.repeats} repeats each in rounds (median), the cache's "
+                   "free blocks shuffled first (scattered KV, as a running server's), timed on the "
                    f"{host['clock']} clock; the schema-2 token model (cpu = c0 + c1 x rows, piecewise-linear "
                    "linear(T), KV-read and query-key-pair terms) by non-negative least squares on relative error, "
                    "every fifth point of each group held out"),

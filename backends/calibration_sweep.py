@@ -139,6 +139,16 @@ class Sweeper:
         self._next_id += n
         return ids
 
+    def scatter(self, blocks: int, rng: np.random.Generator, rows: int) -> None:
+        """Leave the cache's free blocks in a random order, as a server's is after many requests have come and
+        gone: ``blocks`` one-block requests are prefilled (one token each, untimed, at most ``rows`` a step) and
+        released in a shuffled order, so the sweep's requests then take scattered blocks, not consecutive ones."""
+        ids = self._new_ids(blocks)
+        for part in np.array_split(ids, -(-ids.size // rows)):
+            one = np.ones(part.size, dtype=np.int64)
+            self.backend.execute(StepBatch(EMPTY, EMPTY, part, np.zeros(part.size, dtype=np.int64), one, one))
+        self.backend.release(rng.permutation(ids))
+
     def _prefill(self, ids: np.ndarray, tokens: int, target: int | None = None) -> None:
         """Ingest ``tokens`` prompt tokens of requests ``ids`` (whose prompts are ``target`` long) untimed, at most
         UNTIMED_ROWS requests of UNTIMED_TOKENS tokens per step."""

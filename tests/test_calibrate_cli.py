@@ -103,6 +103,19 @@ def test_the_kv_estimate_is_exactly_what_the_decode_sweep_holds():
         Sweeper(backend).decode(plan)
 
 
+def test_scatter_leaves_the_free_blocks_shuffled():
+    # 10 one-token requests, at most 4 a step (4 + 3 + 3 rows), released in a seeded random order.
+    from servegym.backends.calibration_sweep import Sweeper
+
+    steps, released = [], []
+    fake = SimpleNamespace(execute=lambda batch: steps.append(batch.prefill_ids.tolist()) or 0.0,
+                           release=lambda ids: released.extend(ids.tolist()))
+    Sweeper(fake).scatter(10, np.random.default_rng(0), rows=4)
+    assert steps == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert sorted(released) == list(range(10)) and released != list(range(10))
+    assert released == np.random.default_rng(0).permutation(10).tolist()
+
+
 def test_the_largest_step_by_hand():
     # Untimed prefills: 16 of the 64 requests x 512 tokens = 8192, more than any timed step.
     assert SweepPlan().max_step_tokens() == 8192
