@@ -19,7 +19,7 @@ import numpy as np
 
 from servegym.backends.calibration_fit import Sample, fit_errors, fit_token_model, predict, split_holdout
 from servegym.backends.calibration_provenance import loadavg, machine, point_spreads, spread_summary, spread_warning
-from servegym.backends.calibration_sweep import WARMUP_CHUNK, Sweeper, SweepPlan, point_label
+from servegym.backends.calibration_sweep import SCATTER_ROWS, WARMUP_CHUNK, Sweeper, SweepPlan, point_label
 from servegym.backends.profile import Profile
 from servegym.backends.runtimes import LEGACY_RUNTIME
 
@@ -50,7 +50,7 @@ def calibrate(backend: TorchBackend, name: str, plan: SweepPlan | None = None, l
     load_before, wall, cpu = loadavg(), time.perf_counter(), time.process_time()
     sweeper.prefill(SweepPlan(chunks=(WARMUP_CHUNK,), chunk_starts=(0,), repeats=2))  # warm-up, discarded
     sweeper.scatter(min(backend.num_kv_blocks, plan.kv_blocks_needed(backend.block_size)), np.random.default_rng(0),
-                    rows=plan.max_step_tokens())
+                    rows=min(plan.max_step_tokens(), SCATTER_ROWS))
     samples = {"decode": sweeper.decode(plan, progress), "prefill": sweeper.prefill(plan, progress),
                "batched": sweeper.batched(plan), "mixed": sweeper.mixed(plan)}
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

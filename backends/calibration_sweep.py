@@ -19,6 +19,9 @@ CUDA_MAX_BATCH, CUDA_MAX_CONTEXT = 256, 2048
 16 bits, which fits an 80 GB H100 beside the 6.4 GB of weights; 4,096 tokens would need 120 GB."""
 WARMUP_CHUNK = 64
 """Prompt tokens of the untimed warm-up prefills that precede every sweep."""
+SCATTER_ROWS = 512
+"""At most this many one-token requests a step when :meth:`Sweeper.scatter` shuffles the cache (each row samples a
+token, so a step's logits grow with its rows: a large vocabulary on a full GPU must not run out of memory)."""
 UNTIMED_ROWS, UNTIMED_TOKENS = 16, 512
 """The untimed prefills that fill the cache before a timed step run at most this many requests of at most this
 many tokens per step."""
