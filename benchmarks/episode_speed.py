@@ -10,9 +10,9 @@ paired with a CartPole-v1 measurement taken just before it in the same process, 
 machine; the ratio is the best over the pairs (a shared 2-core machine drifts by 10% within a minute).
 ``--engine`` picks the engine (default: the compiled one when built, see ``servegym.engine.compiled``).
 
-``azure-5000`` replays the first 5,000 requests of the bundled Azure code trace (the size the issue's Vidur
-comparison used); trace parsing is timed apart, once, cold. For that replay the last
-column compares the wall time with Vidur's, measured at ``VIDUR_AZURE_5000_S`` on this machine class (issue 15).
+``azure-5000`` replays the first 5,000 requests of the bundled Azure code trace; trace parsing is timed apart,
+once, cold. This benchmark compares with CartPole only: a comparison with another simulator runs both side by
+side as whole processes on the same requests (``benchmarks/vs_vidur.py``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from servegym.workloads import TraceWorkload, bundled_trace, make_workload
 WORKLOADS = ("azure-5000", "medium", "burst")
 CARTPOLE_PAIR_STEPS = 20_000
 """CartPole-v1 steps measured just before each episode run (about 0.1 s)."""
-VIDUR_AZURE_5000_S = 37.0
-"""Vidur's simulation time for the same 5,000 Azure code requests on a 2-core machine of this class (issue 15)."""
 
 
 def workload(name: str):
@@ -84,7 +82,7 @@ def main() -> None:
     cart = min(cartpole_us() for _ in range(args.repeats))
     print(f"CartPole-v1: {cart:.2f} us/step (best of {args.repeats}; each run below is paired with its own)")
     print(f"{'workload':<12} {'policy':<13} {'steps':>7} {'wall s':>8} {'us/step':>8} {'x CartPole':>10} "
-          f"{'requests/s':>11} {'vs Vidur':>9}")
+          f"{'requests/s':>11}")
     for name in args.workloads:
         for policy in args.policies:
             runs = []
@@ -95,9 +93,8 @@ def main() -> None:
             wall, steps, requests, _ = min(runs)
             ratio = min(run[3] for run in runs)
             us = wall / steps * 1e6
-            vidur = f"{VIDUR_AZURE_5000_S / wall:>8.0f}x" if name == "azure-5000" else ""
             print(f"{name:<12} {policy:<13} {steps:>7} {wall:>8.3f} {us:>8.1f} {ratio:>10.2f} "
-                  f"{requests / wall:>11.0f} {vidur:>9}")
+                  f"{requests / wall:>11.0f}")
 
 
 if __name__ == "__main__":

@@ -113,7 +113,8 @@ class ServingEnv(gym.Env):
     admission decision is possible (no request waits at the deciding container, its model is loading, or it
     has no free sequence slot or no free KV block) and returns at the next decision or the episode's end. The
     reward is the sum over those iterations (so episode sums are unchanged), the count keys of `info` and
-    `step_s` sum over them, and `info["num_iterations"]` says how many there were. `max_steps` and the guard
+    `step_s` sum over them, `info["num_iterations"]` says how many there were and `info["iteration_rewards"]`
+    lists their rewards (a return summed from them is the same float as one summed step by step). `max_steps` and the guard
     count iterations.
 
     ## Arguments
@@ -241,6 +242,9 @@ class ServingEnv(gym.Env):
         self.idle_guard_steps = idle_guard_steps
         self.truncation_penalty_s = float(truncation_penalty_s)
         self.decision_steps = decision_steps
+        self.iteration_limit: int | None = None
+        """With ``decision_steps``: a step returns once the episode has run this many iterations (set by
+        ``servegym.runner.IterationLimit``, a ``TimeLimit`` that counts iterations rather than steps)."""
         slots = self.engine_config.max_num_seqs
         self.action_space = spaces.MultiDiscrete(np.full(queue_window, queue_window + 1, dtype=np.int64))
         self.dict_observation_space = observation_space(queue_window, slots, n)
@@ -291,12 +295,14 @@ class ServingEnv(gym.Env):
             info = self._info(self.engine.last, self.cluster.deciding, 0, 0)
             return self._encoder.encode(self.cluster), 0.0, True, False, info
         self._stepped = True
-        reward, totals, iterations = 0.0, None, 0
+        reward, totals, iterations, rewards = 0.0, None, 0, []
         while True:
             step, r, terminated, truncated = self._iterate(order)
             reward += r
+            rewards.append(r)
             iterations += 1
-            if terminated or truncated or not self.decision_steps or self._decision_possible():
+            if terminated or truncated or not self.decision_steps or self._decision_possible() \
+                    or (self.iteration_limit is not None and self._num_steps >= self.iteration_limit):
                 break
             totals = _add_counts(totals, step)
             order = order[:0]
@@ -306,6 +312,8 @@ class ServingEnv(gym.Env):
             for key, value in _add_counts(totals, step).items():
                 info[key] = value
         info["num_iterations"] = iterations
+        if self.decision_steps:  # each iteration's reward, so a return can be summed as without the skip
+            info["iteration_rewards"] = rewards
         if truncated and self._num_stalled >= (self.idle_guard_steps or math.inf):
             info["idle_guard"] = True
         return obs, reward, terminated, truncated, info
@@ -339,6 +347,11 @@ class ServingEnv(gym.Env):
         if self.reward_half_life_s is not None:
             reward *= 2.0 ** (-(started_s - self.cluster.log.arrival_s[0]) / self.reward_half_life_s)
         return step, reward, terminated, truncated or guarded
+
+    @property
+    def num_steps(self) -> int:
+        """Engine iterations this episode has run (with ``decision_steps``, more than the calls of ``step``)."""
+        return self._num_steps
 
     def _decision_possible(self) -> bool:
         """Could an action admit anything now? Requests wait at the deciding container, its model is loaded,

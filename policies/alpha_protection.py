@@ -24,6 +24,7 @@ class AlphaProtection(Policy):
     """Admit FCFS while used KV stays at or below ``(1 - alpha) M``; on overflow evict every running request."""
 
     name = "alpha-protection"
+    stateless = True
     source = "Dong & Cao (flow-control paper), baseline: alpha-protection greedy"
     rule = "FCFS while usage <= (1 - alpha) M; on overflow clear all running requests"
     Params = AlphaProtectionParams

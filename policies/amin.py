@@ -25,6 +25,7 @@ class AMin(Policy):
     """Shortest lower-end estimate first under a future-memory check; estimates double when outgrown."""
 
     name = "amin"
+    stateless = True
     source = "Chen, Ye, Zhou: Adaptively Robust LLM Inference Optimization under Prediction Uncertainty (2025)"
     rule = "estimate = lower end, doubled when outgrown; shortest estimate first; evict shortest estimate first"
     uses_output_lengths = True

@@ -41,6 +41,10 @@ class Policy(ABC):
     needs_overrides: ClassVar[bool] = False
     """True for a policy that means nothing without its engine overrides (the clairvoyant greedy packer's true
     lengths): a benchmark runs it only in a task's engine-config track."""
+    stateless: ClassVar[bool] = False
+    """True when :meth:`act` is a function of the observation and the parameters alone (no filter, bucket or
+    random stream advanced by a call): runners then skip the iterations with no admission decision to make
+    without calling it (``decision_steps``), which leaves every episode unchanged."""
     Params: ClassVar[type[PolicyParams] | None] = None
     """The policy's parameters (a frozen :class:`PolicyParams` dataclass); None when it has none."""
 

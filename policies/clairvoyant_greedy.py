@@ -26,6 +26,7 @@ class ClairvoyantGreedy(Policy):
     policies can beat it."""
 
     name = "clairvoyant-greedy"
+    stateless = True
     source = "comparison point (clairvoyant greedy packer), after the flow-control paper's hindsight comparison"
     rule = "CLAIRVOYANT: true lengths, shortest remaining first, packed to exact future-memory feasibility"
     needs_overrides = True

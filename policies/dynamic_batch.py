@@ -25,6 +25,7 @@ class DynamicBatch(Policy):
     """FCFS up to ``max_batch``; while smoothed ITL exceeds the target, the batch may not grow."""
 
     name = "dynamic-batch"
+    stateless = True
     source = "TWP paper baseline (batch-level feedback, no token-level signal)"
     rule = "caps the batch size while ITL exceeds a static target"
     Params = DynamicBatchParams

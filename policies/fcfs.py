@@ -13,6 +13,7 @@ class FCFS(Policy):
     """Admit waiting requests in arrival order while their prompts fit in free KV blocks."""
 
     name = "fcfs"
+    stateless = True
     source = "TWP paper baseline; vLLM's default FCFS scheduler"
     rule = "arrival order, no concurrency bound beyond KV"
 

@@ -18,6 +18,7 @@ class MemoryConstrained(Policy):
     """Admit in arrival order while the KV footprint stays within M at every future completion time."""
 
     name = "mc"
+    stateless = True
     source = "Dong & Cao (flow-control paper), baseline: MC benchmark"
     rule = "FCFS, admitting only if projected memory stays within M at every future completion (upper bounds)"
     uses_output_lengths = True

@@ -41,6 +41,7 @@ class MCShortestFirst(Policy):
     """Sort the queue by predicted output length; admit the longest prefix that keeps future memory within M."""
 
     name = "mc-sf"
+    stateless = True
     source = ("Jaillet, Jiang, Mellou, Molinaro, Podimata, Zhou: "
               "Online Scheduling for LLM Inference with KV Cache Constraints (2025)")
     rule = "queue sorted by predicted output ascending; admit the longest prefix feasible at every future completion"

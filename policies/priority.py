@@ -14,6 +14,7 @@ class Priority(Policy):
     """Admit the visible waiting requests in ascending prompt length while they fit in free KV."""
 
     name = "priority"
+    stateless = True
     source = "TWP paper baseline"
     rule = "shortest prompt first, while KV allows"
 

@@ -21,6 +21,7 @@ class SarathiServe(Policy):
     """Every step: all decodes, then ongoing prefill chunks, then new admissions, under one fixed token budget."""
 
     name = "sarathi"
+    stateless = True
     source = "Agrawal et al.: Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve (OSDI 2024)"
     rule = "stall-free batching: decodes, then ongoing prefill chunks, then admissions, under a fixed chunk budget"
     Params = SarathiParams

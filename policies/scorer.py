@@ -47,6 +47,7 @@ class Scorer(Policy):
     target."""
 
     name = "scorer"
+    stateless = True
     source = "search comparator: a 4-parameter scorer tuned by an evolution strategy (issue 27)"
     rule = "score -(prompt + a*output) + b*wait, best first, peak KV within c + d*tanh(waiting/32) of the cache"
     uses_output_lengths = True

@@ -59,11 +59,10 @@ class VLLMV1(Policy):
     step after a preemption; preempted requests recompute from the queue front (LIFO victims)."""
 
     name = "vllm"
+    stateless = True
     source = "vLLM V1 scheduler (Kwon et al., SOSP 2023; vLLM v1 engine)"
     rule = "token budget and max_num_seqs; running first; FCFS chunked admission; none in a step that preempted"
     Params = VLLMParams
-    Params = VLLMParams
-
 
     @staticmethod
     def search_space(trial: optuna.Trial) -> dict[str, Any]:

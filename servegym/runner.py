@@ -25,27 +25,67 @@ class EpisodeResult:
     log: EpisodeLog
     summary: dict[str, float]
     steps: int
+    """Engine iterations the episode ran (one per ``step`` without the decision skip)."""
     truncated: bool
     total_reward: float
 
 
+class IterationLimit(gym.Wrapper):
+    """Gymnasium's ``TimeLimit`` counted in engine iterations: ``truncated`` once the episode has run
+    ``max_iterations`` of them, however many one step advanced (``decision_steps``), so an episode with and
+    without the decision skip ends at the same iteration."""
+
+    def __init__(self, env: gym.Env, max_iterations: int) -> None:
+        super().__init__(env)
+        positive_int("max_iterations", max_iterations)
+        self.max_iterations = max_iterations
+        for inner in _serving_envs(env):
+            inner.iteration_limit = self.max_iterations
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if serving_env(self.env).num_steps >= self.max_iterations:
+            truncated = True
+        return obs, reward, terminated, truncated, info
+
+
+def _serving_envs(env: gym.Env) -> list[ServingEnv]:
+    inner = env.unwrapped
+    return list(inner.components.values()) if isinstance(inner, MixtureEnv) else [inner]
+
+
 def make_env(policy: Policy | None = None, max_episode_steps: int | None = None, apply_overrides: bool = True,
-             **env_kwargs: Any) -> gym.Env:
+             skip_idle: bool | None = None, **env_kwargs: Any) -> gym.Env:
     """``gym.make`` the serving env with ``engine``/``pool`` settings, then the policy's own overrides on top.
 
     A policy's overrides are part of its definition (TWP's chunk size, flow control's LIFO eviction, the
     clairvoyant greedy packer's true lengths), so they win; change them through the policy's parameters. With
     ``apply_overrides=False`` the env is exactly the one the arguments describe (a benchmark's locked test track),
     and the policy only reads its profile.
+
+    ``skip_idle`` (default: the policy's ``stateless``) turns on ``decision_steps``: a step runs through the
+    iterations where nothing can be admitted, so a stateless policy is not asked what it would never change.
+    The episode is the same iteration for iteration (``tests/test_decision_skip.py``); the episode limit
+    (``max_episode_steps``, else the id's) then counts iterations (:class:`IterationLimit`), as it did steps.
     """
-    if max_episode_steps is not None:
+    if max_episode_steps is not None and max_episode_steps != -1:
         positive_int("max_episode_steps", max_episode_steps)
     engine = dict(env_kwargs.pop("engine", None) or {})
     pool = dict(env_kwargs.pop("pool", None) or {})
     if policy is not None and apply_overrides:
         engine = {**engine, **policy.engine_overrides()}
         pool = {**pool, **policy.pool_overrides()}
-    env = gym.make(ENV_ID, engine=engine, pool=pool, max_episode_steps=max_episode_steps, **env_kwargs)
+    skip = (policy is not None and policy.stateless) if skip_idle is None else bool(skip_idle)
+    if skip and not env_kwargs.get("decision_steps", True):
+        skip = False  # the caller asked for one iteration a step
+    if not skip:
+        env = gym.make(ENV_ID, engine=engine, pool=pool, max_episode_steps=max_episode_steps, **env_kwargs)
+    else:
+        limit = gym.spec(ENV_ID).max_episode_steps if max_episode_steps is None else max_episode_steps
+        env = gym.make(ENV_ID, engine=engine, pool=pool, max_episode_steps=-1,
+                       **{**env_kwargs, "decision_steps": True})
+        if limit is not None and limit != -1:
+            env = IterationLimit(env, limit)
     if policy is not None:
         policy.bind_profile(env_profile(env))
     return env
@@ -75,16 +115,20 @@ def run_episode(env: gym.Env, policy: Policy, seed: int, progress: bool = False,
     while not (terminated or truncated):
         obs, reward, terminated, truncated, info = env.step(policy.act(obs))
         steps += 1
-        total += reward
+        for r in info.get("iteration_rewards", (reward,)):  # in iteration order: the same float as step by step
+            total += r
         if checkpoint is not None and steps % CHECKPOINT_STEPS == 0:
             checkpoint()
         if bar is not None and steps % 200 == 0:
             bar.set_postfix(t=f"{info['clock_s']:.1f}s", run=info["num_running"], wait=info["num_waiting"])
-            bar.update(200)
+            bar.update(serving_env(env).num_steps - bar.n)
     if bar is not None:
         bar.close()
-    log = serving_env(env).cluster.log
-    return EpisodeResult(log, summarize(log), steps, truncated, total)
+    inner = serving_env(env)
+    # Iterations, not calls of step: the same count with and without the decision skip (an episode with
+    # nothing to serve ends on one step that runs none).
+    return EpisodeResult(inner.cluster.log, summarize(inner.cluster.log), max(steps, inner.num_steps), truncated,
+                         total)
 
 
 def serving_env(env: gym.Env) -> ServingEnv:
@@ -102,7 +146,9 @@ def _progress_bar(env: gym.Env):
     except ImportError:  # the bar is optional: install servegym[cli]
         return None
     # disable=None: drawn only on a terminal (a log gets no stream of carriage returns).
-    return tqdm(desc="steps", unit="step", total=env.spec.max_episode_steps if env.spec else None, leave=False,
+    limit = env.max_iterations if isinstance(env, IterationLimit) else env.spec.max_episode_steps if env.spec \
+        else None
+    return tqdm(desc="iterations", unit="it", total=limit if limit and limit > 0 else None, leave=False,
                 disable=None)
 
 

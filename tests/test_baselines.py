@@ -68,7 +68,7 @@ def test_amin_estimate_rises_when_a_request_outgrows_it():
 
     policy = make_policy("amin")
     record.policy = policy
-    env = make_env(policy, workload=fixed([0.0], [10], [100]),
+    env = make_env(policy, workload=fixed([0.0], [10], [100]), skip_idle=False,  # asked at every iteration
                    engine={"length_mode": "predicted", "prediction_error": 0.9})
     obs, _ = env.reset(seed=3)
     lo = env.unwrapped.cluster.log.output_lo[0]
@@ -150,7 +150,8 @@ def test_alpha_protection_respects_its_ceiling_and_clears_on_overflow():
             clears.append((info["num_preemptions"], running_before, info["num_running"]))
 
     policy = make_policy("alpha-protection", alpha=alpha)
-    env = make_env(policy, workload=crowded(), engine={**SMALL_KV, "length_mode": "unknown"}, strict_actions=True)
+    env = make_env(policy, workload=crowded(), engine={**SMALL_KV, "length_mode": "unknown"}, strict_actions=True,
+                   skip_idle=False)  # each step one iteration: the check reads each preemption
     obs, _ = env.reset(seed=0)
     for _ in range(20_000):
         action = policy.act(obs)

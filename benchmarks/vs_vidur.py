@@ -1,0 +1,249 @@
+"""servegym and Vidur side by side: the same requests, both as whole processes, alternately, in one run.
+
+Usage::
+
+    python benchmarks/vs_vidur.py --vidur-python VENV/bin/python --vidur-source VIDUR_CHECKOUT
+                                  [--requests 5000] [--pairs 3] [--rates trace 2] [--policies fcfs vllm]
+
+This script installs nothing. It needs a Python environment that runs Vidur (github.com/microsoft/vidur) from a
+source checkout: ``git clone`` the repository, create a venv, ``pip install -r requirements.txt`` there, and pass
+that venv's interpreter and the checkout. The venv must not hold the ``vidur`` release from the package index: the
+checkout's ``vidur`` has no ``__init__.py``, so an installed ``vidur`` package shadows it. The checkout's Git LFS
+attention tables are usually absent; the script then writes a stand-in ``attention.csv`` from servegym's own
+first-principles attention terms (the ``a100-llama2-7b`` profile's KV bytes per token over its decode bandwidth,
+its FLOPs per query-key pair over its prefill FLOP/s, per layer), so both simulators price attention alike and
+Vidur's own measured MLP tables price everything else. The released package alone (without a checkout) reads its
+tables from a HuggingFace dataset at run time and is not run here.
+
+What runs: the first ``--requests`` requests of the bundled Azure code trace (Llama-2-7B on one A100), each
+clipped as Vidur's trace replay clips (prompt + output at most 4,096 tokens, the prompt shortened), written in
+each simulator's input format with the same arrival times. ``--rates``: ``trace`` replays the trace's own
+timing; a number stretches the arrival times to that mean rate (requests per second). Vidur runs its vLLM
+scheduler (128 requests, 4,096 tokens a batch, 16-token blocks; CPU overhead modelling off, its default);
+servegym runs each ``--policies`` policy with the same limits on the ``a100-llama2-7b`` profile. Each pair
+is Vidur then servegym (A B A B ...), each a fresh ``python`` process timed from launch to exit (imports,
+trace parse and writing its results included); Vidur writes no plots or chrome trace. One untimed Vidur run
+first trains and caches its execution-time predictor (``--workdir``), as Vidur's own cache does for a user.
+
+Printed: each side's simulated iterations, makespan, mean end-to-end latency and mean TTFT, and every pair's
+wall times and ratio (servegym / Vidur), then the median ratio per rate and policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+MAX_TOKENS = 4096
+"""Vidur's trace replay clips prompt + output to this (``max_tokens``); both sides get the clipped requests."""
+VIDUR_ATTENTION = "data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/attention.csv"
+PROFILE = "a100-llama2-7b"
+BATCH_CAP, TOKEN_BUDGET, BLOCK = 128, 4096, 16
+
+
+def requests(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Arrival times (s from the first), prompt and output lengths of the trace's first ``count`` requests,
+    clipped as Vidur clips them."""
+    from servegym.workloads import TraceWorkload, bundled_trace
+
+    spec = TraceWorkload(str(bundled_trace()), max_requests=count).sample(np.random.default_rng(0))
+    prompt = np.maximum(spec.num_prompt_tokens.astype(np.int64), 1)
+    output = np.maximum(spec.num_output_tokens.astype(np.int64), 1)
+    prompt = prompt - np.maximum(prompt + output - MAX_TOKENS, 0)
+    return spec.arrival_s.astype(float), prompt, output
+
+
+def write_inputs(work: Path, count: int, rates: list[str]) -> dict[str, tuple[Path, Path, float]]:
+    """Per rate: the servegym trace (Azure's columns), Vidur's trace and the time scale applied."""
+    arrival, prompt, output = requests(count)
+    span = arrival[-1] - arrival[0]
+    out = {}
+    for rate in rates:
+        scale = 1.0 if rate == "trace" else (count - 1) / span / float(rate)
+        times = arrival * scale
+        ours, theirs = work / f"servegym-{rate}.csv", work / f"vidur-{rate}.csv"
+        with ours.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
+            for t, p, o in zip(times, prompt, output, strict=True):
+                stamp = np.datetime64("2023-11-16T00:00:00", "ns") + np.timedelta64(round(t * 1e9), "ns")
+                writer.writerow([str(stamp).replace("T", " "), int(p), int(o)])
+        with theirs.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["arrived_at", "num_prefill_tokens", "num_decode_tokens"])
+            for t, p, o in zip(times, prompt, output, strict=True):
+                writer.writerow([f"{round(t * 1e9) / 1e9:.9f}", int(p), int(o)])
+        out[rate] = (ours, theirs, scale)
+    return out
+
+
+def stand_in_attention(path: Path) -> None:
+    """Vidur's attention table for Llama-2-7B on one A100, from servegym's first-principles terms (per layer)."""
+    from servegym.backends import load_profile
+
+    profile = load_profile(PROFILE)
+    shape = profile.provenance["model_shape"]
+    latency = profile.latency
+    layers = shape["layers"]
+    kv_bytes = latency.kv_bytes_per_token / layers
+    flops_pair = latency.attention_flops_per_pair / layers
+    rows = []
+    for batch in (1, 2, 4, 8, 16, 32, 64, 96, 128):
+        for kv in range(0, MAX_TOKENS + 1, 256):
+            decode_ms = batch * kv * kv_bytes / latency.decode_bandwidth_bytes_s * 1e3
+            rows.append((batch, kv, 0, 0.0, decode_ms))
+    for chunk in (16, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096):
+        for kv in range(0, MAX_TOKENS + 1 - chunk, 256):
+            pairs = chunk * kv + chunk * (chunk + 1) / 2
+            rows.append((1, kv, chunk, pairs * flops_pair / latency.prefill_flops_s * 1e3, 0.0))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["n_embd", "n_q_head", "n_kv_head", "block_size", "num_tensor_parallel_workers",
+                         "batch_size", "kv_cache_size", "prefill_chunk_size", "time_stats.attn_prefill.median",
+                         "time_stats.attn_decode.median"])
+        for batch, kv, chunk, prefill_ms, decode_ms in rows:
+            writer.writerow([shape["hidden"], shape["heads"], shape["kv_heads"], BLOCK, 1, batch, kv, chunk,
+                             prefill_ms, decode_ms])
+
+
+def vidur_command(python: str, trace: Path, attention: Path, out: Path, cache: Path) -> list[str]:
+    return [python, "-m", "vidur.main",
+            "--replica_config_device", "a100", "--replica_config_model_name", "meta-llama/Llama-2-7b-hf",
+            "--cluster_config_num_replicas", "1", "--replica_config_tensor_parallel_size", "1",
+            "--replica_config_num_pipeline_stages", "1",
+            "--request_generator_config_type", "trace_replay",
+            "--trace_request_generator_config_trace_file", str(trace),
+            "--trace_request_generator_config_max_tokens", str(MAX_TOKENS),
+            "--trace_request_generator_config_prefill_scale_factor", "1.0",
+            "--trace_request_generator_config_decode_scale_factor", "1.0",
+            "--trace_request_generator_config_time_scale_factor", "1.0",
+            "--replica_scheduler_config_type", "vllm",
+            "--vllm_scheduler_config_batch_size_cap", str(BATCH_CAP),
+            "--vllm_scheduler_config_max_tokens_in_batch", str(TOKEN_BUDGET),
+            "--vllm_scheduler_config_block_size", str(BLOCK),
+            "--random_forrest_execution_time_predictor_config_attention_input_file", str(attention),
+            "--metrics_config_output_dir", str(out), "--metrics_config_cache_dir", str(cache),
+            "--no-metrics_config_store_plots", "--no-metrics_config_enable_chrome_trace"]
+
+
+def vidur_results(out: Path) -> dict[str, float]:
+    """Iterations, makespan, mean E2E and TTFT from Vidur's request metrics (its newest run under ``out``)."""
+    run = max(out.iterdir(), key=lambda p: p.stat().st_mtime)
+    with (run / "request_metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    arrived = np.array([float(r["request_e2e_time"]) for r in rows])
+    ttft = np.array([float(r["prefill_e2e_time"]) for r in rows])
+    finish = np.array([float(r["request_e2e_time"]) + float(r.get("arrived_at", 0.0) or 0.0) for r in rows])
+    batches = run / "plots" / "batch_num_tokens.csv"
+    iterations = sum(1 for _ in batches.open()) - 1 if batches.exists() else float("nan")
+    return {"requests": len(rows), "iterations": iterations, "makespan_s": float(finish.max()),
+            "mean_e2e_s": float(arrived.mean()), "mean_ttft_s": float(ttft.mean())}
+
+
+def servegym_side(trace: str, policy_name: str) -> None:
+    """One servegym episode over ``trace``; prints its results as one JSON line (run in a fresh process)."""
+    from servegym.policies import make_policy
+    from servegym.runner import make_env
+    from servegym.workloads import TraceWorkload
+
+    policy = make_policy(policy_name)
+    env = make_env(policy, max_episode_steps=10**8, workload=TraceWorkload(trace), profile=PROFILE,
+                   engine={"length_mode": "unknown", "max_num_seqs": BATCH_CAP,
+                           "max_num_batched_tokens": TOKEN_BUDGET})
+    obs, _ = env.reset(seed=0)
+    policy.reset()
+    done = False
+    while not done:
+        obs, _, terminated, truncated, _ = env.step(policy.act(obs))
+        done = terminated or truncated
+    log = env.unwrapped.cluster.log
+    steps = log.steps()
+    busy = int(np.count_nonzero((steps["num_decode_tokens"] + steps["num_prefill_tokens"]) > 0))
+    e2e = log.finish_s - log.arrival_s
+    print(json.dumps({"requests": int(log.num_requests), "finished": int(np.isfinite(log.finish_s).sum()),
+                      "iterations": busy, "makespan_s": float(np.nanmax(log.finish_s) - log.arrival_s.min()),
+                      "mean_e2e_s": float(np.nanmean(e2e)),
+                      "mean_ttft_s": float(np.nanmean(log.first_token_s - log.arrival_s)),
+                      "kv_tokens": int(log.num_kv_blocks * log.block_size)}))
+
+
+def timed(command: list[str], cwd: str | None = None) -> tuple[float, str]:
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False,
+                          env={**os.environ, "WANDB_MODE": "disabled"})
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise RuntimeError(f"{command[:3]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return wall, done.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vidur-python", help="a Python that can run Vidur (its venv's bin/python)")
+    parser.add_argument("--vidur-source", help="a Vidur source checkout (github.com/microsoft/vidur)")
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--rates", nargs="+", default=["trace", "2"])
+    parser.add_argument("--policies", nargs="+", default=["fcfs", "vllm"])
+    parser.add_argument("--workdir", default="/tmp/servegym-vs-vidur")
+    parser.add_argument("--servegym-side", nargs=2, metavar=("TRACE", "POLICY"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.servegym_side:
+        servegym_side(*args.servegym_side)
+        return
+    if not (args.vidur_python and args.vidur_source):
+        parser.error("--vidur-python and --vidur-source are required (this script installs nothing)")
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    source = Path(args.vidur_source).resolve()
+    attention = source / VIDUR_ATTENTION
+    if not attention.exists() or attention.stat().st_size < 1000:  # absent, or a Git LFS pointer
+        attention = work / "attention-stand-in.csv"
+        stand_in_attention(attention)
+        print(f"Vidur's attention table is absent: stand-in from servegym's {PROFILE} terms at {attention}")
+    inputs = write_inputs(work, args.requests, args.rates)
+    cache, out = work / "vidur-cache", work / "vidur-out"
+    print(f"warming Vidur's predictor cache at {cache} (untimed) ...", flush=True)
+    warm = timed(vidur_command(args.vidur_python, inputs[args.rates[0]][1], attention, out, cache), cwd=str(source))
+    print(f"  {warm[0]:.1f} s")
+    print(f"{args.requests} requests of the bundled Azure code trace, clipped to {MAX_TOKENS} tokens; Llama-2-7B, "
+          f"one A100; {BATCH_CAP} requests and {TOKEN_BUDGET} tokens a batch; {time.strftime('%Y-%m-%d')}, "
+          f"{os.cpu_count()} CPUs")
+    header = (f"{'rate':>6} {'pair':>4} {'side':<18} {'wall s':>7} {'iterations':>10} {'makespan s':>10} "
+              f"{'mean E2E s':>10} {'mean TTFT s':>11} {'ratio':>6}")
+    print(header)
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for rate in args.rates:
+        ours, theirs, scale = inputs[rate]
+        print(f"rate {rate}: arrival times x {scale:.3f}", flush=True)
+        for pair in range(args.pairs):
+            vidur_wall, _ = timed(vidur_command(args.vidur_python, theirs, attention, out, cache), cwd=str(source))
+            v = vidur_results(out)
+            print(f"{rate:>6} {pair:>4} {'Vidur vllm':<18} {vidur_wall:>7.2f} {v['iterations']:>10} "
+                  f"{v['makespan_s']:>10.1f} {v['mean_e2e_s']:>10.2f} {v['mean_ttft_s']:>11.3f}", flush=True)
+            for policy in args.policies:
+                wall, stdout = timed([sys.executable, __file__, "--servegym-side", str(ours), policy])
+                s = json.loads(stdout.strip().splitlines()[-1])
+                ratio = wall / vidur_wall
+                ratios.setdefault((rate, policy), []).append(ratio)
+                print(f"{rate:>6} {pair:>4} {'servegym ' + policy:<18} {wall:>7.2f} {s['iterations']:>10} "
+                      f"{s['makespan_s']:>10.1f} {s['mean_e2e_s']:>10.2f} {s['mean_ttft_s']:>11.3f} "
+                      f"{ratio:>6.3f}", flush=True)
+    print("median servegym / Vidur wall-time ratio (min-max over pairs):")
+    for (rate, policy), values in ratios.items():
+        print(f"  rate {rate}, servegym {policy}: {statistics.median(values):.3f} "
+              f"({min(values):.3f}-{max(values):.3f}), {1 / statistics.median(values):.1f}x faster")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The decision skip: a stateless policy is not asked at iterations where nothing can be admitted, and every
+episode stays what it was, iteration for iteration (``servegym.runner.make_env``'s ``skip_idle``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servegym.policies import POLICIES, make_policy
+from servegym.runner import IterationLimit, make_env, run_episode, serving_env
+
+STATELESS = sorted(name for name, cls in POLICIES.items() if cls.stateless)
+STATEFUL = sorted(name for name, cls in POLICIES.items() if not cls.stateless)
+LOG_ARRAYS = ("state", "admit_s", "first_token_s", "finish_s", "num_preemptions", "reject_reason", "container",
+              "cold_start", "num_generated_at_preemption")
+
+
+def episode(name: str, workload: str, skip: bool, **kwargs):
+    policy = make_policy(name)
+    engine = {"length_mode": "predicted"} if policy.uses_output_lengths else {}
+    env = make_env(policy, skip_idle=skip, workload=workload, engine=engine, **kwargs)
+    calls = []
+    act = policy.act
+    policy.act = lambda obs: calls.append(1) or act(obs)
+    result = run_episode(env, policy, seed=3)
+    return env, result, len(calls)
+
+
+def assert_same_episode(a, b) -> None:
+    for name in LOG_ARRAYS:
+        np.testing.assert_array_equal(getattr(a.log, name), getattr(b.log, name), err_msg=name)
+    np.testing.assert_array_equal(a.log.steps(), b.log.steps())
+    assert a.steps == b.steps and a.truncated == b.truncated
+    assert a.total_reward == b.total_reward  # summed per iteration, in order: the same float
+    assert a.summary.keys() == b.summary.keys()
+    for key in a.summary:
+        assert a.summary[key] == pytest.approx(b.summary[key], rel=1e-12, nan_ok=True), key
+
+
+def test_the_registry_splits_stateful_from_stateless_policies() -> None:
+    # TWP's ITL filter, flow control's token bucket and the random policy's stream advance on every call.
+    assert {"twp", "flow-control", "random"} <= set(STATEFUL)
+    assert {"fcfs", "vllm", "sarathi", "mc", "mc-sf", "priority"} <= set(STATELESS)
+
+
+@pytest.mark.parametrize("name", STATELESS)
+@pytest.mark.parametrize("workload", ["medium", "tight-memory"])
+def test_stateless_policies_play_the_same_episode_with_fewer_calls(name: str, workload: str) -> None:
+    env_plain, plain, plain_calls = episode(name, workload, skip=False)
+    env_skip, skipped, skip_calls = episode(name, workload, skip=True)
+    assert not serving_env(env_plain).decision_steps and serving_env(env_skip).decision_steps
+    assert_same_episode(plain, skipped)
+    assert plain_calls == plain.steps  # one call an iteration without the skip
+    assert skip_calls < plain_calls  # the skip happened (idle waits and full batches exist on both workloads)
+
+
+def test_a_serverless_pool_plays_the_same_episode() -> None:
+    pool = {"num_containers": 3, "keep_alive_s": 2.0}
+    _, plain, _ = episode("serverless-llm", "burst", skip=False, pool=pool)
+    _, skipped, calls = episode("serverless-llm", "burst", skip=True, pool=pool)
+    assert_same_episode(plain, skipped)
+    assert calls < plain.steps
+
+
+@pytest.mark.parametrize("name", STATEFUL)
+def test_stateful_policies_keep_stepping_every_iteration(name: str) -> None:
+    env = make_env(make_policy(name), workload="medium")
+    assert not serving_env(env).decision_steps and not isinstance(env, IterationLimit)
+
+
+def test_the_episode_limit_counts_iterations_with_the_skip() -> None:
+    # A limit that binds: both runs stop at iteration 700, truncated, with the same log.
+    _, plain, _ = episode("fcfs", "medium", skip=False, max_episode_steps=700)
+    env, skipped, calls = episode("fcfs", "medium", skip=True, max_episode_steps=700)
+    assert isinstance(env, IterationLimit) and env.max_iterations == 700
+    assert plain.truncated and skipped.truncated and plain.steps == skipped.steps == 700
+    assert_same_episode(plain, skipped)
+    assert calls < 700
+
+
+def test_the_registered_limit_applies_when_none_is_given() -> None:
+    env = make_env(make_policy("fcfs"), workload="medium")
+    assert isinstance(env, IterationLimit) and env.max_iterations == 20_000
+    assert isinstance(make_env(make_policy("fcfs"), workload="medium", max_episode_steps=-1), IterationLimit) is False
+
+
+def test_asking_for_one_iteration_a_step_turns_the_skip_off() -> None:
+    env = make_env(make_policy("fcfs"), workload="medium", decision_steps=False)
+    assert not serving_env(env).decision_steps and not isinstance(env, IterationLimit)
