@@ -3,12 +3,14 @@
 Usage: python benchmarks/episode_speed.py [--policies fcfs twp flow-control vllm] [--repeats 3]
                                          [--engine auto|compiled|python]
 
-Each policy plays one seeded episode of each workload through ``gym.make`` (Gymnasium's wrappers included) and
-its own ``act``; the figure is the best of ``--repeats`` runs. Printed per (workload, policy): steps, wall
-time, microseconds per step, the ratio to a CartPole-v1 step, and requests simulated per second. Each run is
-paired with a CartPole-v1 measurement taken just before it in the same process, so that both see the same
-machine; the ratio is the best over the pairs (a shared 2-core machine drifts by 10% within a minute).
-``--engine`` picks the engine (default: the compiled one when built, see ``servegym.engine.compiled``).
+Each policy plays one seeded episode of each workload through ``gym.make`` (Gymnasium's wrappers included) and its
+own ``act``; the figure is the best of ``--repeats`` runs. Printed per (workload, policy): engine iterations (a
+stateless policy's episode skips the iterations with no decision, ``make_env``'s ``skip_idle``, so it calls
+``step`` fewer times), wall time, microseconds per iteration, the ratio to a CartPole-v1 step, and requests
+simulated per second. Each run is paired with a CartPole-v1 measurement taken just before it in the same process,
+so that both see the same machine; the ratio is the best over the pairs (a shared 2-core machine drifts by 10%
+within a minute). ``--engine`` picks the engine (default: the compiled one when built, see
+``servegym.engine.compiled``).
 
 ``azure-5000`` replays the first 5,000 requests of the bundled Azure code trace; trace parsing is timed apart,
 once, cold. This benchmark compares with CartPole only: a comparison with another simulator runs both side by
@@ -26,7 +28,7 @@ import numpy as np
 
 from servegym.engine.compiled import ENGINES, engine_class
 from servegym.policies import make_policy
-from servegym.runner import make_env
+from servegym.runner import make_env, serving_env
 from servegym.workloads import TraceWorkload, bundled_trace, make_workload
 
 WORKLOADS = ("azure-5000", "medium", "burst")
@@ -64,7 +66,7 @@ def episode(policy_name: str, workload_name: str) -> tuple[int, float, int]:
         steps += 1
         done = terminated or truncated
     wall = time.perf_counter() - start
-    return steps, wall, env.unwrapped.cluster.log.num_requests
+    return serving_env(env).num_steps, wall, env.unwrapped.cluster.log.num_requests
 
 
 def main() -> None:
@@ -81,7 +83,7 @@ def main() -> None:
     print(f"parse the bundled Azure trace (cold): {time.perf_counter() - start:.3f} s")
     cart = min(cartpole_us() for _ in range(args.repeats))
     print(f"CartPole-v1: {cart:.2f} us/step (best of {args.repeats}; each run below is paired with its own)")
-    print(f"{'workload':<12} {'policy':<13} {'steps':>7} {'wall s':>8} {'us/step':>8} {'x CartPole':>10} "
+    print(f"{'workload':<12} {'policy':<13} {'iters':>7} {'wall s':>8} {'us/iter':>8} {'x CartPole':>10} "
           f"{'requests/s':>11}")
     for name in args.workloads:
         for policy in args.policies:

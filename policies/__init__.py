@@ -25,6 +25,7 @@ from servegym.policies.base import (
     engine_feature,
     make_policy,
     output_estimate,
+    policies_table,
     ranks_action,
     register_policy,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "engine_feature",
     "make_policy",
     "output_estimate",
+    "policies_table",
     "ranks_action",
     "register_policy",
 ]

@@ -155,6 +155,16 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
+def policies_table() -> str:
+    """The registry as a Markdown table (README and docs/POLICIES.md carry it verbatim; ``servegym policies
+    --markdown`` prints it)."""
+    rows = ["| policy | rule | source | tuned parameters | skips idle iterations |", "| --- | --- | --- | --- | --- |"]
+    for name, cls in sorted(POLICIES.items()):
+        tuned = "yes" if cls.search_space is not None else ""
+        rows.append(f"| `{name}` | {cls.rule} | {cls.source} | {tuned} | {'yes' if cls.stateless else ''} |")
+    return "\n".join(rows)
+
+
 def make_policy(name: str, **params: Any) -> Policy:
     """A registered policy by name, ``rl:RUN_DIR`` for an agent trained by ``servegym train``, or ``random:MODE``
     for the random floor of a learning action mode (``count``, ``window``, ``rank``)."""

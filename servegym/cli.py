@@ -38,7 +38,7 @@ from servegym.evaluation.executor import (
 from servegym.evaluation.stats import MIN_VERDICT_SEEDS
 from servegym.experiments import FOLDER as SHIPPED_EXPERIMENTS
 from servegym.experiments import find_experiment, shipped_experiments
-from servegym.policies import POLICIES, make_policy
+from servegym.policies import POLICIES, make_policy, policies_table
 from servegym.runner import make_env, run_episode, write_csvs
 from servegym.stability import workload_stability
 from servegym.workloads import WORKLOADS, make_workload
@@ -340,6 +340,9 @@ def cmd_flow_regime(args: argparse.Namespace) -> int:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(policies_table())
+        return 0
     width = max(len(name) for name in POLICIES)
     for name, cls in sorted(POLICIES.items()):
         print(f"{name:<{width}}  {cls.rule}  [{cls.source}]")
@@ -491,7 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
     stab.add_argument("--eps", type=float, default=0.1, help="safety margin of the sufficient condition")
     stab.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None)
     stab.set_defaults(func=cmd_stability)
-    sub.add_parser("policies", help="list the registered policies").set_defaults(func=cmd_policies)
+    pol = sub.add_parser("policies", help="list the registered policies")
+    pol.add_argument("--markdown", action="store_true", help="the table README.md and docs/POLICIES.md carry")
+    pol.set_defaults(func=cmd_policies)
     sub.add_parser("workloads", help="list the named workloads").set_defaults(func=cmd_workloads)
     scen = sub.add_parser("scenarios", help="each scenario's headroom: random, FCFS, best policy, clairvoyant greedy")
     scen.add_argument("--seeds", type=int, default=10)
