@@ -28,6 +28,7 @@ import numpy as np
 from servegym.backends import LatencyModel, Profile, TokenLatencyModel, load_profile
 from servegym.backends.base import BatchTotals
 from servegym.backends.calibration_provenance import FORWARD_ONLY, HOST_INCLUSIVE, clock_option
+from servegym.metrics import metric as metric_of
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
 from servegym.workloads import RequestSpec, Workload
@@ -35,11 +36,8 @@ from servegym.workloads import RequestSpec, Workload
 if TYPE_CHECKING:
     from servegym.backends.torch_backend import TorchBackend
 
-FIDELITY_METRICS = (
-    ("ttft_p50", "TTFT P50 (s)"), ("ttft_p99", "TTFT P99 (s)"), ("e2e_p50", "E2E P50 (s)"),
-    ("e2e_p99", "E2E P99 (s)"), ("itl_mean", "ITL mean (s)"), ("itl_p50", "ITL P50 (s)"), ("itl_p99", "ITL P99 (s)"),
-    ("throughput_rps", "throughput (req/s)"),
-)
+FIDELITY_METRICS = ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99", "itl_mean", "itl_p50", "itl_p99", "throughput_rps")
+"""The metrics compared (headers from ``servegym.metrics.METRICS``; values in base units, seconds)."""
 TOLERANCE = 0.10
 """The calibrated model passes a metric when its mean lies within this relative error of the real backend's."""
 
@@ -215,8 +213,8 @@ def fidelity(policies: Sequence[str], workload: Workload, profile: str, seeds: S
     rows, timings = [], {}
     for name in policies:
         steps = RealSteps(real.count_host_time)
-        runs: dict[str, list[list[float]]] = {m: [] for m, _ in FIDELITY_METRICS}
-        modelled: dict[str, list[float]] = {m: [] for m, _ in FIDELITY_METRICS}
+        runs: dict[str, list[list[float]]] = {m: [] for m in FIDELITY_METRICS}
+        modelled: dict[str, list[float]] = {m: [] for m in FIDELITY_METRICS}
         for seed in seeds:
             repeated = []
             for repeat in range(repeats):
@@ -226,10 +224,10 @@ def fidelity(policies: Sequence[str], workload: Workload, profile: str, seeds: S
                     progress(f"{name} seed {seed} repeat {repeat + 1}/{repeats}: real backend, "
                              f"E2E P50 {repeated[-1]['e2e_p50']:.3f} s")
             calibrated = _episode(name, workload, prof, engine, seed, None, max_steps)
-            for metric, _ in FIDELITY_METRICS:
+            for metric in FIDELITY_METRICS:
                 runs[metric].append([r[metric] for r in repeated])
                 modelled[metric].append(calibrated[metric])
-        rows += [_row(name, metric, runs[metric], modelled[metric]) for metric, _ in FIDELITY_METRICS]
+        rows += [_row(name, metric, runs[metric], modelled[metric]) for metric in FIDELITY_METRICS]
         timings[name] = real_timing(steps, step_residuals(steps, prof.latency), profile_clock)
     return FidelityReport(rows, ranking(rows), timings, tuple(seeds), repeats)
 
@@ -267,12 +265,18 @@ def step_residuals(steps: RealSteps, model: LatencyModel | TokenLatencyModel) ->
                  for kind, chosen in kinds if chosen.any())
 
 
+def _base_header(name: str) -> str:
+    """The metric's header with its unit as stored (these tables print seconds, not the header's ms)."""
+    m = metric_of(name)
+    return m.header if m.scale == 1.0 else m.header.replace(f"({m.unit})", "(s)")
+
+
 def _pct(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:+.1%}"
 
 
 def fidelity_table(rows: list[FidelityRow], tolerance: float = TOLERANCE) -> str:
-    labels = dict(FIDELITY_METRICS)
+    labels = {m: _base_header(m) for m in FIDELITY_METRICS}
     lines = ["| policy | metric | real | calibrated | relative error | per seed | real repeat spread | within "
              f"{tolerance:.0%} |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -285,7 +289,7 @@ def fidelity_table(rows: list[FidelityRow], tolerance: float = TOLERANCE) -> str
 
 
 def ranking_table(orders: list[PairOrder]) -> str:
-    labels = dict(FIDELITY_METRICS)
+    labels = {m: _base_header(m) for m in FIDELITY_METRICS}
     lines = ["| metric | pair | real difference | calibrated difference | same order |", "|---|---|---|---|---|"]
     for o in orders:
         lines.append(f"| {labels[o.metric]} | {o.first} - {o.second} | {o.real_difference:+.4f} | "
@@ -299,7 +303,7 @@ def verdict(report: FidelityReport, tolerance: float = TOLERANCE) -> str:
     kept = sum(o.same_order for o in report.orders)
     worst = max(report.rows, key=lambda r: abs(r.relative_error))
     return (f"{within} of {len(report.rows)} policy metrics within {tolerance:.0%} of the real backend (worst: "
-            f"{worst.policy} {dict(FIDELITY_METRICS)[worst.metric]} {_pct(worst.relative_error)}); {kept} of "
+            f"{worst.policy} {_base_header(worst.metric)} {_pct(worst.relative_error)}); {kept} of "
             f"{len(report.orders)} pairs that the real runs separate beyond their spread ordered the same way; "
             f"seeds {list(report.seeds)}, {report.repeats} real repeats each")
 

@@ -36,6 +36,7 @@ from servegym.evaluation.stats import (
     paired_difference,
     probability_of_improvement,
 )
+from servegym.metrics import metric
 
 if TYPE_CHECKING:
     from servegym.evaluation.bench import BenchRow
@@ -47,11 +48,14 @@ ENGINE_CONFIG_SUFFIX = " [engine-config]"
 """Label suffix of the rows a policy ran with its own engine settings instead of the task's."""
 SENSITIVE = 0.15
 """Relative gain over both random and FCFS that makes a task decision-sensitive."""
-LOWER_IS_BETTER = {"episode_return": False, "goodput_rps": False, "e2e_mean_all_s": True, "ttft_p99_s": True,
-                   "unfinished": True}
+COLUMN_METRICS = {"episode_return": "episode_return", "goodput_rps": "goodput_rps",
+                  "e2e_mean_all_s": "e2e_mean_all_s", "ttft_p99_s": "ttft_p99", "unfinished": "num_unfinished"}
+"""``leaderboard.csv``'s score columns (``BenchRow`` fields, kept for the files already written) and the declared
+metric each holds (``servegym.metrics.METRICS``: header and direction)."""
+METRICS = tuple(COLUMN_METRICS)
+HEADERS = tuple(metric(name).header for name in COLUMN_METRICS.values())
+LOWER_IS_BETTER = {column: not metric(name).higher_is_better for column, name in COLUMN_METRICS.items()}
 """The metrics a task may rank by (``Task.ranking``), and their direction."""
-METRICS = ("episode_return", "goodput_rps", "e2e_mean_all_s", "ttft_p99_s", "unfinished")
-HEADERS = ("return", "goodput (req/s)", "E2E mean, all (s)", "TTFT P99 (s)", "unfinished")
 
 
 @dataclass(frozen=True)

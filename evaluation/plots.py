@@ -11,6 +11,7 @@ import numpy as np
 
 from servegym.evaluation.grid import TaskResult
 from servegym.evaluation.report import Summary, ordered
+from servegym.metrics import metric as metric_of
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -91,11 +92,11 @@ def _bars_figure(plt: Any, g: Grid, metric: str, ylabel: str) -> Figure:
 
 
 def throughput(plt: Any, g: Grid) -> Figure:
-    return _bars_figure(plt, g, "throughput_rps", "throughput (req/s)")
+    return _bars_figure(plt, g, "throughput_rps", metric_of("throughput_rps").header)
 
 
 def itl_cv(plt: Any, g: Grid) -> Figure:
-    return _bars_figure(plt, g, "itl_cv", "ITL coefficient of variation")
+    return _bars_figure(plt, g, "itl_cv", metric_of("itl_cv").header)
 
 
 def itl_distribution(plt: Any, g: Grid) -> Figure:
@@ -130,11 +131,9 @@ def twp_feedback(plt: Any, g: Grid) -> Figure | None:
 
 def flow_control_panels(plt: Any, g: Grid) -> Figure:
     fig, axes = plt.subplots(2, 2, figsize=(max(10, g.wide), 7))
-    panels = (("e2e_mean_all_s", "average latency, unfinished to the end (s)"),
-              ("e2e_p95_all_s", "P95 latency, unfinished to the end (s)"),
-              ("throughput_rps", "request throughput (req/s)"), ("throughput_tps", "token throughput (tok/s)"))
-    for ax, (metric, label) in zip(axes.ravel(), panels, strict=True):
-        _grouped_bars(ax, g.summary, g.workloads, g.policies, metric, ylabel=label)
+    panels = ("e2e_mean_all_s", "e2e_p95_all_s", "throughput_rps", "throughput_tps")
+    for ax, metric in zip(axes.ravel(), panels, strict=True):
+        _grouped_bars(ax, g.summary, g.workloads, g.policies, metric, ylabel=metric_of(metric).header)
     axes[0][0].legend(fontsize=6, ncol=3)
     return fig
 

@@ -13,17 +13,10 @@ import numpy as np
 from servegym.evaluation.grid import TaskResult
 from servegym.evaluation.spec import Experiment
 from servegym.evaluation.stats import mean_ci
+from servegym.metrics import metric as metric_of
 
-TABLE_COLUMNS = (
-    # metric, header, scale, decimals: the TWP paper's Table III shape
-    ("throughput_rps", "Throughput (req/s)", 1.0, 3),
-    ("e2e_p99", "P99 latency (s)", 1.0, 2),
-    ("ttft_p50", "TTFT P50 (s)", 1.0, 3),
-    ("ttft_p99", "TTFT P99 (s)", 1.0, 2),
-    ("itl_mean", "ITL mean (ms)", 1e3, 1),
-    ("itl_p99", "ITL P99 (ms)", 1e3, 1),
-    ("itl_cv", "ITL CV", 1.0, 3),
-)
+TABLE_COLUMNS = ("throughput_rps", "e2e_p99", "ttft_p50", "ttft_p99", "itl_mean", "itl_p99", "itl_cv")
+"""The summary table's metrics: the TWP paper's Table III shape (headers and formats from ``METRICS``)."""
 
 Summary = dict[tuple[str, str, str], tuple[float, float, int]]
 """(workload, policy, metric) -> (mean, 95% CI half-width, runs)."""
@@ -81,11 +74,10 @@ def ordered(results: list[TaskResult]) -> tuple[list[str], list[str]]:
     return workloads, policies
 
 
-def cell(mean: float, half: float, scale: float, decimals: int) -> str:
-    if math.isnan(mean):
-        return "n/a"
-    text = f"{mean * scale:.{decimals}f}"
-    return text if math.isnan(half) else f"{text} ± {half * scale:.{decimals}f}"
+def cell(mean: float, half: float, name: str) -> str:
+    """A mean and its 95% CI half-width, in the metric's unit and format."""
+    m = metric_of(name)
+    return m.format(mean) if math.isnan(mean) or math.isnan(half) else f"{m.format(mean)} ± {m.format(half)}"
 
 
 def markdown_summary(experiment: Experiment, results: list[TaskResult]) -> str:
@@ -99,14 +91,14 @@ def markdown_summary(experiment: Experiment, results: list[TaskResult]) -> str:
     lines += [f"Profile {profile}; {seeds} seed{'s' * (seeds != 1)} per cell; mean ± 95% confidence half-width "
               f"(Student t, n = {seeds}). Engine overrides: `{experiment.engine or {}}`; pool: "
               f"`{experiment.pool or {}}`.", ""]
-    header = "| policy | " + " | ".join(h for _, h, _, _ in TABLE_COLUMNS) + " |"
+    header = "| policy | " + " | ".join(metric_of(m).header for m in TABLE_COLUMNS) + " |"
     rule = "|---|" + "---|" * len(TABLE_COLUMNS)
     for workload in workloads:
         lines += [f"## {workload}", "", header, rule]
         for policy in policies:
-            if (workload, policy, TABLE_COLUMNS[0][0]) not in summary:  # a stopped grid did not reach it
+            if (workload, policy, TABLE_COLUMNS[0]) not in summary:  # a stopped grid did not reach it
                 continue
-            cells = [cell(*summary[(workload, policy, m)][:2], scale, dec) for m, _, scale, dec in TABLE_COLUMNS]
+            cells = [cell(*summary[(workload, policy, m)][:2], m) for m in TABLE_COLUMNS]
             truncated = summary.get((workload, policy, "truncated"), (0.0,))[0]
             mark = " (truncated)" if truncated and truncated > 0 else ""
             lines.append(f"| {policy}{mark} | " + " | ".join(cells) + " |")

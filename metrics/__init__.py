@@ -16,8 +16,11 @@ from servegym.metrics.core import (
     summarize,
     ttft,
 )
+from servegym.metrics.registry import METRICS, Metric, metric
 
 __all__ = [
+    "METRICS",
+    "Metric",
     "censored_latency",
     "e2e_latency",
     "goodput",
@@ -27,6 +30,7 @@ __all__ = [
     "kv_utilisation_stats",
     "makespan",
     "met_slo",
+    "metric",
     "num_met_slo",
     "percentiles",
     "queue_growth_slope",

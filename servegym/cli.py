@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import signal
 import sys
@@ -38,39 +37,22 @@ from servegym.evaluation.executor import (
 from servegym.evaluation.stats import MIN_VERDICT_SEEDS
 from servegym.experiments import FOLDER as SHIPPED_EXPERIMENTS
 from servegym.experiments import find_experiment, shipped_experiments
+from servegym.metrics import metric
 from servegym.policies import POLICIES, make_policy, policies_table
 from servegym.runner import make_env, run_episode, write_csvs
 from servegym.stability import workload_stability
 from servegym.workloads import WORKLOADS, make_workload
 from servegym.workloads.scenarios import profile_for
 
-SUMMARY_ROWS = (
-    ("num_requests", "requests", "{:.0f}"), ("num_finished", "finished", "{:.0f}"),
-    ("num_rejected", "rejected", "{:.0f}"), ("num_unfinished", "unfinished", "{:.0f}"),
-    ("makespan_s", "makespan (s)", "{:.2f}"),
-    ("throughput_rps", "throughput (req/s)", "{:.3f}"), ("throughput_tps", "throughput (tok/s)", "{:.1f}"),
-    ("goodput_rps", "goodput (req/s)", "{:.3f}"), ("ttft_p50", "TTFT P50 (s)", "{:.3f}"),
-    ("ttft_p95", "TTFT P95 (s)", "{:.3f}"), ("ttft_p99", "TTFT P99 (s)", "{:.3f}"),
-    ("e2e_p50", "E2E P50 (s)", "{:.3f}"), ("e2e_p99", "E2E P99 (s)", "{:.3f}"),
-    ("itl_mean", "ITL mean (ms)", "ms"), ("itl_p50", "ITL P50 (ms)", "ms"), ("itl_p99", "ITL P99 (ms)", "ms"),
-    ("itl_cv", "ITL CV", "{:.3f}"), ("kv_util_mean", "KV util mean", "{:.3f}"),
-    ("kv_util_max", "KV util max", "{:.3f}"), ("num_preemptions", "preemptions", "{:.0f}"),
-    ("queue_slope_rps", "queue growth (req/s)", "{:+.3f}"),
-)
+SUMMARY_METRICS = ("num_requests", "num_finished", "num_rejected", "num_unfinished", "makespan_s", "throughput_rps",
+                   "throughput_tps", "goodput_rps", "ttft_p50", "ttft_p95", "ttft_p99", "e2e_p50", "e2e_p99",
+                   "itl_mean", "itl_p50", "itl_p99", "itl_cv", "kv_util_mean", "kv_util_max", "num_preemptions",
+                   "queue_slope_rps")
+"""What ``servegym run`` prints, in order (headers and formats from ``servegym.metrics.METRICS``)."""
 
 
 def format_summary(summary: dict[str, float]) -> str:
-    lines = []
-    for key, label, fmt in SUMMARY_ROWS:
-        value = summary[key]
-        if math.isnan(value):
-            text = "n/a"
-        elif fmt == "ms":
-            text = f"{value * 1e3:.1f}"
-        else:
-            text = fmt.format(value)
-        lines.append(f"  {label:<22} {text:>12}")
-    return "\n".join(lines)
+    return "\n".join(f"  {metric(k).header:<22} {metric(k).format(summary[k]):>12}" for k in SUMMARY_METRICS)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from servegym.evaluation import (
 )
 from servegym.evaluation.report import TABLE_COLUMNS, read_tidy_csv
 from servegym.evaluation.reproduction import Table, write_reproduction
+from servegym.metrics import METRICS
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 PAPER_FILES = ["twp_paper_warm", "twp_paper", "flow_control_synthetic", "flow_control_mixed", "flow_control_trace"]
@@ -78,7 +79,8 @@ def test_markdown_table_agrees_with_the_results_file(tmp_path):
     for policy in ("fcfs", "twp"):
         line = next(x for x in table.splitlines() if x.startswith(f"| {policy} |"))
         cells = [c.strip() for c in line.strip("|").split("|")][1:]
-        for (metric, _, scale, decimals), text in zip(TABLE_COLUMNS, cells, strict=True):
+        for metric, text in zip(TABLE_COLUMNS, cells, strict=True):
+            scale, decimals = METRICS[metric].scale, METRICS[metric].decimals
             values = [float(r["value"]) for r in rows if r["policy"] == policy and r["metric"] == metric]
             assert len(values) == 4
             mean, half = mean_ci(np.array(values))

@@ -8,14 +8,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from servegym.evaluation.report import cell
 from servegym.evaluation.stats import mean_ci
-from servegym.tuning.objectives import get_objective
+from servegym.metrics import metric as metric_of
+from servegym.tuning.objectives import PARETO_METRICS, get_objective
 from servegym.tuning.study import TUNING_SEED_BASE, TuneConfig, best_params, evaluate, tuning_workload, write_params
 
 if TYPE_CHECKING:
     import optuna
 
 REPORT_METRICS = ("goodput_rps", "throughput_rps", "ttft_p99", "itl_p99", "itl_cv", "e2e_mean")
+"""The default-vs-tuned table's metrics (headers and formats from ``servegym.metrics.METRICS``)."""
 
 
 def _plots(study, out: Path) -> list[Path]:
@@ -77,20 +80,22 @@ def report(cfg: TuneConfig, study: optuna.Study, out: Path) -> dict[str, Any]:
         f"Best parameters: `{params}`", "",
     ]
     metrics = (*REPORT_METRICS, "episode_return") if cfg.objective == "return" else REPORT_METRICS
-    lines += ["| | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
+    lines += ["| | " + " | ".join(metric_of(m).header for m in metrics) + " |", "|---|" + "---|" * len(metrics)]
     summary = {"params": params, "default": {}, "tuned": {}}
     for label, runs in (("default", default), ("tuned", tuned)):
         cells = []
         for metric in metrics:
             mean, half = mean_ci(np.array([r[metric] for r in runs]))
             summary[label][metric] = mean
-            cells.append(f"{mean:.3f} ± {half:.3f}" if np.isfinite(half) else f"{mean:.3f}")
+            cells.append(cell(mean, half, metric))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if objective.multi:
-        lines += ["", "Pareto front (tuning seeds):", "", "| trial | throughput | P99 TTFT | ITL CV | params |",
-                  "|---|---|---|---|---|"]
+        front = [metric_of(m) for m in PARETO_METRICS]
+        lines += ["", "Pareto front (tuning seeds):", "", "| trial | " + " | ".join(m.header for m in front)
+                  + " | params |", "|---|" + "---|" * (len(front) + 1)]
         for t in sorted(study.best_trials, key=lambda t: -t.values[0]):
-            lines.append(f"| {t.number} | {t.values[0]:.3f} | {t.values[1]:.2f} | {t.values[2]:.3f} | `{t.params}` |")
+            values = " | ".join(m.format(v) for m, v in zip(front, t.values, strict=True))
+            lines.append(f"| {t.number} | {values} | `{t.params}` |")
     lines += ["", *[f"![{p.stem}]({p.name})" for p in plots]]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     summary["wall_s_per_trial"] = float(np.mean(walls)) if walls else float("nan")
