@@ -11,8 +11,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from servegym.backends import Backend, CalibratedBackend, Profile, load_profile
-from servegym.backends.profile import engine_range_warnings
+from servegym.backends import Backend, Profile
+from servegym.backends.factory import make_backends
 from servegym.engine import Cluster, EngineBase, EngineConfig, PoolConfig, StepOutcome
 from servegym.engine.cluster import ClusterStep
 from servegym.engine.validation import boolean, non_negative_number, optional, positive_int, positive_number
@@ -158,90 +158,29 @@ class ServingEnv(gym.Env):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
 
-    def __init__(
-        self,
-        workload: str | Workload = "medium",
-        profile: str | Profile | None = None,
-        backend: Backend | str | None = None,
-        backend_options: dict[str, Any] | None = None,
-        engine: EngineConfig | dict[str, Any] | None = None,
-        pool: PoolConfig | dict[str, Any] | None = None,
-        queue_window: int = 32,
-        reward: str = "latency",
-        latency_noise_cv: float | None = None,
-        strict_actions: bool = False,
-        render_mode: str | None = None,
-        ttft_slo_s: float = 2.0,
-        itl_slo_s: float = 0.2,
-        reward_half_life_s: float | None = None,
-        max_steps: int | None = None,
-        idle_guard_steps: int | None = None,
-        truncation_penalty_s: float = TRUNCATION_PENALTY_S,
-        decision_steps: bool = False,
-        flat_obs: bool = False,
-    ) -> None:
-        engine = _config("engine", engine, EngineConfig)
-        pool = _config("pool", pool, PoolConfig)
-        if not isinstance(workload, str | Workload):
-            raise TypeError(f"workload must be a name from servegym.workloads.WORKLOADS or a Workload, got {workload!r}")
-        if profile is not None and not isinstance(profile, str | Profile):
-            raise TypeError(f"profile must be a shipped name, a JSON path or a Profile, got {profile!r}")
-        if latency_noise_cv is not None:
-            non_negative_number("latency_noise_cv", latency_noise_cv)
-        for name, value in (("strict_actions", strict_actions), ("decision_steps", decision_steps),
-                            ("flat_obs", flat_obs)):
-            boolean(name, value)
-        if not isinstance(reward, str):
-            raise TypeError(f"reward must be a string, one of {sorted(REWARDS)}, got {reward!r}")
-        self.engine_config = engine or EngineConfig()
-        self.pool_config = pool or PoolConfig()
-        positive_int("queue_window", queue_window)
-        for name, value in (("ttft_slo_s", ttft_slo_s), ("itl_slo_s", itl_slo_s)):
-            positive_number(name, value)
-        optional(positive_number)("reward_half_life_s", reward_half_life_s)
-        optional(positive_int)("max_steps", max_steps)
-        optional(positive_int)("idle_guard_steps", idle_guard_steps)
-        non_negative_number("truncation_penalty_s", truncation_penalty_s)
-        if reward not in REWARDS:
-            raise ValueError(f"unknown reward {reward!r}; choose from {sorted(REWARDS)}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}")
+    def __init__(self, workload: str | Workload = "medium", profile: str | Profile | None = None,
+                 backend: Backend | str | None = None, backend_options: dict[str, Any] | None = None,
+                 engine: EngineConfig | dict[str, Any] | None = None, pool: PoolConfig | dict[str, Any] | None = None,
+                 queue_window: int = 32, reward: str = "latency", latency_noise_cv: float | None = None,
+                 strict_actions: bool = False, render_mode: str | None = None, ttft_slo_s: float = 2.0,
+                 itl_slo_s: float = 0.2, reward_half_life_s: float | None = None, max_steps: int | None = None,
+                 idle_guard_steps: int | None = None, truncation_penalty_s: float = TRUNCATION_PENALTY_S,
+                 decision_steps: bool = False, flat_obs: bool = False) -> None:
+        _check_arguments(workload, profile, reward, render_mode, queue_window, latency_noise_cv, strict_actions,
+                         decision_steps, flat_obs, ttft_slo_s, itl_slo_s, reward_half_life_s, max_steps,
+                         idle_guard_steps, truncation_penalty_s, self.metadata["render_modes"])
+        self.engine_config = _config("engine", engine, EngineConfig) or EngineConfig()
+        self.pool_config = _config("pool", pool, PoolConfig) or PoolConfig()
         n = self.pool_config.num_containers
-        if backend == "torch":
-            from servegym.backends.torch_backend import TorchBackend
-
-            cfg = self.engine_config
-            backend = TorchBackend(**{"num_kv_blocks": cfg.num_kv_blocks or 2048, "block_size": cfg.block_size or 16,
-                                      **(backend_options or {})})
-        elif isinstance(backend, str) and backend != "calibrated":
-            raise ValueError(f"backend must be 'calibrated', 'torch' or a Backend instance, got {backend!r}")
-        if backend == "calibrated":
-            backend = None
-        if backend is not None:
-            if n != 1:
-                raise ValueError("a backend instance serves one container; use profile= for a pool")
-            backends, cold_start = [backend], 0.0
-        else:
-            if profile is None:
-                profile = profile_for(workload)
-            prof = profile if isinstance(profile, Profile) else load_profile(profile)
-            for line in engine_range_warnings(prof, self.engine_config.max_num_seqs,
-                                              self.engine_config.max_num_batched_tokens):
-                warnings.warn(line, RuntimeWarning, stacklevel=2)
-            backends = [CalibratedBackend(prof, noise_cv=latency_noise_cv) for _ in range(n)]
-            cold_start = prof.cold_start_s
+        backends, cold_start = make_backends(backend, profile if profile is not None else profile_for(workload), self.engine_config, n,
+                                             backend_options, latency_noise_cv)
         self.workload = make_workload(workload) if isinstance(workload, str) else workload
         self.cluster = Cluster(self.engine_config, self.pool_config, backends, self.workload, cold_start)
-        self.queue_window = queue_window
-        self.reward_name = reward
-        self.strict_actions = strict_actions
-        self.render_mode = render_mode
+        self.queue_window, self.reward_name, self.render_mode = queue_window, reward, render_mode
+        self.strict_actions, self.decision_steps = strict_actions, decision_steps
         self.ttft_slo_s, self.itl_slo_s = float(ttft_slo_s), float(itl_slo_s)
-        self.reward_half_life_s = reward_half_life_s
-        self.max_steps = max_steps
-        self.idle_guard_steps = idle_guard_steps
-        self.truncation_penalty_s = float(truncation_penalty_s)
-        self.decision_steps = decision_steps
+        self.reward_half_life_s, self.truncation_penalty_s = reward_half_life_s, float(truncation_penalty_s)
+        self.max_steps, self.idle_guard_steps = max_steps, idle_guard_steps
         self.iteration_limit: int | None = None
         """With ``decision_steps``: a step returns once the episode has run this many iterations (set by
         ``servegym.runner.IterationLimit``, a ``TimeLimit`` that counts iterations rather than steps)."""
@@ -253,18 +192,21 @@ class ServingEnv(gym.Env):
         self.observation_space = spaces.flatten_space(self.dict_observation_space) if flat_obs \
             else self.dict_observation_space
         self._encoder = ObservationEncoder(queue_window, slots, n, flat=flat_obs)
+        self._warned_stall = self._warned_thrash = False
+        self._clear_episode(0)
+
+    def _clear_episode(self, num_requests: int) -> None:
+        """Per-episode counters, zeroed by ``reset`` (``num_requests``: the episode's workload size)."""
         self._invalid = 0
         self._stepped = False
         self._num_steps = 0
         self._num_stalled = 0
         """Consecutive steps after which requests waited, nothing ran and no model was loading."""
-        self._num_slo_good = 0
+        self._num_slo_good = self._num_preempted = 0
         self._latency_charged = 0.0
         """Request-seconds the latency reward has charged so far this episode."""
-        self._warned_stall = self._warned_thrash = False
-        self._num_preempted = 0
-        self._thrash_limit = 0
-        """Preemptions in an episode beyond which the env warns that the policy thrashes (set by reset)."""
+        self._thrash_limit = THRASH_PREEMPTIONS_PER_REQUEST * num_requests
+        """Preemptions in an episode beyond which the env warns that the policy thrashes."""
 
     # ------------------------------------------------------------------ gym API
     @property
@@ -277,11 +219,7 @@ class ServingEnv(gym.Env):
         super().reset(seed=seed)
         self.cluster.reset(self.np_random)
         self._encoder.reset(self.cluster.engines[0])
-        self._invalid = 0
-        self._stepped = False
-        self._num_steps = self._num_stalled = self._num_slo_good = self._num_preempted = 0
-        self._latency_charged = 0.0
-        self._thrash_limit = THRASH_PREEMPTIONS_PER_REQUEST * self.cluster.log.num_requests
+        self._clear_episode(self.cluster.log.num_requests)
         info = self._info(self.engine.last, self.cluster.deciding, self.cluster.last_arrived,
                           self.cluster.last_rejected)
         return self._encoder.encode(self.cluster), info
@@ -481,6 +419,34 @@ def _add_counts(totals: dict[str, float] | None, step: ClusterStep) -> dict[str,
     if totals is None:
         return dict(zip(COUNTED, values, strict=True))
     return {key: totals[key] + value for key, value in zip(COUNTED, values, strict=True)}
+
+
+def _check_arguments(workload: Any, profile: Any, reward: Any, render_mode: Any, queue_window: int,
+                     latency_noise_cv: float | None, strict_actions: bool, decision_steps: bool, flat_obs: bool,
+                     ttft_slo_s: float, itl_slo_s: float, reward_half_life_s: float | None, max_steps: int | None,
+                     idle_guard_steps: int | None, truncation_penalty_s: float, render_modes: list[str]) -> None:
+    """``ServingEnv``'s arguments, each checked with an error that names it (the configs check themselves)."""
+    if not isinstance(workload, str | Workload):
+        raise TypeError(f"workload must be a name from servegym.workloads.WORKLOADS or a Workload, got {workload!r}")
+    if profile is not None and not isinstance(profile, str | Profile):
+        raise TypeError(f"profile must be a shipped name, a JSON path or a Profile, got {profile!r}")
+    optional(non_negative_number)("latency_noise_cv", latency_noise_cv)
+    for name, value in (("strict_actions", strict_actions), ("decision_steps", decision_steps),
+                        ("flat_obs", flat_obs)):
+        boolean(name, value)
+    if not isinstance(reward, str):
+        raise TypeError(f"reward must be a string, one of {sorted(REWARDS)}, got {reward!r}")
+    positive_int("queue_window", queue_window)
+    for name, value in (("ttft_slo_s", ttft_slo_s), ("itl_slo_s", itl_slo_s)):
+        positive_number(name, value)
+    optional(positive_number)("reward_half_life_s", reward_half_life_s)
+    optional(positive_int)("max_steps", max_steps)
+    optional(positive_int)("idle_guard_steps", idle_guard_steps)
+    non_negative_number("truncation_penalty_s", truncation_penalty_s)
+    if reward not in REWARDS:
+        raise ValueError(f"unknown reward {reward!r}; choose from {sorted(REWARDS)}")
+    if render_mode is not None and render_mode not in render_modes:
+        raise ValueError(f"render_mode must be None or one of {render_modes}")
 
 
 def _config(name: str, value: Any, cls: type) -> Any:

@@ -68,7 +68,7 @@ def make_env(policy: Policy | None = None, max_episode_steps: int | None = None,
     The episode is the same iteration for iteration (``tests/test_decision_skip.py``); the episode limit
     (``max_episode_steps``, else the id's) then counts iterations (:class:`IterationLimit`), as it did steps.
     """
-    if max_episode_steps is not None and max_episode_steps != -1:
+    if max_episode_steps is not None:
         positive_int("max_episode_steps", max_episode_steps)
     engine = dict(env_kwargs.pop("engine", None) or {})
     pool = dict(env_kwargs.pop("pool", None) or {})
@@ -84,7 +84,7 @@ def make_env(policy: Policy | None = None, max_episode_steps: int | None = None,
         limit = gym.spec(ENV_ID).max_episode_steps if max_episode_steps is None else max_episode_steps
         env = gym.make(ENV_ID, engine=engine, pool=pool, max_episode_steps=-1,
                        **{**env_kwargs, "decision_steps": True})
-        if limit is not None and limit != -1:
+        if limit is not None:
             env = IterationLimit(env, limit)
     if policy is not None:
         policy.bind_profile(env_profile(env))

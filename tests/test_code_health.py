@@ -66,3 +66,12 @@ def test_env_docstring_lists_every_observation_feature(key):
 
     for feature in SCHEMA[key]:
         assert f"| `{key}` | `{feature.name}` |" in ServingEnv.__doc__, feature.name
+
+
+def test_the_env_constructor_builds_spaces_and_holds_settings() -> None:
+    # Validation lives in _check_arguments, backends in servegym.backends.factory; the constructor stays short.
+    import inspect
+
+    from servegym.envs import ServingEnv
+
+    assert len(inspect.getsource(ServingEnv.__init__).splitlines()) <= 40

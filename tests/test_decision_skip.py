@@ -81,7 +81,6 @@ def test_the_episode_limit_counts_iterations_with_the_skip() -> None:
 def test_the_registered_limit_applies_when_none_is_given() -> None:
     env = make_env(make_policy("fcfs"), workload="medium")
     assert isinstance(env, IterationLimit) and env.max_iterations == 20_000
-    assert isinstance(make_env(make_policy("fcfs"), workload="medium", max_episode_steps=-1), IterationLimit) is False
 
 
 def test_asking_for_one_iteration_a_step_turns_the_skip_off() -> None:
