@@ -12,7 +12,9 @@ from pathlib import Path
 
 from servegym.backends import load_profile, shipped_profiles
 from servegym.cli_args import (
+    add_config_args,
     add_executor_args,
+    config_args,
     executor_from_args,
     json_object,
     non_negative_int,
@@ -41,9 +43,12 @@ from servegym.metrics import metric
 from servegym.policies import POLICIES, make_policy, policies_table
 from servegym.runner import make_env, run_episode, write_csvs
 from servegym.stability import workload_stability
+from servegym.tuning.study import TuneConfig
 from servegym.workloads import WORKLOADS, make_workload
 from servegym.workloads.scenarios import profile_for
 
+TUNE_FLAGS = ("objective", "trials", "seeds", "eval_seeds", "storage", "pruner", "sampler", "sampler_seed", "max_steps")
+"""``servegym tune``'s flags that mirror ``TuneConfig`` fields (type, default and help from the field)."""
 SUMMARY_METRICS = ("num_requests", "num_finished", "num_rejected", "num_unfinished", "makespan_s", "throughput_rps",
                    "throughput_tps", "goodput_rps", "ttft_p50", "ttft_p95", "ttft_p99", "e2e_p50", "e2e_p99",
                    "itl_mean", "itl_p50", "itl_p99", "itl_cv", "kv_util_mean", "kv_util_max", "num_preemptions",
@@ -226,9 +231,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         env["task"], workload = task.name, (None if task.is_mixture else task.workload)
         study = study or f"{args.policy}-{task.name}-{args.objective}"
     seed = args.sampler_seed if args.sampler_seed is not None else fresh_seed()
-    cfg = TuneConfig(policy=args.policy, workload=workload, objective=args.objective, trials=args.trials,
-                     seeds=args.seeds, eval_seeds=args.eval_seeds, storage=args.storage, study_name=study,
-                     pruner=args.pruner, sampler=args.sampler, sampler_seed=seed, max_steps=args.max_steps, env=env)
+    cfg = TuneConfig(policy=args.policy, workload=workload, study_name=study, env=env,
+                     **{**config_args(args, TUNE_FLAGS), "sampler_seed": seed})
     print(f"servegym tune: study {cfg.name} at {cfg.storage_label()}: {cfg.trials} trials of {cfg.seeds} episodes, "
           f"sampler seed {seed}", flush=True)
     try:
@@ -400,21 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--task", default=None, choices=sorted(TASKS),
                      help="tune on a benchmark task's env (its workload, profile, engine, pool and reward); with "
                           "--objective return this is the leaderboard's ranking")
-    tun.add_argument("--objective", default="goodput", choices=["goodput", "cost", "return", "pareto"])
-    tun.add_argument("--trials", type=int, default=50, help="trials this process adds to the study (0: report only)")
-    tun.add_argument("--seeds", type=int, default=3, help="episodes averaged per trial (tuning seeds)")
-    tun.add_argument("--eval-seeds", type=int, default=5, help="held-out seeds for default vs tuned")
-    tun.add_argument("--storage", default=None,
-                     help="Optuna storage URL (default sqlite:///studies/<study>.db; journal:PATH for a journal file)")
+    add_config_args(tun, TuneConfig, TUNE_FLAGS)
     tun.add_argument("--study", default=None,
                      help="study name (default <policy>-<workload or task>-<objective>)")
-    tun.add_argument("--pruner", default="median", choices=["median", "halving", "none"])
-    tun.add_argument("--sampler", default="tpe", choices=["tpe", "cmaes"],
-                     help="tpe (default) or cmaes, the CMA evolution strategy (continuous spaces)")
-    tun.add_argument("--sampler-seed", type=non_negative_int, default=None,
-                     help="default: a fresh seed per worker (printed), so workers sharing a study sample apart; "
-                     "give one to make a single worker reproducible")
-    tun.add_argument("--max-steps", type=positive_int, default=100_000, help="episode length cap in engine steps")
     tun.add_argument("--length-mode", choices=LENGTH_MODES, default=None)
     tun.add_argument("--out", default=None, help="report folder (default studies/<study>)")
     tun.add_argument("--no-report", action="store_true", help="only add trials (for extra workers)")

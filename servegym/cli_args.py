@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +83,26 @@ def executor_from_args(args: argparse.Namespace) -> Executor:
         except MissingRayError as err:
             raise ValueError(str(err)) from None
     return Executor(args.executor, args.address)
+
+
+def add_config_args(parser: argparse.ArgumentParser, cls: type, names: tuple[str, ...]) -> None:
+    """``--field-name`` for each of ``names``, a field of the dataclass ``cls``: its type, its default, and the
+    help and choices of its ``metadata`` (``help``, optional ``choices`` and ``type``), so a flag that mirrors a
+    config field is written once, on the field."""
+    hints = typing.get_type_hints(cls)
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    for name in names:
+        f = by_name[name]
+        if "help" not in f.metadata:
+            raise TypeError(f"{cls.__name__}.{name} has no metadata help to build --{name.replace('_', '-')} from")
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        kinds = [t for t in typing.get_args(hints[name]) if t is not type(None)] or [hints[name]]
+        kind = f.metadata.get("type", kinds[0])
+        shown = "" if default is None else f" (default {default})"
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
+                            choices=f.metadata.get("choices"), help=f.metadata["help"] + shown)
+
+
+def config_args(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
+    """The parsed values of :func:`add_config_args`' flags, as config keyword arguments."""
+    return {name: getattr(args, name) for name in names}

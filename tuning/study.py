@@ -15,7 +15,7 @@ import numpy as np
 
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import make_env, run_episode
-from servegym.tuning.objectives import Objective, get_objective
+from servegym.tuning.objectives import OBJECTIVES, Objective, get_objective
 from servegym.tuning.stopping import StopOnSignals, TuningInterrupted
 from servegym.tuning.storage import (
     TuningError,
@@ -39,6 +39,8 @@ IDENTITY = ("policy", "workload", "objective")
 
 
 SAMPLERS = ("tpe", "cmaes")
+PRUNERS = ("median", "halving", "none")
+OBJECTIVE_NAMES = tuple(OBJECTIVES)
 
 
 @dataclass(frozen=True)
@@ -46,24 +48,23 @@ class TuneConfig:
     policy: str
     workload: str | None
     """The workload to tune on; None: the one ``env["task"]`` draws per episode (a mixture task)."""
-    objective: str = "goodput"
-    trials: int = 50
-    seeds: int = 3
-    """Episodes averaged per trial (tuning seeds TUNING_SEED_BASE + k)."""
-    eval_seeds: int = 5
-    """Held-out seeds 0..eval_seeds-1 for the default-vs-tuned comparison."""
-    storage: str | None = None
+    objective: str = field(default="goodput", metadata={"help": "what a trial optimises", "choices": OBJECTIVE_NAMES})
+    trials: int = field(default=50, metadata={"help": "trials this process adds to the study (0: report only)"})
+    seeds: int = field(default=3, metadata={"help": "episodes averaged per trial (tuning seeds TUNING_SEED_BASE + k)"})
+    eval_seeds: int = field(default=5, metadata={"help": "held-out seeds 0..N-1 for default vs tuned"})
+    storage: str | None = field(default=None, metadata={
+        "help": "Optuna storage URL (default sqlite:///studies/<study>.db; journal:PATH for a journal file)"})
     study_name: str | None = None
-    pruner: str = "median"
-    sampler: str = "tpe"
-    """``tpe`` (Optuna's default) or ``cmaes``, the CMA evolution strategy (continuous search spaces; a
-    multi-objective study always uses NSGA-II)."""
-    sampler_seed: int | None = None
-    """None: a fresh seed per worker (recorded on its trials), so parallel workers sample different points.
-    An int makes a single worker reproducible; workers sharing a study need different seeds."""
+    pruner: str = field(default="median", metadata={"help": "Optuna pruner", "choices": PRUNERS})
+    sampler: str = field(default="tpe", metadata={
+        "help": "tpe (Optuna's default) or cmaes, the CMA evolution strategy (continuous search spaces; a "
+                "multi-objective study always uses NSGA-II)", "choices": SAMPLERS})
+    sampler_seed: int | None = field(default=None, metadata={
+        "help": "the sampler's seed; default: a fresh one per worker (recorded on its trials), so parallel workers "
+                "sample different points; workers sharing a study need different seeds"})
     heartbeat_s: int = 30
     """RDB storages: a running trial's heartbeat period; a trial silent for twice that is failed (worker died)."""
-    max_steps: int = 100_000
+    max_steps: int = field(default=100_000, metadata={"help": "episode length cap in engine iterations"})
     env: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -75,7 +76,9 @@ class TuneConfig:
         get_objective(self.objective)
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
-        if self.pruner not in ("median", "halving", "none"):
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.pruner not in PRUNERS:
             raise ValueError(f"pruner must be median, halving or none, got {self.pruner!r}")
         if self.trials < 0:
             raise ValueError("trials must be >= 0 (0 only reports on an existing study)")
