@@ -35,6 +35,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -116,7 +117,10 @@ def stand_in_attention(path: Path) -> None:
                              prefill_ms, decode_ms])
 
 
-def vidur_command(python: str, trace: Path, attention: Path, out: Path, cache: Path) -> list[str]:
+def vidur_command(python: str, trace: Path, attention: Path, out: Path, cache: Path,
+                  count_batches: bool = False) -> list[str]:
+    """Vidur's command line for ``trace``; ``count_batches`` also writes every batch (to count iterations, in
+    an untimed run: the timed runs keep Vidur's default sketches)."""
     return [python, "-m", "vidur.main",
             "--replica_config_device", "a100", "--replica_config_model_name", "meta-llama/Llama-2-7b-hf",
             "--cluster_config_num_replicas", "1", "--replica_config_tensor_parallel_size", "1",
@@ -133,25 +137,33 @@ def vidur_command(python: str, trace: Path, attention: Path, out: Path, cache: P
             "--vllm_scheduler_config_block_size", str(BLOCK),
             "--random_forrest_execution_time_predictor_config_attention_input_file", str(attention),
             "--metrics_config_output_dir", str(out), "--metrics_config_cache_dir", str(cache),
-            "--no-metrics_config_store_plots", "--no-metrics_config_enable_chrome_trace"]
+            "--no-metrics_config_store_plots", "--no-metrics_config_enable_chrome_trace",
+            *(["--metrics_config_keep_individual_batch_metrics"] if count_batches else [])]
 
 
-def vidur_results(out: Path) -> dict[str, float]:
-    """Iterations, makespan, mean E2E and TTFT from Vidur's request metrics (its newest run under ``out``)."""
-    run = max(out.iterdir(), key=lambda p: p.stat().st_mtime)
-    with (run / "request_metrics.csv").open() as f:
+def newest_run(out: Path) -> Path:
+    return max(out.iterdir(), key=lambda p: p.stat().st_mtime)
+
+
+def vidur_results(out: Path, log: str) -> dict[str, float]:
+    """Makespan (the simulator's last event, from its log), mean E2E and TTFT (its request metrics)."""
+    with (newest_run(out) / "request_metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
-    arrived = np.array([float(r["request_e2e_time"]) for r in rows])
-    ttft = np.array([float(r["prefill_e2e_time"]) for r in rows])
-    finish = np.array([float(r["request_e2e_time"]) + float(r.get("arrived_at", 0.0) or 0.0) for r in rows])
-    batches = run / "plots" / "batch_num_tokens.csv"
-    iterations = sum(1 for _ in batches.open()) - 1 if batches.exists() else float("nan")
-    return {"requests": len(rows), "iterations": iterations, "makespan_s": float(finish.max()),
-            "mean_e2e_s": float(arrived.mean()), "mean_ttft_s": float(ttft.mean())}
+    ended = re.findall(r"Simulation ended at: ([0-9.]+)s", log)
+    return {"requests": len(rows), "makespan_s": float(ended[-1]) if ended else float("nan"),
+            "mean_e2e_s": float(np.mean([float(r["request_e2e_time"]) for r in rows])),
+            "mean_ttft_s": float(np.mean([float(r["prefill_e2e_time"]) for r in rows]))}
+
+
+def vidur_iterations(out: Path) -> int:
+    """Batches Vidur ran, from a ``count_batches`` run's ``batch_metrics.csv``."""
+    with (newest_run(out) / "batch_metrics.csv").open() as f:
+        return sum(1 for _ in f) - 1
 
 
 def servegym_side(trace: str, policy_name: str) -> None:
     """One servegym episode over ``trace``; prints its results as one JSON line (run in a fresh process)."""
+    from servegym.engine import STEP_INDEX
     from servegym.policies import make_policy
     from servegym.runner import make_env
     from servegym.workloads import TraceWorkload
@@ -168,7 +180,8 @@ def servegym_side(trace: str, policy_name: str) -> None:
         done = terminated or truncated
     log = env.unwrapped.cluster.log
     steps = log.steps()
-    busy = int(np.count_nonzero((steps["num_decode_tokens"] + steps["num_prefill_tokens"]) > 0))
+    tokens = steps[:, STEP_INDEX["num_decode_tokens"]] + steps[:, STEP_INDEX["num_prefill_tokens"]]
+    busy = int(np.count_nonzero(tokens > 0))
     e2e = log.finish_s - log.arrival_s
     print(json.dumps({"requests": int(log.num_requests), "finished": int(np.isfinite(log.finish_s).sum()),
                       "iterations": busy, "makespan_s": float(np.nanmax(log.finish_s) - log.arrival_s.min()),
@@ -178,13 +191,14 @@ def servegym_side(trace: str, policy_name: str) -> None:
 
 
 def timed(command: list[str], cwd: str | None = None) -> tuple[float, str]:
+    """Wall time of ``command`` as a whole process, and its output (stdout then stderr)."""
     start = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False,
                           env={**os.environ, "WANDB_MODE": "disabled"})
     wall = time.perf_counter() - start
     if done.returncode:
         raise RuntimeError(f"{command[:3]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return wall, done.stdout
+    return wall, done.stdout + done.stderr
 
 
 def main() -> None:
@@ -215,7 +229,7 @@ def main() -> None:
     cache, out = work / "vidur-cache", work / "vidur-out"
     print(f"warming Vidur's predictor cache at {cache} (untimed) ...", flush=True)
     warm = timed(vidur_command(args.vidur_python, inputs[args.rates[0]][1], attention, out, cache), cwd=str(source))
-    print(f"  {warm[0]:.1f} s")
+    print(f"  {warm[0]:.1f} s", flush=True)
     print(f"{args.requests} requests of the bundled Azure code trace, clipped to {MAX_TOKENS} tokens; Llama-2-7B, "
           f"one A100; {BATCH_CAP} requests and {TOKEN_BUDGET} tokens a batch; {time.strftime('%Y-%m-%d')}, "
           f"{os.cpu_count()} CPUs")
@@ -225,10 +239,14 @@ def main() -> None:
     ratios: dict[tuple[str, str], list[float]] = {}
     for rate in args.rates:
         ours, theirs, scale = inputs[rate]
-        print(f"rate {rate}: arrival times x {scale:.3f}", flush=True)
+        timed(vidur_command(args.vidur_python, theirs, attention, out, cache, count_batches=True), cwd=str(source))
+        batches = vidur_iterations(out)
+        print(f"rate {rate}: arrival times x {scale:.3f}; Vidur ran {batches} batches (counted in an untimed run)",
+              flush=True)
         for pair in range(args.pairs):
-            vidur_wall, _ = timed(vidur_command(args.vidur_python, theirs, attention, out, cache), cwd=str(source))
-            v = vidur_results(out)
+            vidur_wall, vidur_log = timed(vidur_command(args.vidur_python, theirs, attention, out, cache),
+                                          cwd=str(source))
+            v = {**vidur_results(out, vidur_log), "iterations": batches}
             print(f"{rate:>6} {pair:>4} {'Vidur vllm':<18} {vidur_wall:>7.2f} {v['iterations']:>10} "
                   f"{v['makespan_s']:>10.1f} {v['mean_e2e_s']:>10.2f} {v['mean_ttft_s']:>11.3f}", flush=True)
             for policy in args.policies:
