@@ -233,23 +233,21 @@ class ServingEnv(gym.Env):
             info = self._info(self.engine.last, self.cluster.deciding, 0, 0)
             return self._encoder.encode(self.cluster), 0.0, True, False, info
         self._stepped = True
-        reward, totals, iterations, rewards = 0.0, None, 0, []
+        reward, counts, rewards = 0.0, [], []
         while True:
             step, r, terminated, truncated = self._iterate(order)
             reward += r
             rewards.append(r)
-            iterations += 1
+            counts.append((*step.outcome, step.arrived, step.rejected))
             if terminated or truncated or not self.decision_steps or self._decision_possible() \
                     or (self.iteration_limit is not None and self._num_steps >= self.iteration_limit):
                 break
-            totals = _add_counts(totals, step)
             order = order[:0]
         obs = self._encoder.encode(self.cluster)
         info = self._info(step.outcome, step.container, step.arrived, step.rejected)
-        if totals is not None:  # counts over every iteration this step advanced, not only the last
-            for key, value in _add_counts(totals, step).items():
-                info[key] = value
-        info["num_iterations"] = iterations
+        if len(counts) > 1:  # counts over every iteration this step advanced, not only the last (in order)
+            info.update(zip(COUNTED, (sum(column) for column in zip(*counts, strict=True)), strict=True))
+        info["num_iterations"] = len(counts)
         if self.decision_steps:  # each iteration's reward, so a return can be summed as without the skip
             info["iteration_rewards"] = rewards
         if truncated and self._num_stalled >= (self.idle_guard_steps or math.inf):
@@ -409,16 +407,8 @@ class ServingEnv(gym.Env):
 
 COUNTED = ("step_s", "num_decode_tokens", "num_prefill_tokens", "num_admitted", "num_refused", "num_preemptions",
            "num_finished", "num_arrived", "num_rejected")
-"""Info keys that sum over the iterations of one decision step."""
-
-
-def _add_counts(totals: dict[str, float] | None, step: ClusterStep) -> dict[str, float]:
-    out = step.outcome
-    values = (out.dt_s, out.num_decode_tokens, out.num_prefill_tokens, out.num_admitted, out.num_refused,
-              out.num_preemptions, out.num_finished, step.arrived, step.rejected)
-    if totals is None:
-        return dict(zip(COUNTED, values, strict=True))
-    return {key: totals[key] + value for key, value in zip(COUNTED, values, strict=True)}
+"""Info keys that sum over the iterations of one decision step: ``StepOutcome``'s fields in order, then the
+cluster step's arrivals and rejections."""
 
 
 def _check_arguments(workload: Any, profile: Any, reward: Any, render_mode: Any, queue_window: int,

@@ -86,3 +86,30 @@ def test_the_registered_limit_applies_when_none_is_given() -> None:
 def test_asking_for_one_iteration_a_step_turns_the_skip_off() -> None:
     env = make_env(make_policy("fcfs"), workload="medium", decision_steps=False)
     assert not serving_env(env).decision_steps and not isinstance(env, IterationLimit)
+
+
+def test_info_counts_sum_over_the_skipped_iterations() -> None:
+    # Summed over the episode, each count in info equals the log's own total, so no iteration's count is lost
+    # and no column is summed into another's key.
+    policy = make_policy("fcfs")
+    env = make_env(policy, workload="tight-memory")
+    obs, info = env.reset(seed=5)
+    sums = {key: 0.0 for key in ("num_decode_tokens", "num_prefill_tokens", "num_finished", "num_preemptions",
+                                 "num_admitted", "step_s", "num_arrived")}
+    sums["num_arrived"] += info["num_arrived"]
+    done, several = False, 0
+    while not done:
+        obs, _, terminated, truncated, info = env.step(policy.act(obs))
+        done = terminated or truncated
+        several += info["num_iterations"] > 1
+        for key in sums:
+            sums[key] += info[key]
+    log = serving_env(env).cluster.log
+    steps = log.steps()
+    from servegym.engine import STEP_INDEX
+
+    assert several > 10
+    for key in ("num_decode_tokens", "num_prefill_tokens", "num_finished", "num_preemptions", "num_admitted"):
+        assert sums[key] == steps[:, STEP_INDEX[key]].sum(), key
+    assert sums["step_s"] == pytest.approx(steps[:, STEP_INDEX["dt_s"]].sum(), rel=1e-9)
+    assert sums["num_arrived"] == log.num_requests

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -49,11 +50,19 @@ def test_consumers_read_the_registry() -> None:
 
 
 def test_no_header_is_written_outside_the_registry() -> None:
-    sources = [p for p in ROOT.rglob("*.py") if not {".venv", "tests", "build"} & set(p.parts)
-               and p.name != "registry.py"]
+    sources = [p for p in ROOT.rglob("*.py") if not {".venv", "tests", "build", "mutants"} & set(p.parts)
+               and p.name != "registry.py"]  # mutants/ quotes the code it changes
     texts = {p: p.read_text() for p in sources}
     distinctive = [m.header for m in METRICS.values() if " " in m.header or "(" in m.header]
     assert len(distinctive) > 15  # a string literal that starts with one of these is a second copy
     for header in distinctive:
         hits = [str(p.relative_to(ROOT)) for p, text in texts.items() if f'"{header}' in text or f"'{header}" in text]
         assert not hits, f"{header!r} is written in {hits}: read metric(name).header instead"
+
+
+def test_a_percentiles_header_names_its_percentile() -> None:
+    percentiles = [m for m in METRICS.values() if re.search(r"_p\d\d(_|$)", m.name)]
+    assert len(percentiles) >= 8
+    for m in percentiles:
+        digits = re.search(r"_p(\d\d)", m.name).group(1)
+        assert f"P{digits}" in m.header, m.name
