@@ -8,6 +8,7 @@ the fit (:mod:`~servegym.backends.calibration_provenance`). This module adds the
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import time
 from collections.abc import Callable
@@ -18,7 +19,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servegym.backends.calibration_fit import Sample, fit_errors, fit_token_model, predict, split_holdout
-from servegym.backends.calibration_provenance import loadavg, machine, point_spreads, spread_summary, spread_warning
+from servegym.backends.calibration_provenance import (
+    loadavg,
+    machine,
+    point_spreads,
+    repeat_noise,
+    spread_summary,
+    spread_warning,
+)
 from servegym.backends.calibration_sweep import SCATTER_ROWS, WARMUP_CHUNK, Sweeper, SweepPlan, point_label
 from servegym.backends.profile import Profile
 from servegym.backends.runtimes import LEGACY_RUNTIME
@@ -56,6 +64,8 @@ def calibrate(backend: TorchBackend, name: str, plan: SweepPlan | None = None, l
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     split = {group: split_holdout(group_samples) for group, group_samples in samples.items()}
     fit = fit_token_model([p for fitted, _ in split.values() for p in fitted], *model_constants(backend))
+    noise = repeat_noise(samples)
+    model = dataclasses.replace(fit.model, noise_cv=noise["cv"])
     points = point_spreads(samples)
     host = machine(backend)
     hardware = host["device_name"] if backend.is_cuda else \
@@ -79,6 +89,7 @@ def calibrate(backend: TorchBackend, name: str, plan: SweepPlan | None = None, l
         "load": {"loadavg_before": load_before, "loadavg_after": loadavg(), "sweep_wall_s": round(wall, 3),
                  "process_cpu_s": round(cpu, 3), "cpu_per_wall": round(cpu / wall, 3) if wall > 0 else None},
         "spread": spread_summary(points),
+        "noise": noise,
         "fit_error": {group: fit_errors(fit.model, fitted) for group, (fitted, _) in split.items()},
         "holdout_error": {group: fit_errors(fit.model, held) for group, (_, held) in split.items() if held},
         "terms": {term: {"value": value, "standard_error": error} for term, (value, error) in fit.terms.items()},
@@ -89,7 +100,9 @@ def calibrate(backend: TorchBackend, name: str, plan: SweepPlan | None = None, l
                   f"runtime {LEGACY_RUNTIME}: servegym's torch backend launches every kernel from Python each step "
                   "(no CUDA graphs); its terms are measured here, not built from the runtime registry",
                   "load: 1/5/15-minute load averages before and after the sweep, and the process's CPU seconds "
-                  "per wall second during it (near the thread count when the process had its cores)"],
+                  "per wall second during it (near the thread count when the process had its cores)",
+                  "noise: the repeats' step-to-step jitter, the latency model's noise_cv (episodes on this profile "
+                  "draw each step's time around the fit, seeded by the env)"],
     }
     provenance["notes"].append(f"cold_start_s is the measured checkpoint load time, {load_seconds:.2f} s"
                                if load_seconds is not None else
@@ -99,7 +112,7 @@ def calibrate(backend: TorchBackend, name: str, plan: SweepPlan | None = None, l
         provenance["notes"].append(f"warning: {warning}")
     if build_seconds is not None:
         provenance["build_s"] = round(build_seconds, 3)
-    profile = Profile(name, fit.model, backend.num_kv_blocks, backend.block_size, float(load_seconds or 0.0),
+    profile = Profile(name, model, backend.num_kv_blocks, backend.block_size, float(load_seconds or 0.0),
                       provenance, runtime=LEGACY_RUNTIME)
     return profile, samples
 

@@ -8,6 +8,7 @@ threads, library versions and CPU count.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from dataclasses import dataclass
@@ -111,6 +112,32 @@ def point_spreads(samples: dict[str, list[Sample]]) -> list[PointSpread]:
         spread = (max(seconds) - min(seconds)) / median if len(seconds) > 1 and median > 0 else None
         points.append(PointSpread(label, median, spread, len(seconds)))
     return points
+
+
+def repeat_noise(samples: dict[str, list[Sample]]) -> dict[str, Any]:
+    """The step-to-step jitter of the repeats, as the calibrated model's log-normal noise.
+
+    Each point's repeats are the same step timed again; the log of a time less the mean log of its point is
+    the jitter. Pooled over every point with two or more repeats, ``sigma^2 = sum (l - mean_l)^2 / sum (n - 1)``
+    (unbiased), and the noise is the log-normal's coefficient of variation, ``sqrt(exp(sigma^2) - 1)``, which
+    :class:`~servegym.backends.calibrated.CalibratedBackend` draws with mean 1. With one repeat a point there is
+    nothing to pool: ``cv`` is 0."""
+    times: dict[str, list[float]] = {}
+    for group, group_samples in samples.items():
+        for s in group_samples:
+            times.setdefault(point_label(group, s), []).append(s.seconds)
+    squares, dof, points = 0.0, 0, 0
+    for seconds in times.values():
+        if len(seconds) > 1 and min(seconds) > 0:
+            logs = np.log(seconds)
+            squares += float(((logs - logs.mean()) ** 2).sum())
+            dof += len(seconds) - 1
+            points += 1
+    sigma = math.sqrt(squares / dof) if dof else 0.0
+    return {"cv": math.sqrt(math.expm1(sigma * sigma)), "sigma_log": sigma, "points": points,
+            "degrees_of_freedom": dof,
+            "method": "pooled variance of log(time) about each point's mean log over its repeats; cv of the "
+                      "log-normal with that sigma (mean 1)"}
 
 
 def spread_summary(points: list[PointSpread], threshold: float = SPREAD_WARNING) -> dict[str, Any]:

@@ -197,7 +197,8 @@ def fidelity(policies: Sequence[str], workload: Workload, profile: str, seeds: S
              max_steps: int = 100_000, clock: str | None = None,
              progress: Callable[[str], object] | None = None) -> FidelityReport:
     """Run every policy on every seed ``repeats`` times on the real backend and once on the calibrated model
-    (deterministic); compare the means over seeds, metric by metric, and the policies' order.
+    (seeded: a profile's noise draws from the episode's seed); compare the means over seeds, metric by metric, and
+    the policies' order.
 
     ``clock`` (``host-inclusive`` or ``forward-only``) is the real backend's; by default the one the profile
     records (the backend's own default when the profile records none)."""

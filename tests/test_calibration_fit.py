@@ -165,3 +165,29 @@ def test_step_residuals_price_each_real_step_from_its_own_batch():
                                                                                 [decode, mixed]), model)}
     assert forward == {"decode-only steps": pytest.approx(0.0, abs=1e-12),
                        "steps with prefill": pytest.approx(0.0, abs=1e-12)}
+
+
+def test_the_repeats_jitter_becomes_the_models_noise() -> None:
+    from servegym.backends.calibration_provenance import repeat_noise
+
+    # Two points, log-times hand-picked: point A's logs are mean +- 0.1 (two at each), point B's mean +- 0.2
+    # (one each side). Pooled: (4 x 0.01 + 2 x 0.04) / ((4 - 1) + (2 - 1)) = 0.03, sigma = sqrt(0.03).
+    a = [Sample(4, 132.0, 0, 0, 0.05 * math.exp(d)) for d in (0.1, -0.1, 0.1, -0.1)]
+    b = [Sample(0, 0.0, 64, 0, 0.2 * math.exp(d)) for d in (0.2, -0.2)]
+    lone = [Sample(0, 0.0, 128, 0, 0.3)]  # one repeat: no degrees of freedom
+    noise = repeat_noise({"decode": a, "prefill": b + lone})
+    assert noise["sigma_log"] == pytest.approx(math.sqrt(0.03), rel=1e-12)
+    assert noise["cv"] == pytest.approx(math.sqrt(math.exp(0.03) - 1), rel=1e-12)
+    assert (noise["points"], noise["degrees_of_freedom"]) == (2, 4)
+    assert repeat_noise({"prefill": lone})["cv"] == 0.0
+
+
+def test_the_noise_estimate_recovers_a_known_log_normal_jitter() -> None:
+    rng = np.random.default_rng(7)
+    cv = 0.1
+    sigma = math.sqrt(math.log1p(cv * cv))
+    samples = [Sample(b, 33.0 * b, 0, 0, 0.01 * b * math.exp(sigma * rng.standard_normal() - sigma**2 / 2))
+               for b in range(1, 61) for _ in range(5)]
+    from servegym.backends.calibration_provenance import repeat_noise
+
+    assert repeat_noise({"decode": samples})["cv"] == pytest.approx(cv, rel=0.1)  # 240 degrees of freedom
