@@ -95,6 +95,10 @@ class TokenLatencyModel:
     cpu_tail_s_per_row: float | None = field(
         default=None, metadata={"help": "cpu seconds per request beyond the last cpu knot (None: the last "
                                         "segment's slope continues)"})
+    cpu_s_per_prefill: float = field(
+        default=0.0, metadata={"help": "cpu seconds per prefilling row beyond a decoding row's (a backend whose "
+                                       "attention launches apart for prefill rows; fitted by calibrate, 0 in the "
+                                       "GPU tables)"})
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -133,17 +137,19 @@ class TokenLatencyModel:
                            self.lm_head_bytes / self.memory_bandwidth_bytes_s)
         check_term_seconds("lm_head_flops_per_row / peak_flops_s", self.lm_head_flops_per_row / self.peak_flops_s,
                            "emitting row")
+        check_term_seconds("cpu_s_per_prefill", self.cpu_s_per_prefill, "prefilling row")
         check_noise(self.noise_cv)
 
     # ------------------------------------------------------------------ terms
     def terms(self, rows: int, tokens: float, decode_context: float, prefill_pairs: float,
-              emitting_rows: int) -> dict[str, float]:
-        """Each term's seconds for an iteration of ``rows`` requests and ``tokens`` tokens, whose decodes read
-        ``decode_context`` KV tokens and whose prefill chunks attend over ``prefill_pairs`` (query, key) pairs."""
+              emitting_rows: int, prefill_rows: int = 0) -> dict[str, float]:
+        """Each term's seconds for an iteration of ``rows`` requests (``prefill_rows`` of them prefilling) and
+        ``tokens`` tokens, whose decodes read ``decode_context`` KV tokens and whose prefill chunks attend over
+        ``prefill_pairs`` (query, key) pairs."""
         if rows == 0:
             return dict.fromkeys(TERMS, 0.0)
         terms = {
-            "cpu": self._cpu(rows),
+            "cpu": self._cpu(rows) + prefill_rows * self.cpu_s_per_prefill,
             "linear": _interp(tokens, self.linear_tokens, self.linear_s),
             "allreduce": _interp(tokens, self.linear_tokens, self.allreduce_s),
             "decode_attention": decode_context * self.kv_bytes_per_token / self.decode_bandwidth_bytes_s,
@@ -162,13 +168,15 @@ class TokenLatencyModel:
         return _interp(rows, self.cpu_rows, self.cpu_s)
 
     def total_s(self, rows: int, tokens: float, decode_context: float, prefill_pairs: float,
-                emitting_rows: int) -> float:
+                emitting_rows: int, prefill_rows: int = 0) -> float:
         """The sum of :meth:`terms`, without building the dict (the per-step path)."""
         if rows == 0:
             return 0.0
         cpu = self._cpu_memo.get(rows)
         if cpu is None:
             cpu = self._cpu_memo[rows] = self._cpu(rows)
+        if prefill_rows and self.cpu_s_per_prefill:
+            cpu += prefill_rows * self.cpu_s_per_prefill
         linear = self._linear_memo.get(tokens)
         if linear is None:
             linear = self._linear_memo[tokens] = (_interp(tokens, self.linear_tokens, self.linear_s),
@@ -192,7 +200,7 @@ class TokenLatencyModel:
         if not t.num_prefills:
             return self.total_s(decodes, decodes, t.decode_context, 0.0, decodes)
         return self.total_s(decodes + t.num_prefills, decodes + t.prefill_tokens, t.decode_context, t.prefill_pairs,
-                            decodes + t.num_completes)
+                            decodes + t.num_completes, t.num_prefills)
 
     # ------------------------------------------------------------------ summaries
     def decode_s(self, batch: int, context: float = 0.0) -> float:
@@ -202,7 +210,7 @@ class TokenLatencyModel:
     def prefill_s(self, prompt: int, batch: int = 1) -> float:
         """An iteration that prefills ``batch`` whole prompts of ``prompt`` tokens, no decodes."""
         pairs = batch * prompt * (prompt + 1) / 2.0
-        return self.total_s(batch, batch * prompt, 0.0, pairs, batch)
+        return self.total_s(batch, batch * prompt, 0.0, pairs, batch, batch)
 
     @property
     def l_min_s(self) -> float:
