@@ -116,7 +116,7 @@ class Fit:
 
     model: TokenLatencyModel
     terms: dict[str, tuple[float, float]]
-    """``name -> (value, standard error)`` for ``cpu_s_per_step``, ``cpu_s_per_row``, ``cpu_s_per_prefill``,
+    """``name -> (value, standard error)`` for ``cpu_s_per_step``, ``cpu_s_per_row``, ``cpu_s_mixed_step``,
     ``kv_s_per_token`` and ``s_per_pair``."""
 
 
@@ -129,11 +129,12 @@ def fit_token_model(samples: list[Sample], kv_bytes_per_token: float, flops_per_
     tokens = np.array([_shape(s)[1] for s in samples], dtype=float)
     knots = _knots(samples)
     ramps = np.column_stack([np.clip(tokens - lo, 0.0, hi - lo) for lo, hi in itertools.pairwise(knots)])
-    x = np.column_stack([np.ones_like(rows), rows, [s.num_prefills for s in samples], ramps,
+    mixed = [float(s.num_prefills > 0 and s.decode > 0) for s in samples]
+    x = np.column_stack([np.ones_like(rows), rows, mixed, ramps,
                          [s.context for s in samples], [s.attention for s in samples]])
     y = np.array([s.seconds for s in samples])
     coef, errors = _nonneg_lstsq(x, y)
-    c0, c1, c_prefill, slopes, kv_s, pair_s = coef[0], coef[1], coef[2], coef[3:-2], coef[-2], coef[-1]
+    c0, c1, c_mixed, slopes, kv_s, pair_s = coef[0], coef[1], coef[2], coef[3:-2], coef[-2], coef[-1]
     linear = np.concatenate(([0.0], np.cumsum(slopes * np.diff(knots))))
     top = float(max(rows.max(), 2.0))
     # A term the fit found no cost for keeps its physical size over a rate so high it charges nothing visible.
@@ -144,8 +145,8 @@ def fit_token_model(samples: list[Sample], kv_bytes_per_token: float, flops_per_
         linear_s=tuple(linear.tolist()), allreduce_s=(0.0,) * knots.size, kv_bytes_per_token=kv_bytes_per_token,
         decode_bandwidth_bytes_s=bandwidth, attention_flops_per_pair=flops_per_pair, prefill_flops_s=flops,
         lm_head_bytes=0.0, lm_head_flops_per_row=0.0, memory_bandwidth_bytes_s=bandwidth, peak_flops_s=flops,
-        cpu_tail_s_per_row=float(c1), cpu_s_per_prefill=float(c_prefill))
-    names = {"cpu_s_per_step": 0, "cpu_s_per_row": 1, "cpu_s_per_prefill": 2, "kv_s_per_token": -2, "s_per_pair": -1}
+        cpu_tail_s_per_row=float(c1), cpu_s_mixed_step=float(c_mixed))
+    names = {"cpu_s_per_step": 0, "cpu_s_per_row": 1, "cpu_s_mixed_step": 2, "kv_s_per_token": -2, "s_per_pair": -1}
     return Fit(model, {name: (float(coef[i]), float(errors[i])) for name, i in names.items()})
 
 

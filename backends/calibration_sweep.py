@@ -52,7 +52,8 @@ class SweepPlan:
     contexts: tuple[int, ...] = (32, 128, 512)
     chunks: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
     chunk_starts: tuple[int, ...] = (0, 256)
-    mixed: tuple[tuple[int, int], ...] = ((8, 64), (8, 256), (32, 64), (32, 256))
+    mixed: tuple[tuple[int, int], ...] = ((4, 16), (4, 64), (4, 256), (16, 16), (16, 64), (16, 256), (32, 16),
+                                          (32, 64), (32, 256))
     mixed_context: int = 128
     repeats: int = 3
     batched: tuple[tuple[int, int], ...] = ((4, 256), (8, 256), (16, 128))
@@ -77,15 +78,16 @@ class SweepPlan:
         """Batches 1, 2, 4, ... up to ``max_batch``; contexts 32, 128, 512, ... up to ``max_context``; chunks
         16, 32, ... up to ``max_tokens`` (the largest step, by default ``max_context``; an engine's token budget)
         at starts 0 and ``max_context / 2``; batched prefills of 4 and 8 prompts of ``max_tokens / 8`` tokens and
-        16 of ``max_tokens / 16``; mixed steps of ``max_batch / 8`` and ``max_batch / 2`` decodes with chunks of
-        64 and 256 tokens (each capped at ``max_context``)."""
+        16 of ``max_tokens / 16``; mixed steps of ``max_batch / 16``, ``max_batch / 4`` and ``max_batch / 2``
+        decodes with chunks of 16, 64 and 256 tokens (each capped at ``max_context``): enough of them to fit what
+        a step pays for holding both kinds."""
         max_tokens = max_context if max_tokens is None else max_tokens
         if max_batch < 1 or max_context < 1 or max_tokens < 1:
             raise ValueError(f"max_batch, max_context and max_tokens must be >= 1, got {max_batch}, {max_context} "
                              f"and {max_tokens}")
         eighth, sixteenth = max(1, max_tokens // 8), max(1, max_tokens // 16)
-        mixed_batches = sorted({max(1, max_batch // 8), max(1, max_batch // 2)})
-        mixed_chunks = sorted({min(64, max_context), min(256, max_context)})
+        mixed_batches = sorted({max(1, max_batch // 16), max(1, max_batch // 4), max(1, max_batch // 2)})
+        mixed_chunks = sorted({min(16, max_context), min(64, max_context), min(256, max_context)})
         return cls(batches=_ladder(1, 2, max_batch), contexts=_ladder(32, 4, max_context),
                    chunks=_ladder(16, 2, max_tokens), chunk_starts=tuple(sorted({0, max_context // 2})),
                    mixed=tuple(itertools.product(mixed_batches, mixed_chunks)),

@@ -170,7 +170,7 @@ def profile_from_dict(data: Any, source: str = "<dict>") -> Profile:
             latency: LatencyModel | TokenLatencyModel = LatencyModel(**lat)
         else:
             names = {f.name for f in fields(TokenLatencyModel)}
-            optional = {"noise_cv", "launch_floor_s", "cpu_tail_s_per_row", "cpu_s_per_prefill"}
+            optional = {"noise_cv", "launch_floor_s", "cpu_tail_s_per_row", "cpu_s_mixed_step"}
             _check_keys("latency", lat, names - optional, optional)
             try:
                 latency = TokenLatencyModel(**lat)

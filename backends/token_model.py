@@ -95,10 +95,10 @@ class TokenLatencyModel:
     cpu_tail_s_per_row: float | None = field(
         default=None, metadata={"help": "cpu seconds per request beyond the last cpu knot (None: the last "
                                         "segment's slope continues)"})
-    cpu_s_per_prefill: float = field(
-        default=0.0, metadata={"help": "cpu seconds per prefilling row beyond a decoding row's (a backend whose "
-                                       "attention launches apart for prefill rows; fitted by calibrate, 0 in the "
-                                       "GPU tables)"})
+    cpu_s_mixed_step: float = field(
+        default=0.0, metadata={"help": "cpu seconds a step pays when it holds both decoding and prefilling rows (a "
+                                       "backend whose attention runs each kind apart; fitted by calibrate, 0 in "
+                                       "the GPU tables)"})
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -137,7 +137,7 @@ class TokenLatencyModel:
                            self.lm_head_bytes / self.memory_bandwidth_bytes_s)
         check_term_seconds("lm_head_flops_per_row / peak_flops_s", self.lm_head_flops_per_row / self.peak_flops_s,
                            "emitting row")
-        check_term_seconds("cpu_s_per_prefill", self.cpu_s_per_prefill, "prefilling row")
+        check_term_seconds("cpu_s_mixed_step", self.cpu_s_mixed_step)
         check_noise(self.noise_cv)
 
     # ------------------------------------------------------------------ terms
@@ -149,7 +149,7 @@ class TokenLatencyModel:
         if rows == 0:
             return dict.fromkeys(TERMS, 0.0)
         terms = {
-            "cpu": self._cpu(rows) + prefill_rows * self.cpu_s_per_prefill,
+            "cpu": self._cpu(rows) + (self.cpu_s_mixed_step if 0 < prefill_rows < rows else 0.0),
             "linear": _interp(tokens, self.linear_tokens, self.linear_s),
             "allreduce": _interp(tokens, self.linear_tokens, self.allreduce_s),
             "decode_attention": decode_context * self.kv_bytes_per_token / self.decode_bandwidth_bytes_s,
@@ -175,8 +175,8 @@ class TokenLatencyModel:
         cpu = self._cpu_memo.get(rows)
         if cpu is None:
             cpu = self._cpu_memo[rows] = self._cpu(rows)
-        if prefill_rows and self.cpu_s_per_prefill:
-            cpu += prefill_rows * self.cpu_s_per_prefill
+        if 0 < prefill_rows < rows:  # decodes beside prefills
+            cpu += self.cpu_s_mixed_step
         linear = self._linear_memo.get(tokens)
         if linear is None:
             linear = self._linear_memo[tokens] = (_interp(tokens, self.linear_tokens, self.linear_s),
@@ -210,7 +210,7 @@ class TokenLatencyModel:
     def prefill_s(self, prompt: int, batch: int = 1) -> float:
         """An iteration that prefills ``batch`` whole prompts of ``prompt`` tokens, no decodes."""
         pairs = batch * prompt * (prompt + 1) / 2.0
-        return self.total_s(batch, batch * prompt, 0.0, pairs, batch, batch)
+        return self.total_s(batch, batch * prompt, 0.0, pairs, batch)
 
     @property
     def l_min_s(self) -> float:

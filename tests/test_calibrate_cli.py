@@ -46,7 +46,9 @@ def test_the_gpu_limits_reach_batch_256_and_context_2048():
     assert plan.contexts == (32, 128, 512, 2048)
     assert plan.chunks == (16, 32, 64, 128, 256, 512, 1024, 2048)
     assert plan.chunk_starts == (0, 1024)
-    assert plan.mixed == ((32, 64), (32, 256), (128, 64), (128, 256))  # 256/8 and 256/2 decodes
+    # 256/16, 256/4 and 256/2 decodes, each beside a chunk of 16, 64 and 256 tokens
+    assert plan.mixed == ((16, 16), (16, 64), (16, 256), (64, 16), (64, 64), (64, 256), (128, 16), (128, 64),
+                          (128, 256))
 
 
 def test_limits_off_the_ladder_are_swept_themselves():
@@ -55,11 +57,11 @@ def test_limits_off_the_ladder_are_swept_themselves():
     assert plan.contexts == (32, 128, 300)
     assert plan.chunks == (16, 32, 64, 128, 256, 300)
     assert plan.chunk_starts == (0, 150)
-    # Below 128 tokens the mixed steps' decode context and chunks are capped at the limit; max_batch / 8 rounds
-    # down to 0, so the smaller mixed batch is 1.
+    # Below 128 tokens the mixed steps' decode context and chunks are capped at the limit; max_batch / 16 and
+    # max_batch / 4 round down to 0, so the smallest mixed batch is 1 (once).
     small = SweepPlan.up_to(6, 100)
     assert (small.batches, small.contexts, small.chunks) == ((1, 2, 4, 6), (32, 100), (16, 32, 64, 100))
-    assert small.mixed == ((1, 64), (1, 100), (3, 64), (3, 100)) and small.mixed_context == 100
+    assert small.mixed == ((1, 16), (1, 64), (1, 100), (3, 16), (3, 64), (3, 100)) and small.mixed_context == 100
 
 
 def test_kv_blocks_needed_by_hand():

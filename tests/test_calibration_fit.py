@@ -21,8 +21,8 @@ KNOTS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048
 # one row to two (a matrix-vector kernel giving way to a matrix-matrix one).
 LINEAR = (0.0, *(0.012 + 0.0019 * (t - 1) + 2e-7 * (t - 1) ** 2 for t in KNOTS[1:]))
 C0, C1, KV_S, PAIR_S = 0.004, 0.0003, 2e-6, 5e-7
-C_PREFILL = 0.002
-"""Host seconds a prefilling row costs beyond a decoding row's (its own attention call, on the CPU kernel)."""
+C_MIXED = 0.002
+"""Host seconds a step pays when it holds decodes and prefills together (each kind's attention runs apart)."""
 
 
 def truth() -> TokenLatencyModel:
@@ -31,7 +31,7 @@ def truth() -> TokenLatencyModel:
         allreduce_s=(0.0,) * len(KNOTS), kv_bytes_per_token=KV_BYTES, decode_bandwidth_bytes_s=KV_BYTES / KV_S,
         attention_flops_per_pair=PAIR_FLOPS, prefill_flops_s=PAIR_FLOPS / PAIR_S, lm_head_bytes=0.0,
         lm_head_flops_per_row=0.0, memory_bandwidth_bytes_s=KV_BYTES / KV_S, peak_flops_s=PAIR_FLOPS / PAIR_S,
-        cpu_tail_s_per_row=C1, cpu_s_per_prefill=C_PREFILL)
+        cpu_tail_s_per_row=C1, cpu_s_mixed_step=C_MIXED)
 
 
 def sweep(model: TokenLatencyModel, rng: np.random.Generator, noise: float = 0.005) -> dict[str, list[Sample]]:
@@ -66,11 +66,10 @@ def test_the_fit_recovers_every_term_of_a_known_schema_2_model():
     assert fit.terms["cpu_s_per_step"][0] == pytest.approx(C0, rel=0.05)
     assert fit.terms["cpu_s_per_row"][0] == pytest.approx(C1, rel=0.05)
     assert model.cpu_tail_s_per_row == pytest.approx(C1, rel=0.05)
-    # A prefilling row's own cost, told from the per-row slope by the batched prefills (n rows, n prefills) and
-    # the mixed steps (decodes beside one prefill) against pure decode batches.
-    # Less well pinned than the rest: within three standard errors, each under a fifth of the value.
-    value, error = fit.terms["cpu_s_per_prefill"]
-    assert model.cpu_s_per_prefill == value and 0 < error < 0.2 * C_PREFILL and abs(value - C_PREFILL) < 3 * error
+    # The mixed steps' own cost, pinned by the mixed points alone (three fitted): within three standard errors,
+    # each under a fifth of the value.
+    value, error = fit.terms["cpu_s_mixed_step"]
+    assert model.cpu_s_mixed_step == value and 0 < error < 0.2 * C_MIXED and abs(value - C_MIXED) < 3 * error
     np.testing.assert_allclose(model.linear_s[1:], LINEAR[1:], rtol=0.05)
     assert model.kv_bytes_per_token / model.decode_bandwidth_bytes_s == pytest.approx(KV_S, rel=0.05)
     assert model.attention_flops_per_pair / model.prefill_flops_s == pytest.approx(PAIR_S, rel=0.05)
@@ -201,13 +200,14 @@ def test_the_noise_estimate_recovers_a_known_log_normal_jitter() -> None:
     assert repeat_noise({"decode": samples})["cv"] == pytest.approx(cv, rel=0.1)  # 240 degrees of freedom
 
 
-def test_each_prefilling_row_adds_its_host_cost_by_hand() -> None:
+def test_a_step_mixing_decodes_and_prefills_pays_its_host_cost_by_hand() -> None:
     model = truth()
-    # 10 rows (cpu knots 1 and 64: C0 + 10 C1), 2 of them prefilling.
-    assert model.terms(10, 200.0, 0.0, 0.0, 0, prefill_rows=2)["cpu"] == pytest.approx(C0 + 10 * C1 + 2 * C_PREFILL)
-    free = dataclasses.replace(model, cpu_s_per_prefill=0.0)
-    three = BatchTotals(5, 500.0, 3, 96.0, 1500.0, 3)
-    assert model.totals_s(three) - free.totals_s(three) == pytest.approx(3 * C_PREFILL, rel=1e-12)
-    decode_only = BatchTotals(5, 500.0, 0, 0.0, 0.0, 0)
-    assert model.totals_s(decode_only) == free.totals_s(decode_only)
-    assert model.prefill_s(100, batch=4) - free.prefill_s(100, batch=4) == pytest.approx(4 * C_PREFILL, rel=1e-12)
+    # 10 rows (cpu knots 1 and 64: C0 + 10 C1), 2 of them prefilling beside 8 decodes: one mixed-step cost.
+    assert model.terms(10, 200.0, 0.0, 0.0, 0, prefill_rows=2)["cpu"] == pytest.approx(C0 + 10 * C1 + C_MIXED)
+    assert model.terms(10, 200.0, 0.0, 0.0, 0, prefill_rows=10)["cpu"] == pytest.approx(C0 + 10 * C1)  # no decodes
+    free = dataclasses.replace(model, cpu_s_mixed_step=0.0)
+    mixed = BatchTotals(5, 500.0, 3, 96.0, 1500.0, 3)
+    assert model.totals_s(mixed) - free.totals_s(mixed) == pytest.approx(C_MIXED, rel=1e-9)
+    for alone in (BatchTotals(5, 500.0, 0, 0.0, 0.0, 0), BatchTotals(0, 0.0, 3, 96.0, 1500.0, 3)):
+        assert model.totals_s(alone) == free.totals_s(alone)
+    assert model.prefill_s(100, batch=4) == free.prefill_s(100, batch=4)

@@ -1,0 +1,17 @@
+"""Mutations of the calibration's noise estimate and the mixed-step host cost (issue 32)."""
+
+FIT = "tests/test_calibration_fit.py"
+
+MUTATIONS = [
+    ("noise-biased-variance", "backends/calibration_provenance.py",
+     "            dof += len(seconds) - 1", "            dof += len(seconds)", (FIT,), "backends"),
+    ("noise-cv-is-sigma", "backends/calibration_provenance.py",
+     '    return {"cv": math.sqrt(math.expm1(sigma * sigma)), "sigma_log": sigma,',
+     '    return {"cv": sigma, "sigma_log": sigma,', (FIT,), "backends"),
+    ("mixed-cost-on-prefill-only-steps", "backends/token_model.py",
+     "        if 0 < prefill_rows < rows:  # decodes beside prefills",
+     "        if 0 < prefill_rows <= rows:  # decodes beside prefills", (FIT,), "backends"),
+    ("mixed-column-counts-prefills", "backends/calibration_fit.py",
+     "    mixed = [float(s.num_prefills > 0 and s.decode > 0) for s in samples]",
+     "    mixed = [float(s.num_prefills) for s in samples]", (FIT,), "backends"),
+]
