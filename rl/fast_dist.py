@@ -112,7 +112,7 @@ class MaskableSlotMultiInputPolicy(MaskableMultiInputActorCriticPolicy):
 
 FAST_POLICIES: dict[str, type[BasePolicy]] = {
     "ppo": SlotMultiInputPolicy, "a2c": SlotMultiInputPolicy, "maskable-ppo": MaskableSlotMultiInputPolicy}
-"""Algorithms (``servegym.rl.train.ALGOS`` names) that have a batched-slot policy."""
+"""Algorithms (``servegym.rl.config.ALGOS`` names) that have a batched-slot policy."""
 
 
 def policy_for(algo: str, action_space: spaces.Space, mode: str | None = None) -> str | type[BasePolicy]:

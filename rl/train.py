@@ -18,13 +18,11 @@ Training episodes draw their seeds from :data:`~servegym.envs.tasks.TRAIN_SEEDS`
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import multiprocessing
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -33,177 +31,17 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 
 from servegym import ENV_ID
-from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS, get_task
+from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS
+from servegym.rl.config import TrainConfig, scorer_params
 from servegym.rl.evaluation import FINAL_MODEL, FINAL_STATS, SeedListEval, write_json
 from servegym.rl.fast_dist import policy_for
 from servegym.rl.stopping import StopOnSignals, TrainingInterrupted, end_processes, spawned_children
-from servegym.rl.wrappers import OBSERVATIONS, RESIDUAL_SCALE, ScaledObservation, TrainSeeds, rank_grid, wrap
+from servegym.rl.wrappers import ScaledObservation, TrainSeeds, rank_grid, wrap
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
 
-ALGOS = ("ppo", "a2c", "dqn", "sac", "maskable-ppo")
-DEFAULT_MODE = {"ppo": "count", "a2c": "count", "dqn": "count", "sac": "window", "maskable-ppo": "admit"}
-COMPATIBLE = {"ppo": {"admit", "window", "count", "rank", "score", "params"},
-              "a2c": {"admit", "window", "count", "rank", "score", "params"},
-              "dqn": {"count"}, "sac": {"window", "score", "params"}, "maskable-ppo": {"admit", "count"}}
 CHECKPOINT_RE = re.compile(r"model_(\d+)_steps\.zip$")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """One training run; every field is recorded in the run's ``config.json``."""
-
-    algo: str = "ppo"
-    mode: str | None = None
-    """Action mode (see :mod:`servegym.rl.wrappers`); default per algorithm: PPO/A2C/DQN count, SAC window,
-    MaskablePPO admit."""
-    task: str | None = None
-    """A benchmark task (``servegym tasks``); the fields below override its settings."""
-    workload: str | None = None
-    """Without a task: the workload (default ``burst``); with one: overrides the task's."""
-    profile: str | None = None
-    engine: dict[str, Any] = field(default_factory=lambda: {"length_mode": "predicted"})
-    pool: dict[str, Any] = field(default_factory=dict)
-    env: dict[str, Any] = field(default_factory=dict)
-    """Other ``gym.make`` arguments, e.g. ``{"decision_steps": true, "reward_half_life_s": 30}``."""
-    timesteps: int = 100_000
-    seed: int = 0
-    n_envs: int = 2
-    max_episode_steps: int | None = None
-    """The env's own episode limit (``max_steps``; None: the task's): a truncation there pays the truncation
-    penalty, so cutting episodes short never looks good."""
-    eval_freq: int = 20_000
-    """Timesteps between evaluations (summed over the vectorised envs)."""
-    eval_episodes: int = len(VALIDATION_SEEDS)
-    """Validation seeds per evaluation (the first of :data:`VALIDATION_SEEDS`)."""
-    checkpoint_freq: int = 50_000
-    normalize: bool = True
-    hyperparams: dict[str, Any] = field(default_factory=dict)
-    reward_scale: float = 1.0
-    """Training rewards are multiplied by this fixed number (validation and test returns are not): a scale set
-    per task in the recipe, in place of ``VecNormalize``'s drifting running estimate."""
-    reward_reference: str | None = None
-    """A params file (``servegym tune``'s ``best_params.json``): training rewards become relative to that policy's
-    episode on the same seed (:mod:`servegym.rl.reference`); validation and test returns are not."""
-    imitate: str | None = None
-    """A ``scorer`` params file (``servegym tune``'s ``best_params.json``): before reinforcement learning, the
-    ``score``-mode policy is fitted to that scorer's decisions (:mod:`servegym.rl.imitation`)."""
-    imitate_episodes: int = 8
-    """Training episodes of the scorer to imitate."""
-    score_base: str | None = None
-    """A ``scorer`` params file: in the ``score`` mode the agent's action is a residual on that scorer's decision
-    (:class:`~servegym.rl.wrappers.ScoreAdmit`; action 0 is the scorer), in the ``params`` mode it moves that
-    scorer's parameters. Read once, into ``score_base_params``."""
-    score_base_params: dict[str, Any] | None = None
-    """The base scorer's parameters, read from ``score_base`` when the config is made and recorded in
-    ``config.json``: the run trains, resumes and plays with these, whatever later happens to the file."""
-    residual_scale: float = RESIDUAL_SCALE
-    """With ``score_base``: how far an action of 1 moves a score (a factor ``exp(scale)``) and the target."""
-    observation: str = "raw"
-    """What the agent observes (:data:`~servegym.rl.wrappers.OBSERVATIONS`): ``raw``, the env's Dict (the score
-    network scales it itself), or ``scaled``, every feature on a bounded log scale with the episode's progress
-    (:class:`~servegym.rl.wrappers.ScaledObservation`; for ``MultiInputPolicy`` agents, without ``normalize``)."""
-    discount_half_life_s: float | None = None
-    """PPO and A2C: discount each transition by the simulated seconds it took, ``2 ** (-step_s / half_life)``
-    (:mod:`servegym.rl.time_discount`), in place of the per-step ``gamma``."""
-    torch_threads: int = 1
-    """Torch's intra-op threads in the training process: the networks are small and batches short, so one
-    thread is fastest (PPO in ``score`` mode on 2 busy cores: 300 steps/s with 1, 65 with torch's default)."""
-    out: str = "runs"
-
-    def __post_init__(self) -> None:
-        if self.algo not in ALGOS:
-            raise ValueError(f"algo must be one of {ALGOS}, got {self.algo!r}")
-        if self.resolved_mode not in COMPATIBLE[self.algo]:
-            raise ValueError(f"{self.algo} cannot use mode {self.resolved_mode!r}; it supports "
-                             f"{sorted(COMPATIBLE[self.algo])}")
-        for name in ("timesteps", "n_envs", "eval_freq", "checkpoint_freq", "torch_threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 1 <= self.eval_episodes <= len(VALIDATION_SEEDS):
-            raise ValueError(f"eval_episodes must be in [1, {len(VALIDATION_SEEDS)}], got {self.eval_episodes}")
-        if not 0 <= self.seed <= len(TRAIN_SEEDS) - self.n_envs:
-            # SB3 seeds env i's first episode with seed + i: it must stay a training seed.
-            raise ValueError(f"seed must be in [0, {len(TRAIN_SEEDS) - self.n_envs}] (seed + env index must stay "
-                             f"in TRAIN_SEEDS), got {self.seed}")
-        if self.task is not None:
-            get_task(self.task)
-        if not (isinstance(self.reward_scale, int | float) and math.isfinite(self.reward_scale)
-                and self.reward_scale > 0):
-            raise ValueError(f"reward_scale must be a finite number > 0, got {self.reward_scale!r}")
-        if self.imitate is not None and (self.resolved_mode != "score" or self.algo not in ("ppo", "a2c")):
-            raise ValueError(f"imitate warm-starts PPO or A2C in the score mode, not {self.algo} in "
-                             f"{self.resolved_mode!r}")
-        if self.observation not in OBSERVATIONS:
-            raise ValueError(f"observation must be one of {OBSERVATIONS}, got {self.observation!r}")
-        if self.observation == "scaled" and self.resolved_mode == "score" and self.algo in ("ppo", "a2c"):
-            raise ValueError(f"{self.algo} in the score mode has its own network over the raw observation (it scales "
-                             "the features itself); observation 'scaled' is for MultiInputPolicy agents")
-        if self.imitate is not None and self.score_base is not None:
-            raise ValueError("imitate and score_base are two warm starts: a residual agent starts at its base "
-                             "scorer already (with head_gain 0, exactly); choose one")
-        if self.observation == "scaled" and self.normalize:
-            raise ValueError("observation 'scaled' is bounded already: train it without normalize "
-                             "(--no-normalize)")
-        if self.score_base is not None and self.resolved_mode not in ("score", "params"):
-            raise ValueError(f"score_base is the base scorer of the score and params modes, not of "
-                             f"{self.resolved_mode!r}")
-        if self.score_base is None and self.resolved_mode == "params":
-            raise ValueError("the params mode moves a base scorer's parameters: give score_base (a scorer params "
-                             "file)")
-        if self.score_base is not None and self.score_base_params is None:
-            object.__setattr__(self, "score_base_params", _scorer_params(self.score_base, "score_base"))
-        if not (isinstance(self.residual_scale, int | float) and math.isfinite(self.residual_scale)
-                and self.residual_scale > 0):
-            raise ValueError(f"residual_scale must be a finite number > 0, got {self.residual_scale!r}")
-        if self.score_base is None and self.residual_scale != RESIDUAL_SCALE:
-            raise ValueError("residual_scale scales a residual on a base scorer: give score_base too")
-        if self.discount_half_life_s is not None:
-            if self.algo not in ("ppo", "a2c"):
-                raise ValueError(f"discount_half_life_s discounts PPO's and A2C's rollouts, not {self.algo}'s")
-            if not (isinstance(self.discount_half_life_s, int | float) and math.isfinite(self.discount_half_life_s)
-                    and self.discount_half_life_s > 0):
-                raise ValueError(f"discount_half_life_s must be a finite number > 0, got "
-                                 f"{self.discount_half_life_s!r}")
-        clash = {"task", "workload", "profile", "engine", "pool", "max_episode_steps"} & set(self.env)
-        if clash:
-            raise ValueError(f"env must not hold {sorted(clash)}: they have their own fields")
-
-    @property
-    def resolved_mode(self) -> str:
-        return self.mode or DEFAULT_MODE[self.algo]
-
-    @property
-    def run_name(self) -> str:
-        env = ENV_ID.split("/")[1]
-        mode = f"{self.resolved_mode}-residual" if self.score_base and self.resolved_mode == "score" else \
-            self.resolved_mode
-        return f"{env}__{self.algo}__{mode}__{self.task or self.workload or 'burst'}__s{self.seed}"
-
-    def env_kwargs(self) -> dict[str, Any]:
-        """``gym.make`` arguments: the task's settings with this run's overrides on top."""
-        kwargs: dict[str, Any] = {**self.env, "engine": dict(self.engine), "pool": dict(self.pool)}
-        if self.task is not None:
-            kwargs["task"] = self.task
-        if self.workload is not None or self.task is None:
-            kwargs["workload"] = self.workload or "burst"
-        if self.profile is not None:
-            kwargs["profile"] = self.profile
-        return kwargs
-
-    def mode_kwargs(self) -> dict[str, Any]:
-        """The action mode's wrapper arguments: a residual's base scorer (and the score mode's scale), else none."""
-        if self.score_base_params is None:
-            return {}
-        base = dict(self.score_base_params)
-        return {"base": base} if self.resolved_mode == "params" else {"base": base,
-                                                                       "residual_scale": self.residual_scale}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrainConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 def make_training_env(env_kwargs: dict[str, Any], mode: str, max_episode_steps: int | None = None,
@@ -252,20 +90,10 @@ def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
     return DummyVecEnv(factories)
 
 
-def _scorer_params(path: str, field_name: str) -> dict[str, Any]:
-    from servegym.tuning.study import read_params
-
-    name, params = read_params(path)
-    if name != "scorer":
-        raise ValueError(f"{field_name}: {path} holds {name!r} parameters; it needs a scorer's (servegym tune "
-                         "--policy scorer)")
-    return params
-
-
 def _imitate(model: BaseAlgorithm, cfg: TrainConfig) -> dict[str, float]:
     from servegym.rl.imitation import imitate
 
-    return imitate(model, cfg.env_kwargs(), _scorer_params(cfg.imitate, "imitate"), cfg.imitate_episodes,
+    return imitate(model, cfg.env_kwargs(), scorer_params(cfg.imitate, "imitate"), cfg.imitate_episodes,
                    seed=cfg.seed)
 
 

@@ -41,12 +41,16 @@ from servegym.experiments import FOLDER as SHIPPED_EXPERIMENTS
 from servegym.experiments import find_experiment, shipped_experiments
 from servegym.metrics import metric
 from servegym.policies import POLICIES, make_policy, policies_table
+from servegym.rl.config import TrainConfig
 from servegym.runner import make_env, run_episode, write_csvs
 from servegym.stability import workload_stability
 from servegym.tuning.study import TuneConfig
 from servegym.workloads import WORKLOADS, make_workload
 from servegym.workloads.scenarios import profile_for
 
+TRAIN_FLAGS = ("timesteps", "seed", "n_envs", "max_episode_steps", "eval_freq", "eval_episodes", "checkpoint_freq",
+               "reward_scale", "observation", "out")
+"""``servegym train``'s flags that mirror ``TrainConfig`` fields (type, default and help from the field)."""
 TUNE_FLAGS = ("objective", "trials", "seeds", "eval_seeds", "storage", "pruner", "sampler", "sampler_seed", "max_steps")
 """``servegym tune``'s flags that mirror ``TuneConfig`` fields (type, default and help from the field)."""
 SUMMARY_METRICS = ("num_requests", "num_finished", "num_rejected", "num_unfinished", "makespan_s", "throughput_rps",
@@ -255,7 +259,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     import json
 
     from servegym.rl.stopping import TrainingInterrupted
-    from servegym.rl.train import TrainConfig, resume, train
+    from servegym.rl.train import resume, train
 
     try:
         if args.resume:
@@ -265,8 +269,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             engine = {"length_mode": args.length_mode or "predicted"}
             engine.update(json_object("--engine", args.engine))
             hyper = json_object("--hyperparams", args.hyperparams)
-            fields = {"mode": args.mode, "env": json_object("--env", args.env), "timesteps": args.timesteps,
-                      "n_envs": args.n_envs, "normalize": not args.no_normalize}
+            fields = {**config_args(args, TRAIN_FLAGS), "mode": args.mode, "env": json_object("--env", args.env),
+                      "normalize": not args.no_normalize}
             if args.zoo:
                 if not args.task:
                     raise ValueError("--zoo reads the entry of a task: give --task")
@@ -277,13 +281,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                 hyper = {**zoo["hyperparams"], **hyper}
             cfg = TrainConfig(algo=args.algo, task=args.task, workload=args.workload,
                               profile=args.profile, engine=engine, pool=json_object("--pool", args.pool),
-                              seed=args.seed, max_episode_steps=args.max_episode_steps, eval_freq=args.eval_freq,
-                              eval_episodes=args.eval_episodes, checkpoint_freq=args.checkpoint_freq,
-                              hyperparams=hyper, **fields,
-                              reward_scale=args.reward_scale, reward_reference=args.reward_reference,
+                              hyperparams=hyper, **fields, reward_reference=args.reward_reference,
                               imitate=args.imitate, score_base=args.score_base,
-                              discount_half_life_s=args.discount_half_life, observation=args.observation,
-                              out=args.out,
+                              discount_half_life_s=args.discount_half_life,
                               **({} if args.residual_scale is None else {"residual_scale": args.residual_scale}))
             print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
             run = train(cfg, progress=not args.quiet)
@@ -425,20 +425,12 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--pool", default=None, help='pool settings as JSON, e.g. \'{"num_containers": 4}\'')
     trn.add_argument("--env", default=None,
                      help='other gym.make arguments as JSON, e.g. \'{"decision_steps": true}\'')
-    trn.add_argument("--timesteps", type=int, default=100_000)
-    trn.add_argument("--seed", type=int, default=0)
-    trn.add_argument("--n-envs", type=int, default=2, help="parallel envs (SubprocVecEnv)")
-    trn.add_argument("--max-episode-steps", type=int, default=None, help="extra episode limit (default: the task's)")
-    trn.add_argument("--eval-freq", type=int, default=20_000)
-    trn.add_argument("--eval-episodes", type=int, default=5, help="validation seeds per evaluation (1-5)")
-    trn.add_argument("--checkpoint-freq", type=int, default=50_000)
+    add_config_args(trn, TrainConfig, TRAIN_FLAGS)
     trn.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None,
                      help="default: predicted (every task uses predicted lengths)")
     trn.add_argument("--hyperparams", default=None, help='JSON, e.g. \'{"learning_rate": 3e-4, "n_steps": 512}\'')
     trn.add_argument("--no-normalize", action="store_true",
                      help="no VecNormalize (the score mode's network reads raw features on a log scale)")
-    trn.add_argument("--reward-scale", type=float, default=1.0,
-                     help="multiply training rewards by this fixed number (validation returns stay in task units)")
     trn.add_argument("--zoo", default=None, metavar="FILE",
                      help="hyperparameters in the RL Zoo's format (docs/rl/hyperparams/ppo.yml): the entry for the "
                           "task's id replaces --timesteps, --n-envs, --no-normalize, --mode and --env where it has "
@@ -453,12 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--residual-scale", type=float, default=None,
                      help="score mode with --score-base: an action of 1 multiplies a score by exp(scale) and moves "
                           "the memory target by 0.6 x scale of the cache (default 0.2)")
-    trn.add_argument("--observation", choices=["raw", "scaled"], default="raw",
-                     help="what the agent sees: the env's Dict, or every feature on a bounded log scale (for "
-                          "MultiInputPolicy agents; use with --no-normalize)")
     trn.add_argument("--discount-half-life", type=float, default=None, metavar="SECONDS",
                      help="PPO/A2C: discount each step by the simulated seconds it took (half-life), not per step")
-    trn.add_argument("--out", default="runs")
     trn.add_argument("--resume", default=None, metavar="RUN", help="continue RUN from its latest checkpoint")
     trn.add_argument("--quiet", action="store_true")
     trn.set_defaults(func=cmd_train)

@@ -41,3 +41,18 @@ def test_a_field_without_help_cannot_become_a_flag() -> None:
 
     with pytest.raises(TypeError, match=r"Bare\.count has no metadata help"):
         add_config_args(argparse.ArgumentParser(), Bare, ("count",))
+
+
+def test_train_flags_carry_the_config_fields_defaults_and_help() -> None:
+    from servegym.cli import TRAIN_FLAGS
+    from servegym.rl.config import TrainConfig
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    actions = {a.dest: a for a in sub["train"]._actions}
+    by_name = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    for name in TRAIN_FLAGS:
+        assert actions[name].default == by_name[name].default, name
+        assert actions[name].help.startswith(by_name[name].metadata["help"]), name
+    assert actions["observation"].choices == ("raw", "scaled") and actions["reward_scale"].type is float
+    args = sub["train"].parse_args(["--timesteps", "64", "--observation", "scaled"])
+    assert config_args(args, TRAIN_FLAGS)["timesteps"] == 64 and args.observation == "scaled"
