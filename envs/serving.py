@@ -172,8 +172,8 @@ class ServingEnv(gym.Env):
         self.engine_config = _config("engine", engine, EngineConfig) or EngineConfig()
         self.pool_config = _config("pool", pool, PoolConfig) or PoolConfig()
         n = self.pool_config.num_containers
-        backends, cold_start = make_backends(backend, profile if profile is not None else profile_for(workload), self.engine_config, n,
-                                             backend_options, latency_noise_cv)
+        profile = profile if profile is not None else profile_for(workload)
+        backends, cold_start = make_backends(backend, profile, self.engine_config, n, backend_options, latency_noise_cv)
         self.workload = make_workload(workload) if isinstance(workload, str) else workload
         self.cluster = Cluster(self.engine_config, self.pool_config, backends, self.workload, cold_start)
         self.queue_window, self.reward_name, self.render_mode = queue_window, reward, render_mode
@@ -233,23 +233,24 @@ class ServingEnv(gym.Env):
             info = self._info(self.engine.last, self.cluster.deciding, 0, 0)
             return self._encoder.encode(self.cluster), 0.0, True, False, info
         self._stepped = True
-        reward, counts, rewards = 0.0, [], []
+        reward, skipped = 0.0, []  # (step, reward) of the iterations before the last, with decision_steps only
         while True:
             step, r, terminated, truncated = self._iterate(order)
             reward += r
-            rewards.append(r)
-            counts.append((*step.outcome, step.arrived, step.rejected))
             if terminated or truncated or not self.decision_steps or self._decision_possible() \
                     or (self.iteration_limit is not None and self._num_steps >= self.iteration_limit):
                 break
+            skipped.append((step, r))
             order = order[:0]
         obs = self._encoder.encode(self.cluster)
         info = self._info(step.outcome, step.container, step.arrived, step.rejected)
-        if len(counts) > 1:  # counts over every iteration this step advanced, not only the last (in order)
-            info.update(zip(COUNTED, (sum(column) for column in zip(*counts, strict=True)), strict=True))
-        info["num_iterations"] = len(counts)
+        info["num_iterations"] = len(skipped) + 1
         if self.decision_steps:  # each iteration's reward, so a return can be summed as without the skip
-            info["iteration_rewards"] = rewards
+            info["iteration_rewards"] = [*(sr for _, sr in skipped), r]
+        if skipped:  # counts over every iteration this step advanced, not only the last (summed in order)
+            counts = [(*s.outcome, s.arrived, s.rejected) for s, _ in skipped]
+            counts.append((*step.outcome, step.arrived, step.rejected))
+            info.update(zip(COUNTED, (sum(column) for column in zip(*counts, strict=True)), strict=True))
         if truncated and self._num_stalled >= (self.idle_guard_steps or math.inf):
             info["idle_guard"] = True
         return obs, reward, terminated, truncated, info
