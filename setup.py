@@ -1,7 +1,8 @@
-"""Build the compiled engine (``servegym.engine._core``); everything else is in pyproject.toml.
+"""Build the compiled engine (``servegym.engine.engine``, Cython's pure-Python mode); everything else is in
+pyproject.toml.
 
 The extension is optional: without a working C compiler the package installs anyway and runs the same episodes
-on the Python engine (``servegym.engine.compiled_available()`` says which one runs).
+on the same source interpreted (``servegym.engine.compiled_available()`` says which one runs).
 """
 
 import sys
@@ -29,11 +30,11 @@ class OptionalBuildExt(build_ext):
 
     @staticmethod
     def _skipped(error: Exception) -> None:
-        print(f"WARNING: servegym's compiled engine was not built ({error}); the Python engine will run the same "
-              "episodes, about half as fast", file=sys.stderr)
+        print(f"WARNING: servegym's compiled engine was not built ({error}); the same source will run as Python: the "
+              "same episodes, several times slower", file=sys.stderr)
 
 
-extensions = [Extension("servegym.engine._core", ["engine/_core.pyx"], optional=True,
+extensions = [Extension("servegym.engine.engine", ["engine/engine.py"], optional=True,
                         # Floats as Python computes them (no fused multiply-add); integer overflow wraps, as numpy's.
                         extra_compile_args=["-ffp-contract=off", "-fwrapv"])]
 setup(ext_modules=cythonize(extensions, language_level=3), cmdclass={"build_ext": OptionalBuildExt})

@@ -3,9 +3,10 @@
 from servegym.engine.cluster import Cluster, ClusterStep, PoolConfig, length_intervals
 from servegym.engine.compiled import CompiledEngine, compiled_available, engine_class
 from servegym.engine.config import EngineConfig, LengthMode, PreemptionRule, Recompute
-from servegym.engine.engine import RUNNING_OBS_COLUMNS, Col, Engine, EngineBase, Plan, StepOutcome
+from servegym.engine.engine import Engine
 from servegym.engine.log import STEP_FIELDS, STEP_INDEX, EpisodeLog, RejectReason, State, StepRow
 from servegym.engine.routing import Router
+from servegym.engine.table import RUNNING_OBS_COLUMNS, Col, StepOutcome
 
 __all__ = [
     "RUNNING_OBS_COLUMNS",
@@ -16,11 +17,9 @@ __all__ = [
     "Col",
     "CompiledEngine",
     "Engine",
-    "EngineBase",
     "EngineConfig",
     "EpisodeLog",
     "LengthMode",
-    "Plan",
     "PoolConfig",
     "PreemptionRule",
     "Recompute",

@@ -17,9 +17,10 @@ import numpy as np
 from servegym.backends.base import Backend
 from servegym.engine.compiled import engine_class
 from servegym.engine.config import EngineConfig, LengthMode, as_enum
-from servegym.engine.engine import EngineBase, StepOutcome
+from servegym.engine.engine import Engine
 from servegym.engine.log import EpisodeLog
 from servegym.engine.routing import ROUTERS, Router
+from servegym.engine.table import StepOutcome
 from servegym.engine.validation import boolean, in_range, optional, positive_int, positive_number
 from servegym.workloads.base import Workload
 
@@ -139,7 +140,7 @@ class Cluster:
             self.check_invariants()
 
     @property
-    def engine(self) -> EngineBase:
+    def engine(self) -> Engine:
         """The container whose decision is due."""
         return self.engines[self.deciding]
 
@@ -231,11 +232,11 @@ class Cluster:
         self._load_if_cold(engines[c])
         return c
 
-    def _load_if_cold(self, engine: EngineBase) -> None:
+    def _load_if_cold(self, engine: Engine) -> None:
         if self.is_cold(engine, self.time):
             engine.ready_at = self.time + self.cold_start_s
 
-    def is_cold(self, engine: EngineBase, now: float) -> bool:
+    def is_cold(self, engine: Engine, now: float) -> bool:
         """Cold: never loaded, or idle for longer than the keep-alive (and not loading)."""
         if engine.ready_at == math.inf:
             return True

@@ -1,35 +1,39 @@
-"""Choosing the engine: :class:`~servegym.engine.engine.Engine` (Python, the specification) or
-:class:`CompiledEngine` (the same iteration compiled with Cython, several times cheaper per step).
+"""Choosing how the engine runs: compiled (``servegym.engine.engine`` built by Cython at install time) or
+interpreted (the same source run as Python).
 
 Both give the same episode, float for float: ``tests/test_compiled_engine.py`` and the golden replays compare them.
-The compiled one is built by ``pip install`` when a C compiler is present; without one the package still installs
-and runs on the Python engine. ``SERVEGYM_ENGINE=python|compiled|auto`` (default ``auto``: compiled when built)
-picks one for a whole process; ``Cluster(..., engine=...)`` picks one for a pool.
+The compiled module is built by ``pip install`` when a C compiler is present; without one the package still
+installs and runs the source as Python. ``SERVEGYM_ENGINE=python|compiled|auto`` (default ``auto``: compiled when
+built) picks one for a whole process; ``Cluster(..., engine=...)`` picks one for a pool.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from functools import cache
+from pathlib import Path
 
-from servegym.engine.engine import Engine, EngineBase
-
-try:
-    from servegym.engine import _core as CORE
-except ImportError:  # installed without a C compiler, or not built in this checkout
-    CORE = None
-Core = CORE.Core if CORE is not None else None
+from servegym.engine import engine as _loaded
 
 ENGINES = ("auto", "python", "compiled")
+CompiledEngine = _loaded.Engine if _loaded.COMPILED else None
+"""The compiled engine class, or None where it was not built."""
 
 
-if Core is not None:
-
-    class CompiledEngine(Core, EngineBase):
-        """An engine whose ``step`` is compiled (``servegym.engine._core.Core``); everything else is
-        :class:`~servegym.engine.engine.EngineBase`'s Python, shared with :class:`Engine`."""
-
-else:
-    CompiledEngine = None
+@cache
+def interpreted_engine() -> type:
+    """The engine class run as Python: ``servegym.engine.engine`` itself when it is not compiled, else its source
+    loaded as a second module (``servegym.engine._interpreted``)."""
+    if not _loaded.COMPILED:
+        return _loaded.Engine
+    name = "servegym.engine._interpreted"
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("engine.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # so that pickles of its engines find it
+    spec.loader.exec_module(module)
+    return module.Engine
 
 
 def compiled_available() -> bool:
@@ -43,8 +47,8 @@ def engine_class(name: str | None = None) -> type:
     if name not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {name!r} (from SERVEGYM_ENGINE or engine=)")
     if name == "python" or (name == "auto" and CompiledEngine is None):
-        return Engine
+        return interpreted_engine()
     if CompiledEngine is None:
-        raise ImportError("the compiled engine (servegym.engine._core) is not built: reinstall with a C compiler "
+        raise ImportError("the compiled engine (servegym.engine.engine) is not built: reinstall with a C compiler "
                           "(pip install -e .) or use engine='python'")
     return CompiledEngine

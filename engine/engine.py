@@ -1,107 +1,98 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The serving engine: one call to :meth:`Engine.step` is one iteration (one forward pass).
 
-Running requests live in a dense table (one row per request, in activation order) so that the per-step
-work is a handful of numpy operations, independent of how many requests the episode holds.
+One source, run two ways. ``pip install`` compiles this module with Cython's pure-Python mode (the ``cython.*``
+annotations are C types), so an iteration is a few loops in C over the running table and the log; without a C
+compiler the same file runs as Python. Both give the same episodes, float for float (``tests/test_compiled_engine.py``
+runs them side by side; :func:`servegym.engine.compiled.engine_class` picks one).
+
+Running requests live in a dense table (one int64 row per request, in activation order; :class:`Col`). An
+iteration admits, plans (which rows get how many tokens, and the KV blocks that needs), preempts until the plan
+fits, times the batch on the backend, advances every row and retires the finished ones.
+
+The typed buffers are bound to ``memoryview`` objects, so the interpreted module reads plain ints and floats, as
+the compiled one does. C division is on (``cdivision``): every ``%`` is over non-negative operands or goes through
+:func:`_mod`. After editing this file, ``pip install -e .`` rebuilds it.
 """
 
-from __future__ import annotations
-
 import math
-from enum import IntEnum
-from typing import NamedTuple
 
+import cython
 import numpy as np
 
-from servegym.backends.base import EMPTY, Backend, StepBatch
+from servegym.backends.base import EMPTY, Backend, BatchTotals, StepBatch
 from servegym.engine.config import EngineConfig, Recompute
-from servegym.engine.kv import first_chunk_tokens, num_blocks
 from servegym.engine.log import EpisodeLog, RejectReason, State, StepRow
 from servegym.engine.preemption import pick_victims
+from servegym.engine.table import IDLE, Col, StepOutcome
+
+COMPILED: bool = cython.compiled
+"""True where this module runs compiled."""
+
+PROMPT = cython.declare(cython.Py_ssize_t, Col.NUM_PROMPT_TOKENS)
+KV = cython.declare(cython.Py_ssize_t, Col.NUM_KV_TOKENS)
+GEN = cython.declare(cython.Py_ssize_t, Col.NUM_GENERATED)
+LO = cython.declare(cython.Py_ssize_t, Col.OUTPUT_LO)
+HI = cython.declare(cython.Py_ssize_t, Col.OUTPUT_HI)
+PREFILL_LEFT = cython.declare(cython.Py_ssize_t, Col.NUM_PREFILL_LEFT)
+REQ = cython.declare(cython.Py_ssize_t, Col.REQUEST_ID)
+OUT = cython.declare(cython.Py_ssize_t, Col.NUM_OUTPUT_TOKENS)
+SEG = cython.declare(cython.Py_ssize_t, Col.SEGMENT_START)
+TARGET = cython.declare(cython.Py_ssize_t, Col.PREFILL_TARGET)
+NUM_COLS = cython.declare(cython.Py_ssize_t, len(Col))
+NUM_OBS = cython.declare(cython.Py_ssize_t, 6)
+"""Observable columns (``Col`` 0-5, :data:`~servegym.engine.table.RUNNING_OBS_COLUMNS`)."""
+NUM_ENGINE = cython.declare(cython.Py_ssize_t, 17)
+"""``obs["engine"]`` features (:data:`~servegym.engine.table.ENGINE_FEATURES`)."""
+QUEUE_WIDTH = cython.declare(cython.Py_ssize_t, 6)
+"""Features of a queue row (:data:`~servegym.engine.table.QUEUE_FEATURES`)."""
+WAITING = cython.declare(cython.schar, State.WAITING)
+PREFILLING = cython.declare(cython.schar, State.PREFILLING)
+DECODING = cython.declare(cython.schar, State.DECODING)
+FINISHED = cython.declare(cython.schar, State.FINISHED)
+REJECTED = cython.declare(cython.schar, State.REJECTED)
+NOT_DECODING = cython.declare(cython.longlong, 1 << 40)
+"""Added to a prefilling row's remaining tokens so that the finish countdown skips it."""
+
+_STATE = (
+    "config", "backend", "_run", "_phases", "last", "log", "waiting", "last_finished_ids", "container",
+    "num_kv_blocks", "block_size", "waiting_version", "num_running", "num_prefilling", "num_used_blocks",
+    "token_load", "num_arrived", "num_finished", "num_rejected", "step_index", "_num_prefill_seqs",
+    "_finish_countdown", "idle_tick_s", "clock", "ready_at", "idle_since", "itl_last", "itl_smoothed",
+    "kv_free_delta", "last_dt", "_kv_free_prev",
+)
+"""What :meth:`Engine.__reduce__` saves: every field that lives between steps (the plan buffers are rebuilt by
+each step), set back through the setters that bind the typed buffers."""
 
 
-class Col(IntEnum):
-    """Columns of the engine's running table (one int64 row per running request, in activation order).
-
-    The first six are what policies observe of a running request (:data:`RUNNING_OBS_COLUMNS`).
-    """
-
-    NUM_PROMPT_TOKENS = 0
-    NUM_KV_TOKENS = 1
-    """Tokens held in the KV cache (prompt ingested so far plus generated tokens)."""
-    NUM_GENERATED = 2
-    """Output tokens generated, counting those recomputed after a preemption."""
-    OUTPUT_LO = 3
-    OUTPUT_HI = 4
-    """The output-length interval policies observe (see ``LengthMode``)."""
-    NUM_PREFILL_LEFT = 5
-    """Tokens still to ingest before the request decodes (0 once decoding)."""
-    REQUEST_ID = 6
-    NUM_OUTPUT_TOKENS = 7
-    """The true output length: the request finishes when it has generated this many."""
-    SEGMENT_START = 8
-    """The step of the request's first token in its current decode segment (-1 before it)."""
-    PREFILL_TARGET = 9
-    """Tokens the prefill ingests in all: prompt plus output tokens to recompute."""
+def _empty(cls: type) -> object:
+    """A bare instance of ``cls``, for unpickling and copying (``__setstate__`` fills it)."""
+    return cls.__new__(cls)
 
 
-RUNNING_OBS_COLUMNS = ("num_prompt_tokens", "num_kv_tokens", "num_generated", "output_lo", "output_hi",
-                       "num_prefill_left")
-"""Names of the observable running-table columns, ``Col`` 0-5 in order."""
-_NUM_OBS = len(RUNNING_OBS_COLUMNS)
-# Plain-int aliases for the hot path (numpy indexes faster with int than with an IntEnum member).
-PROMPT, KV, GEN, LO, HI, PREFILL_LEFT, REQ, OUT, SEG, TARGET = (int(c) for c in Col)
+@cython.cfunc
+@cython.inline
+@cython.exceptval(check=False)
+def _mod(a: cython.longlong, b: cython.longlong) -> cython.longlong:
+    """Python's ``a % b`` for ``b > 0``: never negative."""
+    r: cython.longlong = a % b
+    return r + b if r < 0 else r
 
 
-class StepOutcome(NamedTuple):
-    """What one iteration of one engine did. Counts are of requests unless named tokens."""
-
-    dt_s: float
-    num_decode_tokens: int
-    """Output tokens emitted (decodes plus first tokens of completed prefills)."""
-    num_prefill_tokens: int
-    num_admitted: int
-    num_refused: int
-    """Requests the action asked to admit that did not fit (admission stops at the first)."""
-    num_preemptions: int
-    num_finished: int
+@cython.cfunc
+@cython.inline
+@cython.exceptval(check=False)
+def _blocks(tokens: cython.longlong, bs: cython.longlong) -> cython.longlong:
+    """Blocks that hold ``tokens >= 0`` KV tokens: ceil(tokens / bs)."""
+    return (tokens + bs - 1) // bs
 
 
-class Plan(NamedTuple):
-    """One iteration's tokens when some rows are still prefilling (indexes into the running table).
+@cython.cclass
+class Engine:
+    """One container's continuous-batching LLM serving engine over a paged KV cache.
 
-    Few chunks are planned in plain lists (numpy's per-call cost would dominate), many in arrays.
-    """
-
-    decoding: np.ndarray | slice
-    """The running rows that decode one token this iteration: a boolean mask, or a slice of the table's head."""
-    prefill_rows: np.ndarray
-    """Prefilling rows that ingest a chunk (a head of them in table order, until the token budget runs out)."""
-    unscheduled_rows: np.ndarray
-    """The other prefilling rows: no token budget was left for them this iteration."""
-    chunk: list[int] | np.ndarray
-    """Prompt tokens each of ``prefill_rows`` ingests (lists up to ``SMALL_HEAD`` rows, arrays beyond)."""
-    completes: list[bool] | np.ndarray
-    """Per prefill row: this chunk finishes its prefill, so it also samples its first token."""
-    new_tokens: list[int] | np.ndarray
-    """KV tokens each prefill row gains (its chunk, plus its first token when the chunk completes it)."""
-
-
-_IDLE = StepOutcome(0.0, 0, 0, 0, 0, 0, 0)
-SMALL_HEAD = 8
-"""Prefill chunks up to this many per iteration are planned in plain Python (numpy's per-call cost would
-dominate); more, in numpy."""
-
-
-class EngineBase:
-    """One container's continuous-batching LLM serving engine over a paged KV cache: what every implementation of
-    its iteration shares (construction, episodes, arrivals, views, checks).
-
-    Two implementations provide ``step``: :class:`Engine` in Python, the specification, and
-    :class:`~servegym.engine.compiled.CompiledEngine`, the same iteration compiled. Use either through a
-    :class:`~servegym.engine.Cluster`, which picks one (see :func:`~servegym.engine.compiled.engine_class`).
-
-    The engine serves the requests routed to it (:meth:`receive`); a :class:`~servegym.engine.Cluster`
-    owns the workload, the routing and the event clock across containers.
+    The engine serves the requests routed to it (:meth:`receive`); a :class:`~servegym.engine.Cluster` owns the
+    workload, the routing and the event clock across containers, and picks the compiled or the interpreted class.
 
     Args:
         config: scheduler-independent engine settings.
@@ -109,59 +100,111 @@ class EngineBase:
         container: this engine's index in its pool.
     """
 
+    __dict__: dict  # instance attributes (a test's spy) beside the typed fields
+    waiting = cython.declare(object, visibility="public")
+    """Request ids waiting to be admitted, queue head first (preempted requests go to the front)."""
+    last_finished_ids = cython.declare(object, visibility="public")
+    """Ids that finished in the latest iteration that finished any (read it when ``last.num_finished > 0``)."""
+    container = cython.declare(cython.int, visibility="public")
+    num_kv_blocks = cython.declare(cython.longlong, visibility="public")
+    block_size = cython.declare(cython.longlong, visibility="public")
+    waiting_version = cython.declare(cython.longlong, visibility="public")
+    """Bumped whenever ``waiting`` changes, so observers can cache what they derive from it."""
+    num_running = cython.declare(cython.longlong, visibility="public")
+    num_prefilling = cython.declare(cython.longlong, visibility="public")
+    num_used_blocks = cython.declare(cython.longlong, visibility="public")
+    token_load = cython.declare(cython.longlong, visibility="public")
+    """Sum over running rows of ``output_hi - num_generated``: an upper bound on tokens still to emit."""
+    num_arrived = cython.declare(cython.longlong, visibility="public")
+    num_finished = cython.declare(cython.longlong, visibility="public")
+    num_rejected = cython.declare(cython.longlong, visibility="public")
+    step_index = cython.declare(cython.longlong, visibility="public")
+    _num_prefill_seqs = cython.declare(cython.longlong, visibility="public")
+    _finish_countdown = cython.declare(cython.longlong, visibility="public")
+    """Iterations before any decoding request can finish (0: check now)."""
+    idle_tick_s = cython.declare(cython.double, visibility="public")
+    clock = cython.declare(cython.double, visibility="public")
+    """This container's time (s): the end of its last iteration."""
+    ready_at = cython.declare(cython.double, visibility="public")
+    """When the model is loaded; nothing is admitted before (inf: cold, never loaded)."""
+    idle_since = cython.declare(cython.double, visibility="public")
+    itl_last = cython.declare(cython.double, visibility="public")
+    itl_smoothed = cython.declare(cython.double, visibility="public")
+    kv_free_delta = cython.declare(cython.double, visibility="public")
+    """EMA of the per-step change of the free KV fraction (negative while the cache fills)."""
+    last_dt = cython.declare(cython.double, visibility="public")
+    _kv_free_prev = cython.declare(cython.double, visibility="public")
+    # Bound by the setters of config, backend, _run, _phases, last and log.
+    _config: object
+    _backend: object
+    _totals: object
+    _run_arr: object
+    _phases_arr: object
+    _log: object
+    _last: object
+    rule: object
+    last_preempted: cython.longlong
+    last_admitted: cython.longlong
+    last_finished: cython.longlong
+    max_num_seqs: cython.longlong
+    max_batched: cython.longlong
+    chunk_limit: cython.longlong
+    max_prefill: cython.longlong
+    smoothing: cython.double
+    check: cython.bint
+    run: cython.longlong[:, ::1]
+    phases: cython.longlong[::1]
+    """Decoding rows per KV block phase ``(kv - step) mod block_size``; valid while ``phases_valid``."""
+    phases_valid: cython.bint
+    prompt: cython.const[cython.longlong][::1]
+    output: cython.const[cython.longlong][::1]
+    lo: cython.const[cython.longlong][::1]
+    hi: cython.const[cython.longlong][::1]
+    generated_at_preemption: cython.longlong[::1]
+    enqueue_step: cython.longlong[::1]
+    container_of: cython.short[::1]
+    arrival_s: cython.const[cython.double][::1]
+    state: cython.schar[::1]
+    admit_s: cython.double[::1]
+    first_token_s: cython.double[::1]
+    finish_s: cython.double[::1]
+    # This iteration's plan: prefilling rows in table order; the first num_chunks of them get chunk[i] tokens.
+    _plan_arr: object
+    pre_rows: cython.longlong[::1]
+    chunk: cython.longlong[::1]
+    done: cython.longlong[::1]
+    gone: cython.longlong[::1]
+    """Rows that leave the table this iteration, ascending."""
+    num_chunks: cython.Py_ssize_t
+    planned: cython.bint
+
     def __init__(self, config: EngineConfig, backend: Backend, container: int = 0) -> None:
         self.config = config
         self.backend = backend
         self.container = container
         self.num_kv_blocks = config.num_kv_blocks or backend.num_kv_blocks
         self.block_size = config.block_size or backend.block_size
-        if backend.owns_cache and (self.num_kv_blocks, self.block_size) != (
-            backend.num_kv_blocks, backend.block_size
-        ):
-            raise ValueError(
-                f"the backend's KV cache has {backend.num_kv_blocks} blocks of {backend.block_size} tokens; "
-                f"the engine config asks for {self.num_kv_blocks} of {self.block_size}"
-            )
-        base = backend.baseline_step_s
-        self.idle_tick_s: float = float(config.idle_tick_s or base or 0.05)
+        if backend.owns_cache and (self.num_kv_blocks, self.block_size) != (backend.num_kv_blocks,
+                                                                            backend.block_size):
+            raise ValueError(f"the backend's KV cache has {backend.num_kv_blocks} blocks of {backend.block_size} "
+                             f"tokens; the engine config asks for {self.num_kv_blocks} of {self.block_size}")
+        self.idle_tick_s = float(config.idle_tick_s or backend.baseline_step_s or 0.05)
         self._run = np.zeros((config.max_num_seqs, len(Col)), dtype=np.int64)
-        # Episode state: declared here, set by _start() (from here and from reset()).
-        self.log: EpisodeLog | None = None
-        self.clock: float
-        """This container's time (s): the end of its last iteration."""
-        self.ready_at: float
-        """When the model is loaded; nothing is admitted before (inf: cold, never loaded)."""
-        self.idle_since: float
-        self.waiting: np.ndarray
-        """Request ids waiting to be admitted, queue head first (preempted requests go to the front)."""
-        self.waiting_version: int
-        """Bumped whenever ``waiting`` changes, so observers can cache what they derive from it."""
-        self.num_running: int
-        self.num_prefilling: int
-        self.num_used_blocks: int
-        self.token_load: int
-        """Sum over running rows of ``output_hi - num_generated``: an upper bound on tokens still to emit."""
-        self.num_arrived: int
-        self.num_finished: int
-        self.last_finished_ids: np.ndarray = np.zeros(0, dtype=np.int64)
-        """Request ids that finished in the latest iteration that finished any (read it when
-        ``last.num_finished > 0``)."""
-        self.num_rejected: int
-        self.itl_last: float
-        self.itl_smoothed: float
-        self.kv_free_delta: float
-        """EMA of the per-step change of the free KV fraction (negative while the cache fills)."""
-        self.last_dt: float
-        self.step_index: int
-        self.last: StepOutcome
-        """What the last iteration did."""
-        self._kv_free_prev: float
-        self._num_prefill_seqs: int
-        self._finish_countdown: int
-        """Iterations before any decoding request can finish (0: check now)."""
-        self._phases: np.ndarray | None
-        """Decode rows per block phase; None after the table changes."""
+        self._phases_arr = None
+        self.log = None
+        self.last_finished_ids = np.zeros(0, dtype=np.int64)
         self._start(0.0, -math.inf)
+
+    def __reduce__(self):
+        """Pickle and ``copy.deepcopy`` through the fields (typed buffers cannot be pickled themselves). The fields
+        travel as state, set after the copy is registered, so references back to the engine stay cycles. Instance
+        attributes beyond the fields are not copied."""
+        return _empty, (type(self),), [(name, getattr(self, name)) for name in _STATE]
+
+    def __setstate__(self, fields: list[tuple[str, object]]) -> None:
+        self._phases_arr = None
+        for name, value in fields:
+            setattr(self, name, value)
 
     # ------------------------------------------------------------------ episode
     def reset(self, log: EpisodeLog, rng: np.random.Generator, clock: float, ready_at: float = -math.inf) -> None:
@@ -183,68 +226,470 @@ class EngineBase:
         self.kv_free_delta = 0.0
         self.last_dt = 0.0
         self.step_index = 0
-        self.last = _IDLE
+        self.last = IDLE
         self._kv_free_prev = 1.0
         self._num_prefill_seqs = 0
         self._finish_countdown = 0
         self._phases = None
 
+    # ------------------------------------------------------------------ bindings
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: EngineConfig) -> None:
+        self._config = config
+        self.max_num_seqs = config.max_num_seqs
+        self.max_batched = config.max_num_batched_tokens
+        self.chunk_limit = config.prefill_chunk_tokens
+        self.max_prefill = -1 if config.max_prefill_tokens is None else config.max_prefill_tokens
+        self.smoothing = config.itl_smoothing
+        self.check = config.check_invariants
+        self.rule = config.preemption
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: Backend) -> None:
+        self._backend = backend
+        # Totals stand in for execute only where the class that defines execute also defines execute_totals: a
+        # subclass that overrides execute alone must still be called.
+        owner = next((c for c in type(backend).__mro__ if "execute" in vars(c)), None)
+        self._totals = backend.execute_totals if owner is not None and "execute_totals" in vars(owner) else None
+
+    @property
+    def _run(self) -> np.ndarray:
+        """The running table (``max_num_seqs`` rows of :class:`Col`; the first ``num_running`` are live)."""
+        return self._run_arr
+
+    @_run.setter
+    def _run(self, run: np.ndarray) -> None:
+        if run.shape[1] != NUM_COLS:
+            raise ValueError(f"the running table needs {NUM_COLS} columns, got {run.shape[1]}")
+        self._run_arr = run
+        self.run = memoryview(run)
+        self._plan_arr = np.zeros((4, run.shape[0]), dtype=np.int64)  # one entry per table row
+        self.pre_rows, self.chunk = memoryview(self._plan_arr[0]), memoryview(self._plan_arr[1])
+        self.done, self.gone = memoryview(self._plan_arr[2]), memoryview(self._plan_arr[3])
+
+    @property
+    def _phases(self) -> np.ndarray | None:
+        """Decoding rows per block phase, or None when they are to be recounted."""
+        return self._phases_arr if self.phases_valid else None
+
+    @_phases.setter
+    def _phases(self, phases: np.ndarray | None) -> None:
+        if phases is None:
+            self.phases_valid = False
+            return
+        self._phases_arr = np.ascontiguousarray(phases, dtype=np.int64)
+        self.phases = memoryview(self._phases_arr)
+        self.phases_valid = True
+
+    @property
+    def last(self) -> StepOutcome:
+        """What the last iteration did."""
+        return self._last
+
+    @last.setter
+    def last(self, outcome: StepOutcome) -> None:
+        self._last = outcome
+        self.last_preempted = outcome.num_preemptions
+        self.last_admitted = outcome.num_admitted
+        self.last_finished = outcome.num_finished
+
+    @property
+    def log(self) -> EpisodeLog | None:
+        return self._log
+
+    @log.setter
+    def log(self, log: EpisodeLog | None) -> None:
+        self._log = log
+        if log is None:
+            return
+        # The log's own arrays (RequestSpec makes the request columns int64; a mismatch is a ValueError here).
+        self.prompt, self.output = memoryview(log.num_prompt_tokens), memoryview(log.num_output_tokens)
+        self.lo, self.hi = memoryview(log.output_lo), memoryview(log.output_hi)
+        self.generated_at_preemption = memoryview(log.num_generated_at_preemption)
+        self.state = memoryview(log.state)
+        self.admit_s = memoryview(log.admit_s)
+        self.first_token_s = memoryview(log.first_token_s)
+        self.finish_s = memoryview(log.finish_s)
+        self.enqueue_step = memoryview(log.enqueue_step)
+        self.container_of = memoryview(log.container)
+        self.arrival_s = memoryview(log.arrival_s)
+
+    # ------------------------------------------------------------------ views
     @property
     def has_work(self) -> bool:
-        return self.waiting.size > 0 or self.num_running > 0
+        return len(self.waiting) > 0 or self.num_running > 0
 
     @property
     def running(self) -> np.ndarray:
         """The observable columns of the running table (rows in activation order), as a copy."""
-        return self._run[: self.num_running, :_NUM_OBS].copy()
+        return self._run_arr[: self.num_running, :NUM_OBS].copy()
 
     @property
     def running_ids(self) -> np.ndarray:
         """Request ids of the running rows, in activation order (oldest first)."""
-        return self._run[: self.num_running, REQ].copy()
+        return self._run_arr[: self.num_running, REQ].copy()
 
-    def copy_running_into(self, out: np.ndarray) -> None:
-        """Write the observable running columns into the first rows of ``out`` (no allocation)."""
-        out[: self.num_running] = self._run[: self.num_running, :_NUM_OBS]
-
-    def receive(self, ids: np.ndarray, now: float) -> tuple[int, float]:
+    # ------------------------------------------------------------------ arrivals
+    def receive(self, ids: np.ndarray, now: cython.double) -> tuple[int, float]:
         """Queue requests routed here at time ``now``; reject those that could never fit in the KV cache.
 
         Returns the number rejected and the summed lag ``now - arrival`` of the accepted ones.
         """
-        log = self.log
+        if self._log is None:
+            raise RuntimeError("the engine has no episode: call reset() first")
+        if not -32768 <= self.container <= 32767:  # the log's container column is int16, as numpy would say
+            raise OverflowError(f"container index {self.container} does not fit the log's int16 column")
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        given: cython.const[cython.longlong][::1] = memoryview(ids)
+        m: cython.Py_ssize_t = given.shape[0]
+        k: cython.Py_ssize_t
+        rejected: cython.Py_ssize_t = 0
+        capacity: cython.longlong = self.num_kv_blocks * self.block_size
+        rid: cython.longlong
+        for k in range(m):
+            rid = given[k]
+            if not 0 <= rid < self.prompt.shape[0]:
+                raise IndexError(f"request id {rid} out of range for an episode of {self.prompt.shape[0]}")
         if self.clock < now:  # the engine sat idle until now
             self.clock = now
-        self.num_arrived += ids.size
-        # ids ascend; consecutive ones (every arrival batch of a one-container pool) index as a slice, far cheaper
-        # than a list of indexes.
-        where = slice(int(ids[0]), int(ids[-1]) + 1) if ids.size and ids[-1] - ids[0] == ids.size - 1 else ids
-        log.container[where] = self.container
-        never_fits = log.num_prompt_tokens[where] + log.num_output_tokens[where] > self.num_kv_blocks * self.block_size
-        rejected = int(np.count_nonzero(never_fits))
+        self.num_arrived += m
+        for k in range(m):
+            rid = given[k]
+            self.container_of[rid] = self.container
+            if self.prompt[rid] + self.output[rid] > capacity:  # it could never finish
+                self.state[rid] = REJECTED
+                self._log.reject_reason[rid] = RejectReason.EXCEEDS_KV_CAPACITY
+                self.finish_s[rid] = self.arrival_s[rid]
+                rejected += 1
+            else:
+                self.state[rid] = WAITING
+                self.enqueue_step[rid] = self.step_index
+        self.num_rejected += rejected
         if rejected:
-            bad = ids[never_fits]
-            log.state[bad] = State.REJECTED
-            log.reject_reason[bad] = RejectReason.EXCEEDS_KV_CAPACITY
-            log.finish_s[bad] = log.arrival_s[bad]
-            self.num_rejected += rejected
-            ids = where = ids[~never_fits]
-        if ids.size:
-            log.state[where] = State.WAITING
-            log.enqueue_step[where] = self.step_index
-            self.waiting = np.concatenate([self.waiting, ids])
+            ids = ids[self._log.state[ids] == State.WAITING]
+        if m == rejected:
+            return rejected, 0.0
+        self.waiting = np.concatenate([self.waiting, ids])
+        self.waiting_version += 1
+        if m == 1:
+            return 0, now - self.arrival_s[given[0]]
+        return rejected, float((now - self._log.arrival_s[ids]).sum())  # numpy's summation order
+
+    # ------------------------------------------------------------------ step
+    def step(self, admit: np.ndarray, next_arrival_s: cython.double = math.inf) -> StepOutcome:
+        """Run one iteration.
+
+        Args:
+            admit: queue positions to admit, in admission order (distinct, each in ``[0, len(queue))``).
+                Admission stops at the first request that does not fit (``max_num_seqs`` or free KV
+                blocks for its first chunk); it and the rest stay waiting (counted as ``refused``).
+                Nothing is admitted while the model is still loading (``clock < ready_at``).
+            next_arrival_s: when the next request reaches the pool; an engine with nothing to do jumps there.
+        """
+        if self._log is None:
+            raise RuntimeError("the engine has no episode: call reset() first")
+        had_work: cython.bint = len(self.waiting) > 0 or self.num_running > 0
+        admitted: cython.longlong = 0
+        refused: cython.longlong = 0
+        preempted: cython.longlong = 0
+        need: cython.longlong = 0
+        decode_tokens: cython.longlong = 0
+        prefill_tokens: cython.longlong = 0
+        finished: cython.longlong = 0
+        if len(admit):
+            admitted, refused = self._admit(admit)
+        if self.num_running:
+            need = self._plan()
+            while need > self.num_kv_blocks - self.num_used_blocks:
+                rows = self._run_arr[: self.num_running]
+                preempted += self._evict(pick_victims(self.rule, rows[:, GEN], rows[:, LO], rows[:, HI]))
+                need = self._plan()
+        if self.num_running:
+            decode_tokens, prefill_tokens, finished = self._execute(need)
+        else:
+            self._idle(next_arrival_s)
+        if had_work and not (len(self.waiting) or self.num_running):
+            self.idle_since = self.clock
+        kv_free: cython.double = 1.0 - cython.cast(cython.double, self.num_used_blocks) / self.num_kv_blocks
+        self.kv_free_delta += self.smoothing * ((kv_free - self._kv_free_prev) - self.kv_free_delta)
+        self._kv_free_prev = kv_free
+        self._log.step_rows[self.container].append(StepRow(
+            self.clock, self.last_dt, decode_tokens, self._num_prefill_seqs, prefill_tokens, self.num_running,
+            len(self.waiting), self.num_used_blocks, admitted, preempted, finished,
+        ))
+        self.step_index += 1
+        self._last = StepOutcome(self.last_dt, decode_tokens, prefill_tokens, admitted, refused, preempted, finished)
+        self.last_preempted, self.last_admitted, self.last_finished = preempted, admitted, finished
+        if self.check:
+            self.check_invariants()
+        return self._last
+
+    @cython.cfunc
+    def _admit(self, admit) -> tuple:
+        """Admit the queue positions ``admit`` in order until one does not fit; return (admitted, refused)."""
+        given = np.asarray(admit)
+        if given.dtype.kind not in "iu":
+            raise IndexError(f"queue positions must be integers, got dtype {given.dtype}")
+        positions: cython.const[cython.longlong][::1] = memoryview(np.ascontiguousarray(given, dtype=np.int64))
+        count: cython.Py_ssize_t = positions.shape[0]
+        if self.clock < self.ready_at:
+            return 0, count
+        k: cython.Py_ssize_t
+        taken: cython.Py_ssize_t = 0
+        largest: cython.Py_ssize_t = -1
+        pos: cython.Py_ssize_t
+        waiting: cython.const[cython.longlong][:] = memoryview(self.waiting)
+        free: cython.longlong = self.num_kv_blocks - self.num_used_blocks
+        rid: cython.longlong
+        target: cython.longlong
+        first: cython.longlong
+        blocks: cython.longlong
+        generated: cython.longlong
+        r: cython.longlong
+        run: cython.longlong[:, ::1] = self.run
+        for k in range(count):
+            pos = positions[k]
+            if not 0 <= pos < waiting.shape[0]:  # bounds are not checked below
+                raise IndexError(f"queue position {pos} out of range for a queue of {waiting.shape[0]}")
+            rid = waiting[pos]
+            generated = self.generated_at_preemption[rid]
+            target = self.prompt[rid] + generated
+            # The first iteration holds the first chunk, plus the sampled token when that chunk is the whole prefill.
+            first = min(self.chunk_limit, target)
+            blocks = _blocks(first + (1 if first == target else 0), self.block_size)
+            if self.num_running >= self.max_num_seqs or blocks > free:
+                break
+            free -= blocks
+            r = self.num_running
+            if r >= run.shape[0]:  # a config reassigned to more sequences than the table holds
+                raise IndexError(f"the running table holds {run.shape[0]} rows")
+            run[r, PROMPT] = self.prompt[rid]
+            run[r, KV] = 0
+            run[r, GEN] = generated
+            run[r, LO] = self.lo[rid]
+            run[r, HI] = self.hi[rid]
+            run[r, PREFILL_LEFT] = target
+            run[r, REQ] = rid
+            run[r, OUT] = self.output[rid]
+            run[r, SEG] = -1
+            run[r, TARGET] = target
+            self.num_running += 1
+            self.num_prefilling += 1
+            self.token_load += self.hi[rid] - generated
+            self.state[rid] = PREFILLING
+            if self.admit_s[rid] != self.admit_s[rid]:  # NaN: first admission
+                self.admit_s[rid] = self.clock
+            taken += 1
+            largest = max(largest, pos)
+        if taken:
+            # Distinct positions whose largest is taken - 1 are the queue's head (FCFS-like admission).
+            if largest == taken - 1:
+                self.waiting = self.waiting[taken:]
+            else:
+                self.waiting = np.delete(self.waiting, np.asarray(positions[:taken]))
             self.waiting_version += 1
-        return rejected, float((now - log.arrival_s[where]).sum())
+        return taken, count - taken
+
+    @cython.cfunc
+    @cython.exceptval(-1)
+    def _plan(self) -> cython.longlong:
+        """Decide this iteration's tokens (into the plan buffers); return the KV blocks they need.
+
+        A decoding row needs a new block when its KV count is a multiple of the block size. Decoding rows gain one
+        token per iteration, so counting them by ``(KV - step) mod block_size`` makes that count a lookup, kept as
+        rows start decoding and recounted only after rows leave. Prefilling rows get chunks in table order until
+        the token budget runs out: a row gets tokens if its chunk starts within the budget.
+        """
+        n: cython.Py_ssize_t = self.num_running
+        i: cython.Py_ssize_t
+        num_pre: cython.Py_ssize_t = 0
+        bs: cython.longlong = self.block_size
+        step: cython.longlong = self.step_index
+        need: cython.longlong
+        budget: cython.longlong
+        wanted: cython.longlong = 0
+        tokens: cython.longlong
+        want: cython.longlong
+        kv: cython.longlong
+        rest: cython.longlong
+        run: cython.longlong[:, ::1] = self.run
+        phases: cython.longlong[::1]
+        if not self.phases_valid:
+            if self._phases_arr is None or self._phases_arr.shape[0] != bs:
+                self._phases_arr = np.zeros(bs, dtype=np.int64)
+                self.phases = memoryview(self._phases_arr)
+            phases = self.phases
+            for i in range(bs):
+                phases[i] = 0
+            for i in range(n):
+                if run[i, PREFILL_LEFT] == 0:
+                    phases[_mod(run[i, KV] - step, bs)] += 1
+            self.phases_valid = True
+        need = self.phases[_mod(-step, bs)]
+        self.num_chunks = 0
+        self.planned = self.num_prefilling != 0
+        if not self.planned:
+            return need
+        for i in range(n):
+            if run[i, PREFILL_LEFT] != 0:
+                self.pre_rows[num_pre] = i
+                num_pre += 1
+        budget = self.max_batched - (n - num_pre)
+        if self.max_prefill >= 0:
+            budget = min(budget, self.max_prefill)
+        for i in range(num_pre):
+            if wanted >= budget:
+                break
+            rest = run[self.pre_rows[i], PREFILL_LEFT]
+            want = min(rest, self.chunk_limit)
+            tokens = min(budget - wanted, want)
+            wanted += want
+            self.chunk[i] = tokens
+            self.done[i] = 1 if tokens == rest else 0
+            kv = run[self.pre_rows[i], KV]
+            need += _blocks(kv + tokens + self.done[i], bs) - _blocks(kv, bs)
+            self.num_chunks += 1
+        return need
+
+    @cython.cfunc
+    def _execute(self, need: cython.longlong) -> tuple:
+        """Time the planned batch and advance every row; return (decode tokens, prefill tokens, finished)."""
+        n: cython.Py_ssize_t = self.num_running
+        i: cython.Py_ssize_t
+        row: cython.Py_ssize_t
+        run: cython.longlong[:, ::1] = self.run
+        decodes: cython.longlong = 0
+        prefill_tokens: cython.longlong = 0
+        completes: cython.longlong = 0
+        start: cython.longlong
+        kv: cython.longlong
+        rid: cython.longlong
+        step: cython.longlong = self.step_index
+        bs: cython.longlong = self.block_size
+        context: cython.double = 0.0
+        pairs: cython.double = 0.0
+        for i in range(n):
+            if run[i, PREFILL_LEFT] == 0:
+                decodes += 1
+                context += run[i, KV]
+        for i in range(self.num_chunks):
+            row = self.pre_rows[i]
+            start = run[row, TARGET] - run[row, PREFILL_LEFT]
+            prefill_tokens += self.chunk[i]
+            pairs += self.chunk[i] * (start + (self.chunk[i] + 1) * 0.5)
+            completes += self.done[i]
+        self._num_prefill_seqs = self.num_chunks
+        if self._totals is not None:
+            latency = self._totals(BatchTotals(decodes, context, self.num_chunks, float(prefill_tokens), pairs,
+                                               completes))
+        else:
+            latency = self._backend.execute(self._batch())
+        if not (latency > 0 and math.isfinite(latency)):
+            raise RuntimeError(f"backend returned an invalid step latency {latency!r}")
+        dt: cython.double = float(latency)  # a numpy float32 must not turn the clock into float32
+        self.clock += dt
+        self.last_dt = dt
+        decode_tokens: cython.longlong = decodes
+        if decodes:
+            self.itl_last = dt
+            self.itl_smoothed += self.smoothing * (dt - self.itl_smoothed)
+        self.num_used_blocks += need
+        for i in range(n):
+            if run[i, PREFILL_LEFT] == 0:
+                run[i, KV] += 1
+                run[i, GEN] += 1
+        self._finish_countdown -= 1
+        # Chunks: KV gains the chunk, and the first token when the chunk completes the prefill; the row then
+        # decodes, and the finish countdown covers it (it may finish at once, when that token was its last).
+        for i in range(self.num_chunks):
+            row = self.pre_rows[i]
+            kv = run[row, KV] + self.chunk[i] + self.done[i]
+            run[row, KV] = kv
+            run[row, PREFILL_LEFT] -= self.chunk[i]
+            if not self.done[i]:
+                continue
+            run[row, GEN] += 1
+            decode_tokens += 1
+            self.phases[_mod(kv - step - 1, bs)] += 1
+            run[row, SEG] = step
+            rid = run[row, REQ]
+            self.state[rid] = DECODING
+            if self.first_token_s[rid] != self.first_token_s[rid]:  # NaN: its first token ever
+                self.first_token_s[rid] = self.clock
+            self.num_prefilling -= 1
+            self._finish_countdown = min(self._finish_countdown, run[row, OUT] - run[row, GEN])
+        self.token_load -= decode_tokens
+        if self._finish_countdown > 0:
+            return decode_tokens, prefill_tokens, 0
+        # Only decoding rows can finish; prefilling rows still have their output ahead of them.
+        finished: cython.longlong = 0
+        left: cython.longlong = 0
+        rest: cython.longlong
+        for i in range(n):
+            if run[i, OUT] == run[i, GEN]:
+                self.gone[finished] = i
+                finished += 1
+        if finished:
+            self._finish(finished)
+        n = self.num_running
+        for i in range(n):
+            rest = run[i, OUT] - run[i, GEN] + run[i, PREFILL_LEFT] * NOT_DECODING
+            left = rest if i == 0 else min(left, rest)
+        self._finish_countdown = left
+        return decode_tokens, prefill_tokens, finished
+
+    @cython.cfunc
+    def _batch(self) -> object:
+        """The iteration as a :class:`StepBatch` (for backends that run it, not only time it)."""
+        run, n = self._run_arr, self.num_running
+        if not self.planned:
+            return StepBatch(run[:n, REQ], run[:n, KV], EMPTY, EMPTY, EMPTY, EMPTY)
+        rows = self._plan_arr[0, : self.num_chunks]
+        decoding = run[:n, PREFILL_LEFT] == 0
+        target = run[rows, TARGET]
+        return StepBatch(run[:n, REQ][decoding], run[:n, KV][decoding], run[rows, REQ],
+                         target - run[rows, PREFILL_LEFT], self._plan_arr[1, : self.num_chunks].copy(), target)
+
+    @cython.cfunc
+    def _finish(self, count: cython.Py_ssize_t) -> None:
+        """The first ``count`` rows of ``gone`` finished: stamp them in the log and drop them from the table."""
+        run: cython.longlong[:, ::1] = self.run
+        k: cython.Py_ssize_t
+        row: cython.Py_ssize_t
+        rid: cython.longlong
+        log = self._log
+        ids = np.empty(count, dtype=np.int64)
+        finished_ids: cython.longlong[::1] = memoryview(ids)
+        for k in range(count):
+            row = self.gone[k]
+            rid = run[row, REQ]
+            finished_ids[k] = rid
+            self.finish_s[rid] = self.clock
+            self.state[rid] = FINISHED
+            log.seg_req.append(rid)
+            log.seg_first.append(run[row, SEG])
+            log.seg_last.append(self.step_index)
+        self.last_finished_ids = ids
+        self.num_finished += count
+        self._remove_gone(count)
+        self._backend.release(ids)
 
     # ------------------------------------------------------------------ preemption
     def _evict(self, rows: np.ndarray) -> int:
-        """Preempt ``rows`` by recompute: free their blocks and put them at the queue front (a rare path, shared by
-        both engines; ``_remove_rows`` is each engine's own). Under ``recompute="restart"`` they lose their
-        generated tokens and start again from the prompt."""
-        run, log = self._run, self.log
+        """Preempt ``rows`` by recompute: free their blocks and put them at the queue front. Under
+        ``recompute="restart"`` they lose their generated tokens and start again from the prompt."""
+        run, log = self._run_arr, self._log
         ids = run[rows, REQ].copy()
         log.state[ids] = State.PREEMPTED
-        log.num_generated_at_preemption[ids] = run[rows, GEN] if self.config.recompute is Recompute.KEEP_OUTPUT else 0
+        log.num_generated_at_preemption[ids] = run[rows, GEN] if self._config.recompute is Recompute.KEEP_OUTPUT else 0
         log.num_preemptions[ids] += 1
         seg = run[rows, SEG]
         opened = seg >= 0
@@ -255,18 +700,115 @@ class EngineBase:
         self._remove_rows(rows)
         self.waiting = np.concatenate([ids, self.waiting])
         self.waiting_version += 1
-        self.backend.release(ids)
+        self._backend.release(ids)
         return ids.size
+
+    def _remove_rows(self, rows: np.ndarray) -> None:
+        """Drop ``rows`` from the table, keeping the others' order."""
+        given: cython.const[cython.longlong][::1] = memoryview(np.unique(np.asarray(rows, dtype=np.int64)))
+        k: cython.Py_ssize_t
+        if given.shape[0] and not (given[0] >= 0 and given[given.shape[0] - 1] < self.num_running):
+            raise IndexError(f"rows to remove must be running rows (0..{self.num_running - 1})")
+        for k in range(given.shape[0]):
+            self.gone[k] = given[k]
+        self._remove_gone(given.shape[0])
+
+    @cython.cfunc
+    def _remove_gone(self, count: cython.Py_ssize_t) -> None:
+        """Drop the first ``count`` rows of ``gone`` (ascending) from the table, keeping the others' order."""
+        run: cython.longlong[:, ::1] = self.run
+        n: cython.Py_ssize_t = self.num_running
+        k: cython.Py_ssize_t = 0
+        i: cython.Py_ssize_t
+        j: cython.Py_ssize_t
+        kept: cython.Py_ssize_t = 0
+        for i in range(n):
+            if k < count and self.gone[k] == i:
+                self.num_used_blocks -= _blocks(run[i, KV], self.block_size)
+                self.token_load -= run[i, HI] - run[i, GEN]
+                k += 1
+                continue
+            if kept != i:
+                for j in range(NUM_COLS):
+                    run[kept, j] = run[i, j]
+            kept += 1
+        self.num_running = kept
+        self.phases_valid = False
+
+    @cython.cfunc
+    def _idle(self, next_arrival_s: cython.double) -> None:
+        """Nothing runs: wait for the model to load, poll for ``idle_tick_s`` while requests wait, or jump to the
+        next arrival when the queue is empty."""
+        dt: cython.double
+        if len(self.waiting) and self.clock < self.ready_at:
+            dt = self.ready_at - self.clock
+        elif len(self.waiting):
+            dt = self.idle_tick_s
+        else:
+            dt = max(0.0, next_arrival_s - self.clock) if math.isfinite(next_arrival_s) else 0.0
+        self.clock += dt
+        self.last_dt = dt
+        self._num_prefill_seqs = 0
+
+    # ------------------------------------------------------------------ observation
+    def observe(self, buf: cython.float[::1], pool_end: cython.Py_ssize_t, queue_end: cython.Py_ssize_t,
+                window: cython.Py_ssize_t, baseline: cython.double, capacity: cython.double,
+                length_mode: cython.double) -> None:
+        """Write ``obs["engine"]`` (from 0), the first ``window`` queue rows (from ``pool_end``) and
+        ``obs["running"]`` (from ``queue_end``) into a zeroed observation buffer, in the orders of
+        :mod:`servegym.engine.table`."""
+        i: cython.Py_ssize_t
+        j: cython.Py_ssize_t
+        at: cython.Py_ssize_t
+        k: cython.Py_ssize_t = min(len(self.waiting), window)
+        n: cython.Py_ssize_t = self.num_running
+        rid: cython.longlong
+        waiting: cython.const[cython.longlong][:]
+        run: cython.longlong[:, ::1] = self.run
+        if not (NUM_ENGINE <= pool_end <= queue_end and 0 <= window <= (queue_end - pool_end) // QUEUE_WIDTH
+                and queue_end + run.shape[0] * NUM_OBS <= buf.shape[0]):
+            raise ValueError(f"observation buffer of {buf.shape[0]} floats does not fit this layout")
+        if k:
+            waiting = memoryview(self.waiting)
+            for i in range(k):
+                rid = waiting[i]
+                at = pool_end + i * QUEUE_WIDTH
+                buf[at] = self.prompt[rid]
+                buf[at + 1] = self.clock - self.arrival_s[rid]
+                buf[at + 2] = self.step_index - self.enqueue_step[rid]
+                buf[at + 3] = self.lo[rid]
+                buf[at + 4] = self.hi[rid]
+                buf[at + 5] = self.generated_at_preemption[rid]
+        for i in range(n):
+            for j in range(NUM_OBS):
+                buf[queue_end + i * NUM_OBS + j] = run[i, j]
+        buf[0] = self.itl_last
+        buf[1] = self.itl_smoothed
+        buf[2] = baseline
+        buf[3] = n
+        buf[4] = self.num_prefilling
+        buf[5] = self.token_load
+        buf[6] = len(self.waiting)
+        buf[7] = 1.0 - cython.cast(cython.double, self.num_used_blocks) / self.num_kv_blocks
+        buf[8] = self.kv_free_delta
+        buf[9] = capacity
+        buf[10] = self.block_size
+        buf[11] = self.last_preempted
+        buf[12] = self.last_admitted
+        buf[13] = self.last_finished
+        buf[14] = length_mode
+        buf[15] = self.chunk_limit
+        buf[16] = self.max_batched
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:
         """Raise AssertionError if this engine's queue, running table or KV accounting is inconsistent."""
-        log, n, bs = self.log, self.num_running, self.block_size
-        rows = self._run[:n]
-        held = int(num_blocks(rows[:, KV], bs).sum())
+        log, n, bs = self._log, self.num_running, self.block_size
+        rows = self._run_arr[:n]
+        held = int((-(-rows[:, KV] // bs)).sum())
         if held != self.num_used_blocks or not 0 <= self.num_used_blocks <= self.num_kv_blocks:
             raise AssertionError(f"KV accounting broken: rows hold {held}, used={self.num_used_blocks}")
-        if np.unique(self.waiting).size != self.waiting.size:
+        if np.unique(self.waiting).size != len(self.waiting):
             raise AssertionError("a request is queued twice")
         states = log.state[self.waiting]
         if not np.all((states == State.WAITING) | (states == State.PREEMPTED)):
@@ -281,289 +823,9 @@ class EngineBase:
         if np.any(rows[:, GEN] > rows[:, OUT]):
             raise AssertionError("a request generated past its output length")
         decoding = rows[:, PREFILL_LEFT] == 0
-        if self._phases is not None and not np.array_equal(
-            self._phases, np.bincount((rows[decoding, KV] - self.step_index) % bs, minlength=bs)
+        if self.phases_valid and not np.array_equal(
+            self._phases_arr, np.bincount((rows[decoding, KV] - self.step_index) % bs, minlength=bs)
         ):
             raise AssertionError("the KV block phases of the decoding rows drifted from the running table")
         if decoding.any() and self._finish_countdown > int((rows[decoding, OUT] - rows[decoding, GEN]).min()):
             raise AssertionError("the finish countdown overshoots a decoding request's remaining tokens")
-
-
-class Engine(EngineBase):
-    """The engine's iteration in Python and numpy: the specification of what one ``step`` does (the compiled
-    engine reproduces it float for float)."""
-
-    # ------------------------------------------------------------------ step
-    def step(self, admit: np.ndarray, next_arrival_s: float = math.inf) -> StepOutcome:
-        """Run one iteration.
-
-        Args:
-            admit: queue positions to admit, in admission order (distinct, each in ``[0, len(queue))``).
-                Admission stops at the first request that does not fit (``max_num_seqs`` or free KV
-                blocks for its first chunk); it and the rest stay waiting (counted as ``refused``).
-                Nothing is admitted while the model is still loading (``clock < ready_at``).
-            next_arrival_s: when the next request reaches the pool; an engine with nothing to do jumps there.
-        """
-        had_work = self.waiting.size or self.num_running
-        admitted, refused = self._admit(admit) if len(admit) else (0, 0)
-        preempted = 0
-        if self.num_running:
-            plan, need = self._plan()
-            while need > self.num_kv_blocks - self.num_used_blocks:
-                rows = self._run[: self.num_running]
-                preempted += self._evict(pick_victims(self.config.preemption, rows[:, GEN], rows[:, LO], rows[:, HI]))
-                plan, need = self._plan()
-        if self.num_running:
-            decode_tokens, prefill_tokens, finished = self._execute(plan, need)
-        else:
-            self._idle(next_arrival_s)
-            decode_tokens = prefill_tokens = finished = 0
-        if had_work and not (self.waiting.size or self.num_running):
-            self.idle_since = self.clock
-        kv_free = 1.0 - self.num_used_blocks / self.num_kv_blocks
-        a = self.config.itl_smoothing
-        self.kv_free_delta += a * ((kv_free - self._kv_free_prev) - self.kv_free_delta)
-        self._kv_free_prev = kv_free
-        self.log.step_rows[self.container].append(StepRow(
-            self.clock, self.last_dt, decode_tokens, self._num_prefill_seqs, prefill_tokens, self.num_running,
-            self.waiting.size, self.num_used_blocks, admitted, preempted, finished,
-        ))
-        self.step_index += 1
-        self.last = StepOutcome(self.last_dt, decode_tokens, prefill_tokens, admitted, refused, preempted, finished)
-        if self.config.check_invariants:
-            self.check_invariants()
-        return self.last
-
-    def _admit(self, positions: np.ndarray) -> tuple[int, int]:
-        positions = np.asarray(positions)
-        if positions.dtype.kind not in "iu":
-            raise IndexError(f"queue positions must be integers, got dtype {positions.dtype}")
-        if self.clock < self.ready_at:
-            return 0, len(positions)
-        cfg, log, run, bs = self.config, self.log, self._run, self.block_size
-        free = self.num_kv_blocks - self.num_used_blocks
-        taken: list[int] = []
-        for pos in positions.tolist():
-            if not 0 <= pos < self.waiting.size:
-                raise IndexError(f"queue position {pos} out of range for a queue of {self.waiting.size}")
-            rid = int(self.waiting[pos])
-            target = int(log.num_prompt_tokens[rid] + log.num_generated_at_preemption[rid])
-            blocks = num_blocks(first_chunk_tokens(target, cfg.prefill_chunk_tokens), bs)
-            if self.num_running >= cfg.max_num_seqs or blocks > free:
-                break
-            free -= blocks
-            generated = log.num_generated_at_preemption[rid]
-            run[self.num_running] = (log.num_prompt_tokens[rid], 0, generated, log.output_lo[rid], log.output_hi[rid],
-                                     target, rid, log.num_output_tokens[rid], -1, target)
-            self.num_running += 1
-            self.num_prefilling += 1
-            self.token_load += int(log.output_hi[rid] - log.num_generated_at_preemption[rid])
-            log.state[rid] = State.PREFILLING
-            if math.isnan(log.admit_s[rid]):
-                log.admit_s[rid] = self.clock
-            taken.append(pos)
-        if taken:
-            # Distinct positions whose largest is len - 1 are the queue's head (FCFS-like admission).
-            head = max(taken) == len(taken) - 1
-            self.waiting = self.waiting[len(taken):] if head else np.delete(self.waiting, taken)
-            self.waiting_version += 1
-        return len(taken), len(positions) - len(taken)
-
-    def _plan(self) -> tuple[Plan | None, int]:
-        """Decide this iteration's tokens; return the plan and the KV blocks it needs."""
-        n, run, bs = self.num_running, self._run, self.block_size
-        # A decoding row needs a new block when its KV count is a multiple of the block size. Decoding rows
-        # gain one token per iteration, so counting them by (KV - step) mod block size makes that count a
-        # lookup, kept as rows start decoding and rebuilt only after rows leave.
-        if self._phases is None:
-            kv = run[:n, KV] if self.num_prefilling == 0 else run[:n, KV][run[:n, PREFILL_LEFT] == 0]
-            self._phases = np.bincount((kv - self.step_index) % bs, minlength=bs)
-        need = int(self._phases[-self.step_index % bs])
-        if self.num_prefilling == 0:
-            return None, need
-        cfg = self.config
-        left = run[:n, PREFILL_LEFT]
-        pre_rows = left.nonzero()[0]
-        budget = cfg.max_num_batched_tokens - (n - pre_rows.size)
-        if cfg.max_prefill_tokens is not None:
-            budget = min(budget, cfg.max_prefill_tokens)
-        plan, prefill_need = self._chunks(left, pre_rows, budget)
-        return plan, need + prefill_need
-
-    def _chunks(self, left: np.ndarray, pre_rows: np.ndarray, budget: int) -> tuple[Plan, int]:
-        """Give prefilling rows chunks in table order until the token budget runs out: a head of rows gets
-        tokens, the tail none. Returns the plan and the KV blocks the chunks need."""
-        run, bs, limit = self._run, self.block_size, self.config.prefill_chunk_tokens
-        rests = left[pre_rows]
-        head = pre_rows.size
-        if head > SMALL_HEAD:
-            want = np.minimum(rests, limit)
-            before = np.cumsum(want) - want
-            head = int(np.searchsorted(before, budget))  # rows whose chunk starts within the budget
-        tail, need = pre_rows[head:], 0
-        # Decoding rows: a slice when the prefilling rows are the table's tail (the newest admissions).
-        first = left.size - pre_rows.size
-        decoding = slice(0, first) if pre_rows[0] == first else left == 0
-        if head > SMALL_HEAD:  # many chunks (a small C): in numpy
-            chunk = np.minimum(budget - before[:head], want[:head])
-            done = chunk == rests[:head]
-            new = chunk + done
-            kv = run[pre_rows[:head], KV]
-            need += int((num_blocks(kv + new, bs) - num_blocks(kv, bs)).sum())
-            return Plan(decoding, pre_rows[:head], tail, chunk, done, new), need
-        chunks, completes, new_tokens, wanted = [], [], [], 0
-        for row, rest in zip(pre_rows[:head].tolist(), rests[:head].tolist(), strict=True):
-            if wanted >= budget:
-                break
-            want_row = min(rest, limit)
-            tokens = min(budget - wanted, want_row)
-            wanted += want_row
-            done_row = tokens == rest
-            chunks.append(tokens)
-            completes.append(done_row)
-            new_tokens.append(tokens + done_row)
-            kv_row = int(run[row, KV])
-            need += -(-(kv_row + tokens + done_row) // bs) - -(-kv_row // bs)
-        if len(chunks) < head:  # the budget ran out within the first SMALL_HEAD rows
-            tail = pre_rows[len(chunks):]
-        return Plan(decoding, pre_rows[: len(chunks)], tail, chunks, completes, new_tokens), need
-
-    def _execute(self, plan: Plan | None, need: int) -> tuple[int, int, int]:
-        n, run = self.num_running, self._run
-        if plan is None:
-            batch = StepBatch(run[:n, REQ], run[:n, KV], EMPTY, EMPTY, EMPTY, EMPTY)
-            prefill_tokens, self._num_prefill_seqs = 0, 0
-        else:
-            decoding, rows = plan.decoding, plan.prefill_rows
-            target, start = run[rows, TARGET], run[rows, TARGET] - run[rows, PREFILL_LEFT]
-            chunk = np.array(plan.chunk, dtype=np.int64)
-            batch = StepBatch(run[:n, REQ][decoding], run[:n, KV][decoding], run[rows, REQ], start, chunk, target)
-            prefill_tokens = sum(plan.chunk) if isinstance(plan.chunk, list) else int(chunk.sum())
-            self._num_prefill_seqs = len(plan.chunk)
-        decode_tokens = batch.decode_ids.size
-        dt = self.backend.execute(batch)
-        if not (dt > 0 and math.isfinite(dt)):
-            raise RuntimeError(f"backend returned an invalid step latency {dt!r}")
-        dt = float(dt)  # a numpy float32 would otherwise turn the clock into float32
-        self.clock += dt
-        self.last_dt = dt
-        if decode_tokens:
-            self.itl_last = dt
-            self.itl_smoothed += self.config.itl_smoothing * (dt - self.itl_smoothed)
-        self.num_used_blocks += need
-        # Every row as if it decoded; prefilling rows are corrected below. Rows left without prefill budget
-        # usually form the table's tail (the newest admissions), which then is simply skipped.
-        unscheduled = EMPTY if plan is None else plan.unscheduled_rows
-        if unscheduled.size and unscheduled[0] == n - unscheduled.size:
-            run[: unscheduled[0], KV : GEN + 1] += 1
-            unscheduled = EMPTY
-        else:
-            run[:n, KV : GEN + 1] += 1
-        self._finish_countdown -= 1
-        if plan is not None:
-            decode_tokens += self._advance_prefills(plan, unscheduled)
-        self.token_load -= decode_tokens
-        if self._finish_countdown <= 0:
-            # Only decoding rows can finish; prefilling rows still have their output ahead of them.
-            left = run[:n, OUT] - run[:n, GEN]
-            done = (left == 0).nonzero()[0]
-            if done.size:
-                self._finish(done)
-            n = self.num_running
-            decoding_left = run[:n, OUT] - run[:n, GEN] + run[:n, PREFILL_LEFT] * (1 << 40)
-            self._finish_countdown = int(decoding_left.min()) if n else 0
-            return decode_tokens, prefill_tokens, int(done.size)
-        return decode_tokens, prefill_tokens, 0
-
-    def _advance_prefills(self, plan: Plan, undo: np.ndarray) -> int:
-        """Apply the chunks of the prefilling rows (after the table-wide +1, which ``undo`` rows must give back);
-        return their first tokens.
-
-        A row whose chunk completes its prefill samples its first token and starts decoding; the finish
-        countdown then covers it (it may finish at once, when that token was its last).
-        """
-        run, log, bs = self._run, self.log, self.block_size
-        step = self.step_index
-        first_tokens = 0
-        if undo.size:  # rows given the table-wide token that they did not get
-            run[undo, KV : GEN + 1] -= 1
-        if not isinstance(plan.chunk, list):
-            return self._advance_many(plan)
-        for row, tokens, done, new in zip(plan.prefill_rows.tolist(), plan.chunk, plan.completes, plan.new_tokens,
-                                          strict=True):
-            kv = int(run[row, KV]) - 1 + new
-            run[row, KV] = kv
-            run[row, PREFILL_LEFT] -= tokens
-            if not done:
-                run[row, GEN] -= 1
-                continue
-            first_tokens += 1
-            self._phases[(kv - step - 1) % bs] += 1  # a decoding row from now on
-            run[row, SEG] = step
-            rid = int(run[row, REQ])
-            log.state[rid] = State.DECODING
-            if math.isnan(log.first_token_s[rid]):
-                log.first_token_s[rid] = self.clock
-            self.num_prefilling -= 1
-            self._finish_countdown = min(self._finish_countdown, int(run[row, OUT] - run[row, GEN]))
-        return first_tokens
-
-    def _advance_many(self, plan: Plan) -> int:
-        """:meth:`_advance_prefills` for a long head of chunks, in numpy."""
-        run, log = self._run, self.log
-        rows, chunk, done = plan.prefill_rows, plan.chunk, plan.completes
-        run[rows, KV] += plan.new_tokens - 1
-        run[rows, PREFILL_LEFT] -= chunk
-        run[rows[~done], GEN] -= 1
-        started = rows[done]
-        if started.size:
-            self._phases += np.bincount((run[started, KV] - self.step_index - 1) % self.block_size,
-                                        minlength=self.block_size)
-            run[started, SEG] = self.step_index
-            ids = run[started, REQ]
-            log.state[ids] = State.DECODING
-            first = ids[np.isnan(log.first_token_s[ids])]
-            log.first_token_s[first] = self.clock
-            self.num_prefilling -= started.size
-            left = int((run[started, OUT] - run[started, GEN]).min())
-            self._finish_countdown = min(self._finish_countdown, left)
-        return int(started.size)
-
-    def _finish(self, rows: np.ndarray) -> None:
-        run, log = self._run, self.log
-        ids = run[rows, REQ]
-        log.finish_s[ids] = self.clock
-        log.state[ids] = State.FINISHED
-        self.last_finished_ids = ids
-        log.seg_req.extend(ids.tolist())
-        log.seg_first.extend(run[rows, SEG].tolist())
-        log.seg_last.extend([self.step_index] * rows.size)
-        self.num_finished += rows.size
-        self._remove_rows(rows)
-        self.backend.release(ids)
-
-    def _remove_rows(self, rows: np.ndarray) -> None:
-        n, run, bs = self.num_running, self._run, self.block_size
-        self.num_used_blocks -= int(num_blocks(run[rows, KV], bs).sum())
-        self.token_load -= int((run[rows, HI] - run[rows, GEN]).sum())
-        if rows.size == 1:  # the common case: shift the rows below up by one
-            run[rows[0] : n - 1] = run[rows[0] + 1 : n]
-        else:
-            keep = np.ones(n, dtype=bool)
-            keep[rows] = False
-            run[: n - rows.size] = run[:n][keep]
-        self.num_running = n - rows.size
-        self._phases = None
-
-    def _idle(self, next_arrival_s: float) -> None:
-        """Nothing runs: wait for the model to load, poll for ``idle_tick_s`` while requests wait, or jump
-        to the next arrival when the queue is empty."""
-        if self.waiting.size and self.clock < self.ready_at:
-            dt = self.ready_at - self.clock
-        elif self.waiting.size:
-            dt = self.idle_tick_s
-        else:
-            dt = max(0.0, next_arrival_s - self.clock) if math.isfinite(next_arrival_s) else 0.0
-        self.clock += dt
-        self.last_dt = dt
-        self._num_prefill_seqs = 0

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 from gymnasium import spaces
 
+from servegym.engine import table
 from servegym.engine.cluster import Cluster
-from servegym.engine.compiled import CORE
 from servegym.engine.config import LengthMode
-from servegym.engine.engine import RUNNING_OBS_COLUMNS, EngineBase
+from servegym.engine.engine import Engine
 
 BIG = 1e9
 """Upper bound of unbounded counts, tokens and seconds (finite, so that checkers and normalisers accept it)."""
@@ -102,11 +102,10 @@ ENGINE_INDEX = {name: i for i, name in enumerate(ENGINE_FEATURES)}
 POOL_INDEX = {name: i for i, name in enumerate(POOL_FEATURES)}
 QUEUE_INDEX = {name: i for i, name in enumerate(QUEUE_FEATURES)}
 RUNNING_INDEX = {name: i for i, name in enumerate(RUNNING_FEATURES)}
-_WAIT_S, _WAIT_STEPS = QUEUE_INDEX["wait_s"], QUEUE_INDEX["wait_steps"]
-if RUNNING_FEATURES != RUNNING_OBS_COLUMNS:
-    raise ImportError("RUNNING_SCHEMA must name the engine's observable running columns in order")
-if CORE is not None and (CORE.ENGINE_FEATURES, CORE.QUEUE_FEATURES) != (ENGINE_FEATURES, QUEUE_FEATURES):
-    raise ImportError("the observation schema changed: update Core.observe in servegym/engine/_core.pyx")
+if (RUNNING_FEATURES, ENGINE_FEATURES, QUEUE_FEATURES) != (table.RUNNING_OBS_COLUMNS, table.ENGINE_FEATURES,
+                                                            table.QUEUE_FEATURES):
+    raise ImportError("the observation schema changed: update Engine.observe in servegym/engine/engine.py and the "
+                      "orders in servegym/engine/table.py")
 LENGTH_MODE_CODE = {mode: float(code) for code, mode in enumerate(LengthMode)}
 """The ``length_mode`` feature's value for each :class:`LengthMode`."""
 
@@ -183,14 +182,12 @@ def running_matrix(obs: dict[str, np.ndarray]) -> np.ndarray:
 
 
 class ObservationEncoder:
-    """Builds observations from an engine; caches the static part of the queue window between changes.
+    """Builds observations from a pool's deciding engine.
 
     Every observation is one fresh float32 buffer in ``gymnasium.spaces.flatten``'s layout of the Dict space
     (keys in sorted order: engine, pool, progress, queue, running): ``flat=True`` returns the buffer itself, otherwise a
     dict of views into it. One allocation per step either way, and a flat observation costs nothing extra.
-    For the Python engine the buffer starts as a copy of a template that holds the queue window's cached
-    columns, and each step writes only what changes (waits, running rows, the engine and pool vectors); a
-    compiled engine writes its whole part itself (``observe``) into a zeroed buffer.
+    The engine writes its part itself (:meth:`~servegym.engine.Engine.observe`), queue window included.
     """
 
     def __init__(self, queue_window: int, running_slots: int, num_containers: int = 1, flat: bool = False) -> None:
@@ -201,24 +198,14 @@ class ObservationEncoder:
                  "progress": len(PROGRESS_FEATURES), "queue": queue_window * len(QUEUE_FEATURES),
                  "running": running_slots * len(RUNNING_FEATURES)}
         bounds = np.cumsum([0, *sizes.values()]).tolist()
-        self._slices = {key: slice(a, b) for key, a, b in zip(sizes, bounds, bounds[1:], strict=False)}
         self._engine_end, self._pool_end, self._queue_start, self._queue_end = bounds[1:5]
         self.size = bounds[-1]
-        self._version = -1
-        self._template = np.zeros(self.size, dtype=np.float32)
-        self._arrival = np.zeros(0)
-        self._enqueue = np.zeros(0)
 
-    def reset(self, engine: EngineBase) -> None:
-        """Start an episode: forget the cached queue and read the per-episode constants."""
-        self._compiled = hasattr(engine, "observe")  # a compiled engine writes its part itself
-        self._version = -1
-        self._container = -1
+    def reset(self, engine: Engine) -> None:
+        """Start an episode: read the per-episode constants."""
         self._baseline = engine.backend.baseline_step_s or 0.0
         self._capacity = engine.num_kv_blocks * engine.block_size
         self._length_mode = LENGTH_MODE_CODE[engine.config.length_mode]
-        self._chunk = engine.config.prefill_chunk_tokens
-        self._budget = engine.config.max_num_batched_tokens
         log = engine.log  # the episode's, shared by every container: its size and arrival span are fixed now
         self._num_requests = log.num_requests
         self._first_arrival = float(log.arrival_s[0]) if log.num_requests else 0.0
@@ -228,41 +215,15 @@ class ObservationEncoder:
         engine = cluster.engine
         engine_end, pool_end, queue_start, queue_end = self._engine_end, self._pool_end, self._queue_start, \
             self._queue_end
-        if self._compiled:  # the engine writes its part, queue window included
-            buf = np.zeros(self.size, dtype=np.float32)
-            engine.observe(buf, queue_start, queue_end, self.queue_window, self._baseline, self._capacity,
-                           self._length_mode)
-        else:
-            if engine.waiting_version != self._version or engine.container != self._container:
-                self._refresh_queue(engine)
-            buf = self._template.copy()
-            self._write_engine(engine, buf)
+        buf = np.zeros(self.size, dtype=np.float32)
+        engine.observe(buf, queue_start, queue_end, self.queue_window, self._baseline, self._capacity,
+                       self._length_mode)
         buf[engine_end:pool_end] = self._pool(cluster)
         buf[pool_end:queue_start] = self._progress(cluster)
         if self.flat:
             return buf
         return {"engine": buf[:engine_end], "pool": buf[engine_end:pool_end], "progress": buf[pool_end:queue_start],
                 "queue": buf[queue_start:queue_end], "running": buf[queue_end:]}
-
-    def _write_engine(self, engine: EngineBase, buf: np.ndarray) -> None:
-        """Write ``obs["engine"]``, the queue rows' waits and ``obs["running"]`` (a compiled engine's ``observe``
-        writes the same values)."""
-        start, queue_end = self._queue_start, self._queue_end
-        k = self._arrival.size
-        if k:  # columns of the first k queue rows, as strided slices of the flat buffer
-            width = len(QUEUE_FEATURES)
-            buf[start + _WAIT_S : start + k * width : width] = engine.clock - self._arrival
-            buf[start + _WAIT_STEPS : start + k * width : width] = engine.step_index - self._enqueue
-        if engine.num_running:
-            engine.copy_running_into(buf[queue_end:].reshape(self.running_slots, len(RUNNING_FEATURES)))
-        last = engine.last
-        # In ENGINE_SCHEMA's order (tests/test_env_api.py checks each value by name).
-        buf[: self._engine_end] = (
-            engine.itl_last, engine.itl_smoothed, self._baseline, engine.num_running, engine.num_prefilling,
-            engine.token_load, engine.waiting.size, 1.0 - engine.num_used_blocks / engine.num_kv_blocks,
-            engine.kv_free_delta, self._capacity, engine.block_size, last.num_preemptions, last.num_admitted,
-            last.num_finished, self._length_mode, self._chunk, self._budget,
-        )
 
     @staticmethod
     def _pool(cluster: Cluster) -> list[float]:
@@ -285,19 +246,3 @@ class ObservationEncoder:
         finished = sum(e.num_finished for e in cluster.engines)
         return (cluster.time - self._first_arrival, self._arrival_span, cluster.num_arrived / n,
                 (n - finished - cluster.num_rejected) / n)
-
-    def _refresh_queue(self, engine: EngineBase) -> None:
-        log = engine.log
-        ids = engine.waiting[: self.queue_window]
-        k = ids.size
-        # A view taken here, not kept: a deep copy of the encoder would detach a stored view from its template.
-        static = self._template[self._slices["queue"]].reshape(self.queue_window, len(QUEUE_FEATURES))
-        static[:] = 0.0
-        static[:k, QUEUE_INDEX["num_prompt_tokens"]] = log.num_prompt_tokens[ids]
-        static[:k, QUEUE_INDEX["output_lo"]] = log.output_lo[ids]
-        static[:k, QUEUE_INDEX["output_hi"]] = log.output_hi[ids]
-        static[:k, QUEUE_INDEX["num_generated"]] = log.num_generated_at_preemption[ids]
-        self._arrival = log.arrival_s[ids]
-        self._enqueue = log.enqueue_step[ids]
-        self._version = engine.waiting_version
-        self._container = engine.container

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from servegym.engine import EngineBase, EpisodeLog
+    from servegym.engine import Engine, EpisodeLog
 
 WIDTH = 640
 HEADER = 28
@@ -89,7 +89,7 @@ class PanelView:
     token_budget: int
 
 
-def panel_of(engine: EngineBase, log: EpisodeLog, queue_window: int, now: float) -> PanelView:
+def panel_of(engine: Engine, log: EpisodeLog, queue_window: int, now: float) -> PanelView:
     """The panel of one container at time ``now`` (the cluster's clock): its public state only."""
     if engine.ready_at == math.inf:  # never loaded (a lone engine is loaded from -inf on)
         state = "cold"

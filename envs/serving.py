@@ -13,7 +13,7 @@ from gymnasium import spaces
 
 from servegym.backends import Backend, Profile
 from servegym.backends.factory import make_backends
-from servegym.engine import Cluster, EngineBase, EngineConfig, PoolConfig, StepOutcome
+from servegym.engine import Cluster, Engine, EngineConfig, PoolConfig, StepOutcome
 from servegym.engine.cluster import ClusterStep
 from servegym.engine.validation import boolean, non_negative_number, optional, positive_int, positive_number
 from servegym.envs.actions import slot_action_masks
@@ -210,7 +210,7 @@ class ServingEnv(gym.Env):
 
     # ------------------------------------------------------------------ gym API
     @property
-    def engine(self) -> EngineBase:
+    def engine(self) -> Engine:
         """The container whose decision the next ``step`` takes (the only one unless ``pool`` says more)."""
         return self.cluster.engine
 

@@ -1,9 +1,9 @@
-"""The compiled engine is the Python engine, float for float: the same observations, rewards, infos and logs on
-episodes that exercise every branch of the iteration (chunking, token caps, each preemption rule, each length
-mode, cold pools, latency noise, a backend that needs the batch's arrays, invariant checks, recomputed admissions,
-total prefill caps, exact finish boundaries, partial KV blocks, receive on an idle engine, a queue longer than
-the observation window, both signs of the KV-rate EMA), on the old paper profile and on the default schema-2
-profile that ``gym.make`` and ``compare`` use."""
+"""The compiled engine is its own source run as Python (the interpreted engine), float for float: the same
+observations, rewards, infos and logs on episodes that exercise every branch of the iteration (chunking, token caps,
+each preemption rule, each length mode, cold pools, latency noise, a backend that needs the batch's arrays,
+invariant checks, recomputed admissions, total prefill caps, exact finish boundaries, partial KV blocks, receive on
+an idle engine, a queue longer than the observation window, both signs of the KV-rate EMA), on the old paper profile
+and on the default schema-2 profile that ``gym.make`` and ``compare`` use."""
 
 from __future__ import annotations
 
@@ -242,13 +242,17 @@ def _assert_new_cases_reach_their_branches(play, profile: str) -> None:
 
 
 def test_engine_choice_is_checked(monkeypatch):
+    from servegym.engine import EngineConfig
+
     with pytest.raises(ValueError, match="engine must be one of"):
         engine_class("fast")
     monkeypatch.setenv("SERVEGYM_ENGINE", "cython")
     with pytest.raises(ValueError, match="SERVEGYM_ENGINE"):
         engine_class()
     monkeypatch.setattr(compiled, "CompiledEngine", None)
-    assert engine_class("auto") is compiled.Engine  # falls back when not built
+    assert engine_class("auto") is compiled.interpreted_engine()  # falls back when not built
+    assert not engine_class("auto")(EngineConfig(), CalibratedBackend(load_profile(PROFILE))).__module__.endswith(
+        "engine.engine") or not compiled_available()
     with pytest.raises(ImportError, match="not built"):
         engine_class("compiled")
 

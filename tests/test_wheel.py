@@ -26,7 +26,7 @@ from servegym.cli import PAPER_EXPERIMENTS
 ROOT = Path(__file__).resolve().parents[1]
 _IGNORED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache",
                                   ".hypothesis", "results", "runs", "studies", "reproduce", "bench", "out", "docs",
-                                  "tests", "shared", "*.so", "_core.c")
+                                  "tests", "shared", "*.so", "engine.c")
 
 
 def not_sources(folder: str, names: list[str]) -> set[str]:
@@ -71,8 +71,9 @@ def test_the_wheel_ships_the_experiments_profiles_traces_and_compiled_core(insta
     assert "servegym/experiments/__init__.py" in names
     assert any(n.startswith("servegym/backends/profiles/") and n.endswith(".json") for n in names)
     assert any(n.startswith("servegym/workloads/data/") and n.endswith(".csv") for n in names)
+    assert "servegym/engine/engine.py" in names  # the source: what runs interpreted where nothing was compiled
     if servegym.engine.compiled_available():  # the tree's compiler built it, so the wheel's build must too
-        assert any(n.startswith("servegym/engine/_core") and n.endswith(".so") for n in names)
+        assert any(n.startswith("servegym/engine/engine.") and n.endswith(".so") for n in names)
     assert not any(n.startswith(("tests/", "experiments/", "docs/")) for n in names)
 
 

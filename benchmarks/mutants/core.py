@@ -1,39 +1,34 @@
-"""Mutations of the compiled engine (``engine/_core.pyx``), each caught by the equivalence cases of
-``tests/test_compiled_engine.py`` (the mutation audit rebuilds the scratch copy's extension for each)."""
+"""Mutations of the engine's iteration (``engine/engine.py``, run interpreted in the scratch copy), each caught by
+the golden replays, the hand-computed engine tests or the branch cases."""
 
-COMPILED = "tests/test_compiled_engine.py"
-CORE = "engine/_core.pyx"
+CORE = "engine/engine.py"
+ITERATION = ("tests/test_golden.py", "tests/test_bite_engine.py", "tests/test_bite_iteration.py",
+             "tests/test_compiled_engine.py", "tests/test_engine.py")
 
 MUTATIONS = [
     ("core-admit-token-load-ignores-generated", CORE,
-     "self.token_load += self.hi[rid] - generated", "self.token_load += self.hi[rid]", (COMPILED,), "engine"),
+     "self.token_load += self.hi[rid] - generated", "self.token_load += self.hi[rid]", ITERATION, "engine"),
     ("core-readmit-forgets-generated", CORE,
-     "run[r, GEN] = generated", "run[r, GEN] = 0", (COMPILED,), "engine"),
+     "run[r, GEN] = generated", "run[r, GEN] = 0", ITERATION, "engine"),
     ("core-chunk-budget-counts-prefilling-rows", CORE,
-     "budget = self.max_batched - (n - num_pre)", "budget = self.max_batched - n", (COMPILED,), "engine"),
+     "budget = self.max_batched - (n - num_pre)", "budget = self.max_batched - n", ITERATION, "engine"),
     ("core-prefill-cap-ignored", CORE,
-     "if self.max_prefill >= 0:", "if self.max_prefill >= 1 << 40:", (COMPILED,), "engine"),
+     "if self.max_prefill >= 0:", "if self.max_prefill >= 1 << 40:", ITERATION, "engine"),
     ("core-prefill-cap-off-by-one", CORE,
-     "budget = min(budget, self.max_prefill)", "budget = min(budget, self.max_prefill + 1)", (COMPILED,), "engine"),
-    ("core-countdown-not-lowered-by-new-decoders", CORE,
-     "            self._finish_countdown = min(self._finish_countdown, run[row, OUT] - run[row, GEN])\n", "",
-     (COMPILED,), "engine"),
+     "budget = min(budget, self.max_prefill)", "budget = min(budget, self.max_prefill + 1)", ITERATION, "engine"),
     ("core-countdown-one-late", CORE,
-     "        self._finish_countdown = left\n", "        self._finish_countdown = left + 1\n", (COMPILED,), "engine"),
-    ("core-removal-frees-whole-blocks-only", CORE,
-     "self.num_used_blocks -= _blocks(run[i, KV], self.block_size)",
-     "self.num_used_blocks -= run[i, KV] // self.block_size", (COMPILED,), "engine"),
+     "        self._finish_countdown = left\n", "        self._finish_countdown = left + 1\n", ITERATION, "engine"),
     ("core-removal-drops-last-column", CORE,
-     "                for j in range(NUM_COLS):\n", "                for j in range(NUM_COLS - 1):\n", (COMPILED,),
+     "                for j in range(NUM_COLS):\n", "                for j in range(NUM_COLS - 1):\n", ITERATION,
      "engine"),
     ("core-idle-receive-keeps-clock", CORE,
      "        if self.clock < now:  # the engine sat idle until now\n            self.clock = now\n", "",
-     (COMPILED,), "engine"),
+     ITERATION, "engine"),
     ("core-observe-waiting-clipped-to-window", CORE,
-     "buf[6] = len(self.waiting)", "buf[6] = k", (COMPILED,), "engine"),
+     "buf[6] = len(self.waiting)", "buf[6] = k", ITERATION, "engine"),
     ("core-kv-rate-sign-flipped", CORE,
      "((kv_free - self._kv_free_prev) - self.kv_free_delta)", "((self._kv_free_prev - kv_free) - self.kv_free_delta)",
-     (COMPILED,), "engine"),
+     ITERATION, "engine"),
     ("core-kv-rate-observed-unsigned", CORE,
-     "buf[8] = self.kv_free_delta", "buf[8] = abs(self.kv_free_delta)", (COMPILED,), "engine"),
+     "buf[8] = self.kv_free_delta", "buf[8] = abs(self.kv_free_delta)", ITERATION, "engine"),
 ]

@@ -7,10 +7,10 @@ VERDICTS = "tests/test_verdicts.py"
 
 MUTATIONS = [
     ("restart-keeps-output", "engine/engine.py",
-     "run[rows, GEN] if self.config.recompute is Recompute.KEEP_OUTPUT else 0", "run[rows, GEN]",
+     "run[rows, GEN] if self._config.recompute is Recompute.KEEP_OUTPUT else 0", "run[rows, GEN]",
      (ENGINE,), "engine"),
     ("restart-always", "engine/engine.py",
-     "run[rows, GEN] if self.config.recompute is Recompute.KEEP_OUTPUT else 0", "0", (ENGINE,), "engine"),
+     "run[rows, GEN] if self._config.recompute is Recompute.KEEP_OUTPUT else 0", "0", (ENGINE,), "engine"),
     ("regime-bottom-edge-counts", "evaluation/regime.py",
      "return BUDGETS[0] < self.best_multiple < BUDGETS[-1]", "return BUDGETS[0] <= self.best_multiple < BUDGETS[-1]",
      (REGIME,), "verdict"),

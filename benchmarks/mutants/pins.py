@@ -5,8 +5,6 @@ METRICS = "tests/test_pins_metrics.py"
 POLICIES = "tests/test_pins_policies.py"
 EVALUATION = "tests/test_pins_evaluation.py"
 BACKENDS = "tests/test_pins_backends.py"
-GOLDEN = "tests/test_golden.py"
-COMPILED = "tests/test_compiled_engine.py"
 
 MUTATIONS = [
     # ------------------------------------------------------------------ metrics under pools and rejection
@@ -103,18 +101,4 @@ MUTATIONS = [
     ("pins-prefill-attention-kv-heads", "backends/build.py",
      "attention_flops_per_pair=4.0 * shape.heads * shape.head_dim * shape.layers / tp,",
      "attention_flops_per_pair=4.0 * shape.kv_heads * shape.head_dim * shape.layers / tp,", (BACKENDS,), "backend"),
-    # ------------------------------------------------------------------ the Python engine (the specification): the
-    # golden replays (paper and default profile) and the equivalence cases catch what the compiled core's pins do
-    ("pins-engine-admit-token-load-ignores-generated", "engine/engine.py",
-     "self.token_load += int(log.output_hi[rid] - log.num_generated_at_preemption[rid])",
-     "self.token_load += int(log.output_hi[rid])", (GOLDEN, COMPILED), "engine"),
-    ("pins-engine-prefill-cap-off-by-one", "engine/engine.py",
-     "budget = min(budget, cfg.max_prefill_tokens)", "budget = min(budget, cfg.max_prefill_tokens + 1)",
-     (GOLDEN, COMPILED), "engine"),
-    ("pins-engine-idle-receive-keeps-clock", "engine/engine.py",
-     "        if self.clock < now:  # the engine sat idle until now\n            self.clock = now\n", "",
-     (GOLDEN, COMPILED), "engine"),
-    ("pins-engine-kv-rate-sign-flipped", "engine/engine.py",
-     "((kv_free - self._kv_free_prev) - self.kv_free_delta)", "((self._kv_free_prev - kv_free) - self.kv_free_delta)",
-     (GOLDEN, COMPILED), "engine"),
 ]
