@@ -25,6 +25,11 @@ SPLITWISE = "Splitwise perf_model.csv (github.com/Mutinifni/splitwise-sim @8f99e
 GPT_FAST = "gpt-fast README (github.com/pytorch-labs/gpt-fast @0f925b5), A100 at 330 W, bf16, no serving"
 TRT_LLM = "TensorRT-LLM v0.5 docs/source/performance.md (NVIDIA/TensorRT-LLM), A100 fp16, static batching"
 VLLM_2192 = "vLLM PR #2192 (github.com/vllm-project/vllm/pull/2192), benchmark_latency.py, custom all-reduce"
+LMDEPLOY = ("LMDeploy TurboMind v0.1.0a1 (InternLM/lmdeploy docs/en/benchmark/a100_fp16.md @3e391df), A100-80G fp16, "
+            "a C++ engine without per-iteration Python, static batch, p50 token latency")
+TRT_LLM_09 = "TensorRT-LLM v0.9.0 docs/source/performance.md (NVIDIA/TensorRT-LLM), A100 fp16, first token"
+TRT_LLM_220 = ("TensorRT-LLM issue #220 (NVIDIA/TensorRT-LLM), A100-80G fp16, benchmark.py static batch, "
+               "latency 9,744 ms")
 
 
 @dataclass(frozen=True)
@@ -46,9 +51,14 @@ class Reference:
     """True where the runtime's fit used this point (the others are checks)."""
 
     @property
+    def context(self) -> float:
+        """A decode step's KV context per request: the prompt and half the output."""
+        return self.input_len + self.output_len / 2
+
+    @property
     def label(self) -> str:
         if self.kind == "decode":
-            return f"decode b={self.batch}"
+            return f"decode b={self.batch} c={self.context:g}"
         if self.kind == "prefill":
             return f"prefill {self.input_len}" + (f" x{self.batch}" if self.batch > 1 else "")
         return f"request b={self.batch} {self.input_len}/{self.output_len}"
@@ -78,6 +88,16 @@ REFERENCES: tuple[Reference, ...] = (
     Reference("a100-llama2-70b-tp4", "cuda-graphs", "request", 64, 2048, 128, 64 * 128 / 272, TRT_LLM),
     Reference("a100-llama2-70b-tp4", "cuda-graphs", "request", 64, 2048, 2048, 64 * 2048 / 738, TRT_LLM),
     Reference("a100-llama2-70b-tp4", "cuda-graphs", "request", 64, 256, 256, 14.57, VLLM_2192, True),
+    Reference("a100-llama2-70b-tp4", "cuda-graphs", "decode", 1, 1, 128, 0.029, LMDEPLOY),
+    Reference("a100-llama2-70b-tp4", "cuda-graphs", "decode", 1, 2048, 128, 0.031, LMDEPLOY),
+    Reference("a100-llama2-70b-tp4", "cuda-graphs", "prefill", 1, 2048, 1, 0.402, LMDEPLOY.replace(
+        "p50 token latency", "mean first-token latency")),
+    Reference("a100-llama2-70b-tp4", "cuda-graphs", "decode", 64, 1, 128, 0.037, LMDEPLOY),
+    Reference("a100-llama2-70b-tp4", "cuda-graphs", "decode", 64, 128, 2048, 0.043, LMDEPLOY),
+    Reference("a100-llama2-70b-tp4", "cuda-graphs", "decode", 64, 2048, 2048, 0.055, LMDEPLOY),
+    Reference("a100-llama2-70b-tp4", "cuda-graphs", "prefill", 1, 128, 1, 0.0456, TRT_LLM_09),
+    Reference("a100-llama2-70b-tp8", "cuda-graphs", "prefill", 1, 2048, 1, 0.2492, TRT_LLM_09),
+    Reference("a100-llama2-70b-tp8", "cuda-graphs", "request", 64, 512, 200, 9.744175, TRT_LLM_220),
 )
 """Every cited measurement; docs/PROFILES.md prints them beside the predictions."""
 
@@ -85,7 +105,7 @@ REFERENCES: tuple[Reference, ...] = (
 def predict_s(latency: TokenLatencyModel, ref: Reference, max_batched_tokens: int) -> float:
     """``ref``'s shape priced by ``latency``."""
     if ref.kind == "decode":
-        return latency.decode_s(ref.batch, ref.input_len + ref.output_len / 2)
+        return latency.decode_s(ref.batch, ref.context)
     prefill = prefill_iterations_s(latency, ref.input_len, ref.batch, max_batched_tokens)
     if ref.kind == "prefill":
         return prefill
@@ -174,6 +194,51 @@ def _build_key(profile: str) -> tuple[str, str, int]:
     gpu, rest = profile.split("-", 1)
     model, _, tp = rest.rpartition("-tp")
     return gpu, model, int(tp)
+
+
+TOLERANCE = 0.15
+"""How far past the cited measurements' range a prediction may lie and still count as in range: the spread of one
+stack's runs and versions (Splitwise's medians of 5, TensorRT-LLM v0.5 against v0.9 at the same shape: 2-8%) and
+the difference in shape between a measurement's context and the table's."""
+SHAPES = (("decode", 1), ("decode", 64), ("prefill", 2048), ("prefill", 8192))
+"""Issue 28's four shapes: batch-1 and batch-64 decode, 2k and 8k-token prefills of one prompt."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """The cited measurements of one shape for one profile and runtime, beside the model's predictions of them."""
+
+    profile: str
+    runtime: str
+    shape: str
+    measured_s: tuple[float, ...]
+    predicted_s: tuple[float, ...]
+
+    @property
+    def verdict(self) -> str:
+        """``in range`` when every prediction lies within the measurements' range widened by :data:`TOLERANCE`,
+        ``outside`` otherwise, ``no measurement`` when none is cited."""
+        if not self.measured_s:
+            return "no measurement"
+        low, high = min(self.measured_s) * (1 - TOLERANCE), max(self.measured_s) * (1 + TOLERANCE)
+        return "in range" if all(low <= p <= high for p in self.predicted_s) else "outside"
+
+
+def coverage(profiles: tuple[str, ...] = ("a100-llama2-70b-tp4", "a100-llama2-70b-tp8", "h100-llama2-70b-tp4",
+                                          "h100-llama2-70b-tp8")) -> list[Cell]:
+    """For each TP profile, runtime and shape of :data:`SHAPES`: the cited measurements and the predictions of them
+    (each at the measurement's own context)."""
+    predicted = {id(ref): p for ref, p in compare()}
+    cells = []
+    for profile in profiles:
+        for runtime in RUNTIMES:
+            for kind, size in SHAPES:
+                refs = [r for r in REFERENCES if (r.profile, r.runtime, r.kind) == (profile, runtime, kind)
+                        and (r.batch == size if kind == "decode" else (r.batch, r.input_len) == (1, size))]
+                shape = f"decode b={size}" if kind == "decode" else f"prefill {size}"
+                cells.append(Cell(profile, runtime, shape, tuple(r.measured_s for r in refs),
+                                  tuple(predicted[id(r)] for r in refs)))
+    return cells
 
 
 def compare() -> list[tuple[Reference, float]]:

@@ -54,7 +54,7 @@ def cmd_runtimes(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from servegym.backends.runtime_fit import compare
+    from servegym.backends.runtime_fit import TOLERANCE, compare, coverage
 
     print("| profile | runtime | shape | measured (ms) | predicted (ms) | error | use | source |")
     print("|---|---|---|---|---|---|---|---|")
@@ -62,6 +62,18 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"| `{ref.profile}` | {ref.runtime} | {ref.label} | {ref.measured_s * 1e3:,.1f} | "
               f"{predicted * 1e3:,.1f} | {predicted / ref.measured_s - 1:+.1%} | "
               f"{'fit' if ref.fitted else 'check'} | {ref.source} |")
+    print(f"\nIssue 28's shapes: the cited measurements' range against the predictions of them (in range: within "
+          f"{TOLERANCE:.0%} of it)\n")
+    print("| profile | runtime | shape | cited | measured (ms) | predicted (ms) | verdict |")
+    print("|---|---|---|---|---|---|---|")
+
+    def span(values: tuple[float, ...]) -> str:
+        return "" if not values else f"{min(values) * 1e3:,.1f}" + (
+            f"-{max(values) * 1e3:,.1f}" if len(values) > 1 else "")
+
+    for cell in coverage():
+        print(f"| `{cell.profile}` | {cell.runtime} | {cell.shape} | {len(cell.measured_s)} | "
+              f"{span(cell.measured_s)} | {span(cell.predicted_s)} | {cell.verdict} |")
     return 0
 
 
