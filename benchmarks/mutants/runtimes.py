@@ -1,6 +1,7 @@
 """Mutations of the serving runtimes (issue 28): the launch floor, the stated CPU tail, the custom all-reduce's
 size limit, the per-request host cost at one request, the runtime's split of a batch of prompts, the legacy
-runtime of files without one."""
+runtime of files without one, and issue 28's coverage verdict (every prediction within the cited range widened by
+the tolerance at both ends)."""
 
 RUNTIMES = "tests/test_runtimes.py"
 
@@ -23,4 +24,13 @@ MUTATIONS = [
      (RUNTIMES,), "backend"),
     ("legacy-runtime-is-default", "backends/runtimes.py",
      'LEGACY_RUNTIME = "eager"', 'LEGACY_RUNTIME = "cuda-graphs"', (RUNTIMES,), "backend"),
+    ("coverage-tolerance-one-sided", "backends/runtime_fit.py",
+     "low, high = min(self.measured_s) * (1 - TOLERANCE), max(self.measured_s) * (1 + TOLERANCE)",
+     "low, high = min(self.measured_s), max(self.measured_s) * (1 + TOLERANCE)", (RUNTIMES, "-k", "cell"), "backend"),
+    ("coverage-any-prediction", "backends/runtime_fit.py",
+     "all(low <= p <= high for p in self.predicted_s)", "any(low <= p <= high for p in self.predicted_s)",
+     (RUNTIMES, "-k", "cell"), "backend"),
+    ("coverage-max-for-min", "backends/runtime_fit.py",
+     "low, high = min(self.measured_s) * (1 - TOLERANCE)", "low, high = max(self.measured_s) * (1 - TOLERANCE)",
+     (RUNTIMES, "-k", "cell"), "backend"),
 ]
