@@ -50,6 +50,7 @@ WAITING = cython.declare(cython.schar, State.WAITING)
 PREFILLING = cython.declare(cython.schar, State.PREFILLING)
 DECODING = cython.declare(cython.schar, State.DECODING)
 FINISHED = cython.declare(cython.schar, State.FINISHED)
+PREEMPTED = cython.declare(cython.schar, State.PREEMPTED)
 REJECTED = cython.declare(cython.schar, State.REJECTED)
 NOT_DECODING = cython.declare(cython.longlong, 1 << 40)
 """Added to a prefilling row's remaining tokens so that the finish countdown skips it."""
@@ -684,24 +685,39 @@ class Engine:
 
     # ------------------------------------------------------------------ preemption
     def _evict(self, rows: np.ndarray) -> int:
-        """Preempt ``rows`` by recompute: free their blocks and put them at the queue front. Under
-        ``recompute="restart"`` they lose their generated tokens and start again from the prompt."""
-        run, log = self._run_arr, self._log
-        ids = run[rows, REQ].copy()
-        log.state[ids] = State.PREEMPTED
-        log.num_generated_at_preemption[ids] = run[rows, GEN] if self._config.recompute is Recompute.KEEP_OUTPUT else 0
-        log.num_preemptions[ids] += 1
-        seg = run[rows, SEG]
-        opened = seg >= 0
-        log.seg_req.extend(ids[opened].tolist())
-        log.seg_first.extend(seg[opened].tolist())
-        log.seg_last.extend([self.step_index - 1] * int(opened.sum()))
-        self.num_prefilling -= int(np.count_nonzero(run[rows, PREFILL_LEFT]))
+        """Preempt ``rows`` (in the order given) by recompute: free their blocks and put them at the queue front, in
+        that order. Under ``recompute="restart"`` they lose their generated tokens and start again from the prompt."""
+        victims: cython.const[cython.longlong][::1] = memoryview(np.ascontiguousarray(rows, dtype=np.int64))
+        count: cython.Py_ssize_t = victims.shape[0]
+        k: cython.Py_ssize_t
+        row: cython.Py_ssize_t
+        rid: cython.longlong
+        keep: cython.bint = self._config.recompute is Recompute.KEEP_OUTPUT
+        run: cython.longlong[:, ::1] = self.run
+        preemptions: cython.int[::1] = memoryview(self._log.num_preemptions)
+        ids = np.empty(count, dtype=np.int64)
+        evicted: cython.longlong[::1] = memoryview(ids)
+        log = self._log
+        for k in range(count):
+            row = victims[k]
+            if not 0 <= row < self.num_running:
+                raise IndexError(f"rows to evict must be running rows (0..{self.num_running - 1})")
+            rid = run[row, REQ]
+            evicted[k] = rid
+            self.state[rid] = PREEMPTED
+            self.generated_at_preemption[rid] = run[row, GEN] if keep else 0
+            preemptions[rid] += 1
+            if run[row, SEG] >= 0:  # its decode segment ends with the previous iteration
+                log.seg_req.append(rid)
+                log.seg_first.append(run[row, SEG])
+                log.seg_last.append(self.step_index - 1)
+            if run[row, PREFILL_LEFT] != 0:
+                self.num_prefilling -= 1
         self._remove_rows(rows)
         self.waiting = np.concatenate([ids, self.waiting])
         self.waiting_version += 1
         self._backend.release(ids)
-        return ids.size
+        return count
 
     def _remove_rows(self, rows: np.ndarray) -> None:
         """Drop ``rows`` from the table, keeping the others' order."""

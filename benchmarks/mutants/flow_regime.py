@@ -7,10 +7,12 @@ VERDICTS = "tests/test_verdicts.py"
 
 MUTATIONS = [
     ("restart-keeps-output", "engine/engine.py",
-     "run[rows, GEN] if self._config.recompute is Recompute.KEEP_OUTPUT else 0", "run[rows, GEN]",
+     "keep: cython.bint = self._config.recompute is Recompute.KEEP_OUTPUT",
+     "keep: cython.bint = True",
      (ENGINE,), "engine"),
     ("restart-always", "engine/engine.py",
-     "run[rows, GEN] if self._config.recompute is Recompute.KEEP_OUTPUT else 0", "0", (ENGINE,), "engine"),
+     "keep: cython.bint = self._config.recompute is Recompute.KEEP_OUTPUT", "keep: cython.bint = False", (ENGINE,),
+     "engine"),
     ("regime-bottom-edge-counts", "evaluation/regime.py",
      "return BUDGETS[0] < self.best_multiple < BUDGETS[-1]", "return BUDGETS[0] <= self.best_multiple < BUDGETS[-1]",
      (REGIME,), "verdict"),
