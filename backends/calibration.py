@@ -79,7 +79,8 @@ def calibrate(backend: TorchBackend, name: str, plan: SweepPlan | None = None, l
                    f"{[list(m) for m in plan.mixed]}, {plan.repeats} repeats each in rounds (median), the cache's "
                    "free blocks shuffled first (scattered KV, as a running server's), timed on the "
                    f"{host['clock']} clock; the schema-2 token model (cpu = c0 + c1 x rows, piecewise-linear "
-                   "linear(T), KV-read and query-key-pair terms) by non-negative least squares on relative error, "
+                   "linear(T), KV-read and query-key-pair terms, a long-context term above the sweep's "
+                   "second-longest decode context) by non-negative least squares on relative error, "
                    "every fifth point of each group held out"),
         "date": datetime.date.today().isoformat(),
         **host,

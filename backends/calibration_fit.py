@@ -109,6 +109,20 @@ def _knots(samples: list[Sample]) -> np.ndarray:
     return np.unique([1.0, *pure, max(tokens for (_, tokens), _ in shapes)])
 
 
+def _knee(samples: list[Sample]) -> float:
+    """The long-context term's knee: the decode-only steps' second-longest context per row (0, and no term, with
+    fewer than three distinct contexts). On the CPU backend a row's attention costs about the same per step up to
+    there and more per token beyond; a linear KV term is too high below it and too low above."""
+    contexts = sorted({s.context / s.decode for s in samples if s.decode and not s.num_prefills})
+    return float(contexts[-2]) if len(contexts) >= 3 else 0.0
+
+
+def _long_context(samples: list[Sample], knee: float) -> np.ndarray:
+    """The long-context term's two columns: the decoding rows' mean context above ``knee``, per step and per row."""
+    over = np.array([max(0.0, s.context / s.decode - knee) if s.decode and knee else 0.0 for s in samples])
+    return np.column_stack([over, over * np.array([s.decode for s in samples], dtype=float)])
+
+
 @dataclass(frozen=True)
 class Fit:
     """A fitted model and its scalar terms' values with their standard errors (from the weighted least squares'
@@ -117,7 +131,7 @@ class Fit:
     model: TokenLatencyModel
     terms: dict[str, tuple[float, float]]
     """``name -> (value, standard error)`` for ``cpu_s_per_step``, ``cpu_s_per_row``, ``cpu_s_mixed_step``,
-    ``kv_s_per_token`` and ``s_per_pair``."""
+    ``kv_s_per_token``, ``s_per_pair``, ``long_context_s_per_token`` and ``long_context_s_per_row_token``."""
 
 
 def fit_token_model(samples: list[Sample], kv_bytes_per_token: float, flops_per_pair: float) -> Fit:
@@ -130,11 +144,13 @@ def fit_token_model(samples: list[Sample], kv_bytes_per_token: float, flops_per_
     knots = _knots(samples)
     ramps = np.column_stack([np.clip(tokens - lo, 0.0, hi - lo) for lo, hi in itertools.pairwise(knots)])
     mixed = [float(s.num_prefills > 0 and s.decode > 0) for s in samples]
+    knee = _knee(samples)
     x = np.column_stack([np.ones_like(rows), rows, mixed, ramps,
-                         [s.context for s in samples], [s.attention for s in samples]])
+                         [s.context for s in samples], [s.attention for s in samples], _long_context(samples, knee)])
     y = np.array([s.seconds for s in samples])
     coef, errors = _nonneg_lstsq(x, y)
-    c0, c1, c_mixed, slopes, kv_s, pair_s = coef[0], coef[1], coef[2], coef[3:-2], coef[-2], coef[-1]
+    c0, c1, c_mixed, slopes, kv_s, pair_s = coef[0], coef[1], coef[2], coef[3:-4], coef[-4], coef[-3]
+    long_step, long_row = coef[-2], coef[-1]
     linear = np.concatenate(([0.0], np.cumsum(slopes * np.diff(knots))))
     top = float(max(rows.max(), 2.0))
     # A term the fit found no cost for keeps its physical size over a rate so high it charges nothing visible.
@@ -145,8 +161,11 @@ def fit_token_model(samples: list[Sample], kv_bytes_per_token: float, flops_per_
         linear_s=tuple(linear.tolist()), allreduce_s=(0.0,) * knots.size, kv_bytes_per_token=kv_bytes_per_token,
         decode_bandwidth_bytes_s=bandwidth, attention_flops_per_pair=flops_per_pair, prefill_flops_s=flops,
         lm_head_bytes=0.0, lm_head_flops_per_row=0.0, memory_bandwidth_bytes_s=bandwidth, peak_flops_s=flops,
-        cpu_tail_s_per_row=float(c1), cpu_s_mixed_step=float(c_mixed))
-    names = {"cpu_s_per_step": 0, "cpu_s_per_row": 1, "cpu_s_mixed_step": 2, "kv_s_per_token": -2, "s_per_pair": -1}
+        cpu_tail_s_per_row=float(c1), cpu_s_mixed_step=float(c_mixed),
+        long_context_tokens=knee if long_step or long_row else 0.0, long_context_s_per_token=float(long_step),
+        long_context_s_per_row_token=float(long_row))
+    names = {"cpu_s_per_step": 0, "cpu_s_per_row": 1, "cpu_s_mixed_step": 2, "kv_s_per_token": -4, "s_per_pair": -3,
+             "long_context_s_per_token": -2, "long_context_s_per_row_token": -1}
     return Fit(model, {name: (float(coef[i]), float(errors[i])) for name, i in names.items()})
 
 

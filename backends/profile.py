@@ -120,7 +120,7 @@ class Profile:
     def to_json(self) -> dict[str, Any]:
         token = isinstance(self.latency, TokenLatencyModel)
         latency = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.latency).items()
-                   if not (k == "cpu_tail_s_per_row" and v is None)}
+                   if not (k == "cpu_tail_s_per_row" and v is None) and not (k in LONG_CONTEXT and v == 0.0)}
         data = {
             "schema_version": 2 if token else 1,
             "name": self.name,
@@ -137,6 +137,8 @@ class Profile:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
 
+LONG_CONTEXT = ("long_context_tokens", "long_context_s_per_token", "long_context_s_per_row_token")
+"""The long-context term's fields: written only where calibration fitted one (0: absent from the file)."""
 _TOP_KEYS = {"schema_version", "name", "provenance", "latency", "kv_cache", "cold_start_s"}
 _OPTIONAL_TOP_KEYS = {"runtime"}
 _PROVENANCE_KEYS = {"hardware", "model", "method", "date"}
@@ -170,7 +172,7 @@ def profile_from_dict(data: Any, source: str = "<dict>") -> Profile:
             latency: LatencyModel | TokenLatencyModel = LatencyModel(**lat)
         else:
             names = {f.name for f in fields(TokenLatencyModel)}
-            optional = {"noise_cv", "launch_floor_s", "cpu_tail_s_per_row", "cpu_s_mixed_step"}
+            optional = {"noise_cv", "launch_floor_s", "cpu_tail_s_per_row", "cpu_s_mixed_step", *LONG_CONTEXT}
             _check_keys("latency", lat, names - optional, optional)
             try:
                 latency = TokenLatencyModel(**lat)

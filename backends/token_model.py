@@ -99,6 +99,15 @@ class TokenLatencyModel:
         default=0.0, metadata={"help": "cpu seconds a step pays when it holds both decoding and prefilling rows (a "
                                        "backend whose attention runs each kind apart; fitted by calibrate, 0 in "
                                        "the GPU tables)"})
+    long_context_tokens: float = field(
+        default=0.0, metadata={"help": "knee of the long-context term: decoding rows' mean KV context (tokens) "
+                                       "above which decode attention costs extra (fitted by calibrate; 0 and no "
+                                       "cost in the GPU tables)"})
+    long_context_s_per_token: float = field(
+        default=0.0, metadata={"help": "seconds per step per token of the decoding rows' mean context above the "
+                                       "knee"})
+    long_context_s_per_row_token: float = field(
+        default=0.0, metadata={"help": "seconds per decoding row per token of their mean context above the knee"})
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -138,7 +147,17 @@ class TokenLatencyModel:
         check_term_seconds("lm_head_flops_per_row / peak_flops_s", self.lm_head_flops_per_row / self.peak_flops_s,
                            "emitting row")
         check_term_seconds("cpu_s_mixed_step", self.cpu_s_mixed_step)
+        check_term_seconds("long_context_s_per_token", self.long_context_s_per_token, "context token")
+        check_term_seconds("long_context_s_per_row_token", self.long_context_s_per_row_token, "context token")
         check_noise(self.noise_cv)
+
+    def _long_context_s(self, decodes: int, decode_context: float) -> float:
+        """The long-context term: a CPU backend's decode attention costs more per token at long contexts than the
+        linear KV term says (docs/REAL_BACKEND.md); ``over`` is the decoding rows' mean context above the knee."""
+        if not decodes:
+            return 0.0
+        over = max(0.0, decode_context / decodes - self.long_context_tokens)
+        return over * (self.long_context_s_per_token + decodes * self.long_context_s_per_row_token)
 
     # ------------------------------------------------------------------ terms
     def terms(self, rows: int, tokens: float, decode_context: float, prefill_pairs: float,
@@ -152,7 +171,8 @@ class TokenLatencyModel:
             "cpu": self._cpu(rows) + (self.cpu_s_mixed_step if 0 < prefill_rows < rows else 0.0),
             "linear": _interp(tokens, self.linear_tokens, self.linear_s),
             "allreduce": _interp(tokens, self.linear_tokens, self.allreduce_s),
-            "decode_attention": decode_context * self.kv_bytes_per_token / self.decode_bandwidth_bytes_s,
+            "decode_attention": decode_context * self.kv_bytes_per_token / self.decode_bandwidth_bytes_s
+                                + self._long_context_s(rows - prefill_rows, decode_context),
             "prefill_attention": prefill_pairs * self.attention_flops_per_pair / self.prefill_flops_s,
             "lm_head": max(self.lm_head_bytes / self.memory_bandwidth_bytes_s,
                            emitting_rows * self.lm_head_flops_per_row / self.peak_flops_s) if emitting_rows else 0.0,
@@ -184,6 +204,8 @@ class TokenLatencyModel:
         total = (cpu + linear[0] + linear[1]
                  + decode_context * self.kv_bytes_per_token / self.decode_bandwidth_bytes_s
                  + prefill_pairs * self.attention_flops_per_pair / self.prefill_flops_s)
+        if self.long_context_s_per_token or self.long_context_s_per_row_token:  # calibrated CPU profiles
+            total += self._long_context_s(rows - prefill_rows, decode_context)
         if emitting_rows:
             total += max(self.lm_head_bytes / self.memory_bandwidth_bytes_s,
                          emitting_rows * self.lm_head_flops_per_row / self.peak_flops_s)

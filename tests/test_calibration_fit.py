@@ -56,6 +56,33 @@ def fit_sweep(samples: dict[str, list[Sample]]):
     return fit_token_model(fitted, KV_BYTES, PAIR_FLOPS)
 
 
+def test_the_long_context_term_by_hand():
+    # Knee 100 tokens, 1e-4 s per step and 1e-5 s per row per token above it. Four decodes at 150 tokens each:
+    # 50 tokens over, 50 x (1e-4 + 4 x 1e-5) = 7 ms more than the model without the term. At 90 tokens: nothing.
+    base = truth()
+    long = dataclasses.replace(base, long_context_tokens=100.0, long_context_s_per_token=1e-4,
+                               long_context_s_per_row_token=1e-5)
+    assert long.decode_s(4, 150.0) - base.decode_s(4, 150.0) == pytest.approx(7e-3, abs=1e-12)
+    assert long.decode_s(4, 90.0) == base.decode_s(4, 90.0)
+    assert long.terms(4, 4, 600.0, 0.0, 4)["decode_attention"] - base.terms(4, 4, 600.0, 0.0, 4)[
+        "decode_attention"] == pytest.approx(7e-3, abs=1e-12)
+    # A mixed step: 3 decodes (mean 200 tokens, 100 over) beside 2 prefill chunks; only the decodes count:
+    # 100 x (1e-4 + 3 x 1e-5) = 13 ms.
+    mixed = BatchTotals(3, 600.0, 2, 64.0, 1000.0, 2)
+    assert long.totals_s(mixed) - base.totals_s(mixed) == pytest.approx(13e-3, abs=1e-12)
+
+
+def test_the_fit_recovers_a_long_context_term_above_the_second_longest_context():
+    # The default sweep's decode contexts per row are 33, 129 and 513: the knee is 129.
+    known = dataclasses.replace(truth(), long_context_tokens=129.0, long_context_s_per_token=8e-6,
+                                long_context_s_per_row_token=1.5e-6)
+    fit = fit_sweep(sweep(known, np.random.default_rng(1)))
+    assert fit.model.long_context_tokens == 129.0
+    for name, true in (("long_context_s_per_token", 8e-6), ("long_context_s_per_row_token", 1.5e-6)):
+        value, error = fit.terms[name]
+        assert getattr(fit.model, name) == value and abs(value - true) < 3 * error and error < 0.3 * true, name
+
+
 def test_the_fit_recovers_every_term_of_a_known_schema_2_model():
     samples = sweep(truth(), np.random.default_rng(0))
     fit = fit_sweep(samples)

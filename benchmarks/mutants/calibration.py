@@ -1,5 +1,6 @@
 """Mutations of calibration's schema-2 fit and fidelity's comparison (issue 32): the hold-out rule, the knots, the
-per-row cost's tail, the standard errors, the seeds' averages and spreads, the ranking's noise test and order."""
+per-row cost's tail, the long-context term and its knee, the standard errors, the seeds' averages and spreads, the
+ranking's noise test and order."""
 
 FIT = "tests/test_calibration_fit.py"
 
@@ -17,9 +18,21 @@ MUTATIONS = [
     ("fit-weights-absolute-error", "backends/calibration_fit.py",
      "    w = 1.0 / np.maximum(np.abs(y), 1e-9)", "    w = np.ones_like(y)", (FIT,), "backend"),
     ("kv-term-swapped-with-pairs", "backends/calibration_fit.py",
-     '"cpu_s_mixed_step": 2, "kv_s_per_token": -2, "s_per_pair": -1}',
-     '"cpu_s_mixed_step": 2, "kv_s_per_token": -1, "s_per_pair": -2}', (FIT,),
+     '"cpu_s_mixed_step": 2, "kv_s_per_token": -4, "s_per_pair": -3,',
+     '"cpu_s_mixed_step": 2, "kv_s_per_token": -3, "s_per_pair": -4,', (FIT,),
      "backend"),
+    ("knee-at-the-longest-context", "backends/calibration_fit.py",
+     "    return float(contexts[-2]) if len(contexts) >= 3 else 0.0",
+     "    return float(contexts[-1]) if len(contexts) >= 3 else 0.0", (FIT,), "backend"),
+    ("long-context-per-row-not-times-rows", "backends/calibration_fit.py",
+     "    return np.column_stack([over, over * np.array([s.decode for s in samples], dtype=float)])",
+     "    return np.column_stack([over, over])", (FIT,), "backend"),
+    ("long-context-counts-prefill-rows", "backends/token_model.py",
+     "            total += self._long_context_s(rows - prefill_rows, decode_context)",
+     "            total += self._long_context_s(rows, decode_context)", (FIT,), "backend"),
+    ("long-context-knee-ignored", "backends/token_model.py",
+     "        over = max(0.0, decode_context / decodes - self.long_context_tokens)",
+     "        over = decode_context / decodes", (FIT,), "backend"),
     ("spread-over-min-not-mean", "evaluation/fidelity.py",
      "    spreads = [(max(r) - min(r)) / abs(m) for r, m in zip(real, seed_means, strict=True) if len(r) > 1 and m]",
      "    spreads = [(max(r) - min(r)) / min(r) for r, m in zip(real, seed_means, strict=True) if len(r) > 1 and m]",
