@@ -9,11 +9,7 @@ built) picks one for a whole process; ``Cluster(..., engine=...)`` picks one for
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from functools import cache
-from pathlib import Path
 
 from servegym.engine import engine as _loaded
 
@@ -22,18 +18,14 @@ CompiledEngine = _loaded.Engine if _loaded.COMPILED else None
 """The compiled engine class, or None where it was not built."""
 
 
-@cache
 def interpreted_engine() -> type:
-    """The engine class run as Python: ``servegym.engine.engine`` itself when it is not compiled, else its source
-    loaded as a second module (``servegym.engine._interpreted``)."""
+    """The engine class run as Python: ``servegym.engine.engine`` itself when it is not compiled, else the same
+    source executed by ``servegym.engine._interpreted``."""
     if not _loaded.COMPILED:
         return _loaded.Engine
-    name = "servegym.engine._interpreted"
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("engine.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # so that pickles of its engines find it
-    spec.loader.exec_module(module)
-    return module.Engine
+    from servegym.engine import _interpreted
+
+    return _interpreted.Engine
 
 
 def compiled_available() -> bool:

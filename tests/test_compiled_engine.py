@@ -291,6 +291,31 @@ def test_a_copied_env_continues_exactly_as_the_original(monkeypatch, engine, how
     assert twin.unwrapped.cluster.log.state is not env.unwrapped.cluster.log.state
 
 
+@pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=needs_compiled)])
+def test_a_pickled_env_plays_on_in_a_fresh_process(monkeypatch, tmp_path, engine):
+    # A worker process unpickles envs made elsewhere: the interpreted engine's class must import there too.
+    import pickle
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("SERVEGYM_ENGINE", engine)
+    env = make_env(make_policy("fcfs"), workload=_workload("burst"), profile=PROFILE, flat_obs=True)
+    env.reset(seed=0)
+    admit_all = np.ones(32, dtype=np.int64)
+    for _ in range(30):
+        env.step(admit_all)
+    (tmp_path / "env.pkl").write_bytes(pickle.dumps(env))
+    for _ in range(50):
+        env.step(admit_all)
+    code = ("import pickle, sys, numpy as np; env = pickle.load(open(sys.argv[1], 'rb')); "
+            "[env.step(np.ones(32, dtype=np.int64)) for _ in range(50)]; "
+            "print(type(env.unwrapped.cluster.engine).__module__, env.unwrapped.cluster.time)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "env.pkl")], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out[0] == type(env.unwrapped.cluster.engine).__module__
+    assert float(out[1]) == env.unwrapped.cluster.time  # the same 50 steps in the other process
+
+
 @needs_compiled
 def test_compiled_engine_checks_the_indexes_it_does_not_bound_check(monkeypatch):
     # The compiled loops skip bounds checks: an out-of-range queue position, request id or a short observation
