@@ -90,14 +90,6 @@ MUTATIONS: list[Mutation] = [
       "blocks = _blocks(first + (1 if first == target else 0), self.block_size)",
       "blocks = (first + (1 if first == target else 0)) // self.block_size",
       ENGINE, "-k", "first_chunk or sampled_token or chunked_admission", kind="engine admission"),
-    m("admit-no-sampled-token", "engine/kv.py",
-      "    if isinstance(prefill_target, int):  # the engine's per-request path: stay in plain ints\n"
-      "        first = min(int(prefill_chunk_tokens), prefill_target)\n"
-      "        return first + (first == prefill_target)",
-      "    if isinstance(prefill_target, int):  # the engine's per-request path: stay in plain ints\n"
-      "        first = min(int(prefill_chunk_tokens), prefill_target)\n"
-      "        return first",
-      ENGINE, "-k", "sampled_token", kind="engine admission"),
     m("admit-whole-prompt", "engine/engine.py",
       "blocks = _blocks(first + (1 if first == target else 0), self.block_size)",
       "blocks = _blocks(target + 1, self.block_size)",
@@ -572,7 +564,8 @@ MUTATIONS: list[Mutation] = [
       "return StepBatch(run[:n, REQ], run[:n, KV], EMPTY, EMPTY, EMPTY, EMPTY)",
       "return StepBatch(run[:n, REQ], run[:n, KV] + 1, EMPTY, EMPTY, EMPTY, EMPTY)", *ITERATION, kind="engine"),
     m("core-obs-admitted-for-finished", "engine/engine.py",
-      "        buf[13] = self.last_finished", "        buf[13] = self.last_admitted", *ITERATION, kind="engine"),
+      "        buf[13] = self.last.num_finished", "        buf[13] = self.last.num_admitted", *ITERATION,
+      kind="engine"),
     m("core-queue-wait-from-enqueue", "engine/engine.py",
       "buf[at + 1] = self.clock - self.arrival_s[rid]", "buf[at + 1] = self.clock - self.admit_s[rid]", *ITERATION,
       kind="engine"),

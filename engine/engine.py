@@ -22,6 +22,7 @@ import numpy as np
 
 from servegym.backends.base import EMPTY, Backend, BatchTotals, StepBatch
 from servegym.engine.config import EngineConfig, Recompute
+from servegym.engine.kv import num_blocks
 from servegym.engine.log import EpisodeLog, RejectReason, State, StepRow
 from servegym.engine.preemption import pick_victims
 from servegym.engine.table import IDLE, Col, StepOutcome
@@ -135,18 +136,16 @@ class Engine:
     """EMA of the per-step change of the free KV fraction (negative while the cache fills)."""
     last_dt = cython.declare(cython.double, visibility="public")
     _kv_free_prev = cython.declare(cython.double, visibility="public")
-    # Bound by the setters of config, backend, _run, _phases, last and log.
+    last = cython.declare(object, visibility="public")
+    """What the last iteration did (a :class:`~servegym.engine.table.StepOutcome`)."""
+    # Bound by the setters of config, backend, _run, _phases and log.
     _config: object
     _backend: object
     _totals: object
     _run_arr: object
     _phases_arr: object
     _log: object
-    _last: object
     rule: object
-    last_preempted: cython.longlong
-    last_admitted: cython.longlong
-    last_finished: cython.longlong
     max_num_seqs: cython.longlong
     max_batched: cython.longlong
     chunk_limit: cython.longlong
@@ -291,18 +290,6 @@ class Engine:
         self.phases_valid = True
 
     @property
-    def last(self) -> StepOutcome:
-        """What the last iteration did."""
-        return self._last
-
-    @last.setter
-    def last(self, outcome: StepOutcome) -> None:
-        self._last = outcome
-        self.last_preempted = outcome.num_preemptions
-        self.last_admitted = outcome.num_admitted
-        self.last_finished = outcome.num_finished
-
-    @property
     def log(self) -> EpisodeLog | None:
         return self._log
 
@@ -427,11 +414,10 @@ class Engine:
             len(self.waiting), self.num_used_blocks, admitted, preempted, finished,
         ))
         self.step_index += 1
-        self._last = StepOutcome(self.last_dt, decode_tokens, prefill_tokens, admitted, refused, preempted, finished)
-        self.last_preempted, self.last_admitted, self.last_finished = preempted, admitted, finished
+        self.last = StepOutcome(self.last_dt, decode_tokens, prefill_tokens, admitted, refused, preempted, finished)
         if self.check:
             self.check_invariants()
-        return self._last
+        return self.last
 
     @cython.cfunc
     def _admit(self, admit) -> tuple:
@@ -809,9 +795,9 @@ class Engine:
         buf[8] = self.kv_free_delta
         buf[9] = capacity
         buf[10] = self.block_size
-        buf[11] = self.last_preempted
-        buf[12] = self.last_admitted
-        buf[13] = self.last_finished
+        buf[11] = self.last.num_preemptions
+        buf[12] = self.last.num_admitted
+        buf[13] = self.last.num_finished
         buf[14] = length_mode
         buf[15] = self.chunk_limit
         buf[16] = self.max_batched
@@ -821,7 +807,7 @@ class Engine:
         """Raise AssertionError if this engine's queue, running table or KV accounting is inconsistent."""
         log, n, bs = self._log, self.num_running, self.block_size
         rows = self._run_arr[:n]
-        held = int((-(-rows[:, KV] // bs)).sum())
+        held = int(num_blocks(rows[:, KV], bs).sum())
         if held != self.num_used_blocks or not 0 <= self.num_used_blocks <= self.num_kv_blocks:
             raise AssertionError(f"KV accounting broken: rows hold {held}, used={self.num_used_blocks}")
         if np.unique(self.waiting).size != len(self.waiting):
