@@ -28,6 +28,9 @@ VLLM_2192 = "vLLM PR #2192 (github.com/vllm-project/vllm/pull/2192), benchmark_l
 LMDEPLOY = ("LMDeploy TurboMind v0.1.0a1 (InternLM/lmdeploy docs/en/benchmark/a100_fp16.md @3e391df), A100-80G fp16, "
             "a C++ engine without per-iteration Python, static batch, p50 token latency")
 TRT_LLM_09 = "TensorRT-LLM v0.9.0 docs/source/performance.md (NVIDIA/TensorRT-LLM), A100 fp16, first token"
+LAMBDA = ("Lambda vllm-benchmark results/prompt_10 (LambdaLabsML/vllm-benchmark @a4f9f43), vLLM 0.6 on H100-80GB-SXM, "
+          "Llama-3-70B-Instruct bf16 (Llama-2-70B's layers; a 4x larger vocabulary, +0.7% bytes a step), "
+          "10 decode steps a streamed chunk; median chunk / 10 while one request runs alone")
 TRT_LLM_220 = ("TensorRT-LLM issue #220 (NVIDIA/TensorRT-LLM), A100-80G fp16, benchmark.py static batch, "
                "latency 9,744 ms")
 
@@ -98,6 +101,9 @@ REFERENCES: tuple[Reference, ...] = (
     Reference("a100-llama2-70b-tp4", "cuda-graphs", "prefill", 1, 128, 1, 0.0456, TRT_LLM_09),
     Reference("a100-llama2-70b-tp8", "cuda-graphs", "prefill", 1, 2048, 1, 0.2492, TRT_LLM_09),
     Reference("a100-llama2-70b-tp8", "cuda-graphs", "request", 64, 512, 200, 9.744175, TRT_LLM_220),
+    # The 741-token answer's chunks after every other request finished (prompt 29 tokens; from token 660 on).
+    Reference("h100-llama2-70b-tp4", "cuda-graphs", "decode", 1, 689, 80, 0.017021, LAMBDA),
+    Reference("h100-llama2-70b-tp8", "cuda-graphs", "decode", 1, 653, 110, 0.011225, LAMBDA),
 )
 """Every cited measurement; docs/PROFILES.md prints them beside the predictions."""
 
