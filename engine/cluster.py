@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from servegym.backends.base import Backend
+from servegym.backends.base import EMPTY, Backend
 from servegym.engine.compiled import engine_class
 from servegym.engine.config import EngineConfig, LengthMode, as_enum
 from servegym.engine.engine import Engine
@@ -185,6 +185,37 @@ class Cluster:
         if self.config.check_invariants:
             self.check_invariants()
         return ClusterStep(container, out, arrived, rejected, accrued + lag)
+
+    def skip(self, limit: int) -> list[tuple[float, ClusterStep, np.ndarray]]:
+        """One container only: the iterations that :meth:`step` with nothing to admit would run while nothing can
+        be admitted and nothing arrives, at most ``limit``, run in the engine's own loop (:meth:`Engine.skip`).
+
+        Returns, per iteration, the pool's clock before it, its :class:`ClusterStep` (the same as :meth:`step`'s)
+        and the ids it finished. The arrivals due after the last are routed, as :meth:`step` routes them.
+        """
+        if len(self.engines) != 1 or self.config.check_invariants:
+            raise RuntimeError("the engine's own loop serves one container without invariant checks")
+        engine, rows = self.engines[0], self.log.step_rows[0]
+        start = len(rows)
+        count, finished = engine.skip(self.next_arrival_s, limit)
+        ids = dict(finished)
+        steps = []
+        # With one container every finish is at the pool's clock, so none is pending past a step (see _advance).
+        for i in range(count):
+            row, old_time = rows[start + i], self.time
+            self.time = max(old_time, row.end_s)
+            accrued = self._num_in_system * (self.time - old_time)
+            self._num_in_system -= row.num_finished
+            outcome = StepOutcome(row.dt_s, row.num_decode_tokens, row.num_prefill_tokens, row.num_admitted, 0,
+                                  row.num_preemptions, row.num_finished)
+            steps.append((old_time, ClusterStep(0, outcome, 0, 0, accrued), ids.get(i, EMPTY)))
+        if count:
+            arrived, rejected, lag = self._route_arrivals()
+            old_time, last, done_ids = steps[-1]
+            steps[-1] = (old_time, last._replace(arrived=arrived, rejected=rejected,
+                                                 latency_accrued_s=last.latency_accrued_s + lag), done_ids)
+            self._update_done()
+        return steps
 
     def _advance(self, old_time: float) -> float:
         """Request-seconds in the system between ``old_time`` and ``self.time``."""

@@ -12,6 +12,7 @@ import numpy as np
 from gymnasium import spaces
 
 from servegym.backends import Backend, Profile
+from servegym.backends.base import EMPTY
 from servegym.backends.factory import make_backends
 from servegym.engine import Cluster, Engine, EngineConfig, PoolConfig, StepOutcome
 from servegym.engine.cluster import ClusterStep
@@ -235,13 +236,25 @@ class ServingEnv(gym.Env):
         self._stepped = True
         reward, skipped = 0.0, []  # (step, reward) of the iterations before the last, with decision_steps only
         while True:
-            step, r, terminated, truncated = self._iterate(order)
+            started_s = self.cluster.time
+            step = self.cluster.step(order)
+            r, terminated, truncated = self._account(started_s, step, self._finished_ids(step))
             reward += r
-            if terminated or truncated or not self.decision_steps or self._decision_possible() \
-                    or (self.iteration_limit is not None and self._num_steps >= self.iteration_limit):
+            if self._ends_step(terminated, truncated):
                 break
             skipped.append((step, r))
             order = order[:0]
+            if len(self.cluster.engines) > 1 or self.engine_config.check_invariants:
+                continue
+            # The iterations up to the next one that ends the step, in the engine's own loop: the same steps.
+            batch = self.cluster.skip(self._iterations_left())
+            for i, (started_s, step, finished_ids) in enumerate(batch):
+                r, terminated, truncated = self._account(started_s, step, finished_ids, last=i == len(batch) - 1)
+                reward += r
+                skipped.append((step, r))
+            if batch and self._ends_step(terminated, truncated):
+                step, r = skipped.pop()
+                break
         obs = self._encoder.encode(self.cluster)
         info = self._info(step.outcome, step.container, step.arrived, step.rejected)
         info["num_iterations"] = len(skipped) + 1
@@ -255,13 +268,28 @@ class ServingEnv(gym.Env):
             info["idle_guard"] = True
         return obs, reward, terminated, truncated, info
 
-    def _iterate(self, order: np.ndarray) -> tuple[ClusterStep, float, bool, bool]:
-        """One engine iteration: its reward (penalty and discount applied), terminated, truncated."""
-        started_s = self.cluster.time
-        step = self.cluster.step(order)
+    def _ends_step(self, terminated: bool, truncated: bool) -> bool:
+        """Whether the iteration just run is a step's last: the episode ended, the env steps every iteration, an
+        admission could succeed now, or the iteration limit is reached."""
+        return terminated or truncated or not self.decision_steps or self.cluster.engine.can_admit() \
+            or (self.iteration_limit is not None and self._num_steps >= self.iteration_limit)
+
+    def _iterations_left(self) -> int:
+        """Iterations before ``max_steps`` or the iteration limit (the last of them may end the episode)."""
+        limits = [limit - self._num_steps for limit in (self.max_steps, self.iteration_limit) if limit is not None]
+        return min(limits, default=2**62)
+
+    def _finished_ids(self, step: ClusterStep) -> np.ndarray:
+        return self.cluster.engines[step.container].last_finished_ids if step.outcome.num_finished else EMPTY
+
+    def _account(self, started_s: float, step: ClusterStep, finished_ids: np.ndarray,
+                 last: bool = True) -> tuple[float, bool, bool]:
+        """Book one engine iteration that started at pool time ``started_s``: its reward (penalty and discount
+        applied), terminated, truncated. Only the ``last`` iteration run so far sees the pool as it is now; the
+        engine ran the others because rows were running after them, so nothing stalled there."""
         self._num_steps += 1
-        reward = self._reward(step)
-        self._num_stalled = self._num_stalled + 1 if self._stalled() else 0
+        reward = self._reward(step, finished_ids)
+        self._num_stalled = self._num_stalled + 1 if last and self._stalled() else 0
         self._num_preempted += step.outcome.num_preemptions
         if self._num_preempted > self._thrash_limit and not self._warned_thrash:
             self._warned_thrash = True
@@ -273,7 +301,7 @@ class ServingEnv(gym.Env):
             warnings.warn(f"requests have waited while nothing ran for {STALL_WARNING_STEPS} steps at t="
                           f"{self.cluster.time:.2f} s: the policy is not admitting (info['num_stalled_steps'] counts "
                           "such steps; idle_guard_steps truncates them)", RuntimeWarning, stacklevel=3)
-        terminated = self.cluster.done
+        terminated = self.cluster.done and last
         truncated = not terminated and self.max_steps is not None and self._num_steps >= self.max_steps
         guarded = not terminated and self.idle_guard_steps is not None and self._num_stalled >= self.idle_guard_steps
         if (truncated or guarded) and self.reward_name == "latency":
@@ -283,25 +311,17 @@ class ServingEnv(gym.Env):
             reward -= self.truncation_penalty_s * self.num_unserved
         if self.reward_half_life_s is not None:
             reward *= 2.0 ** (-(started_s - self.cluster.log.arrival_s[0]) / self.reward_half_life_s)
-        return step, reward, terminated, truncated or guarded
+        return reward, terminated, truncated or guarded
 
     @property
     def num_steps(self) -> int:
         """Engine iterations this episode has run (with ``decision_steps``, more than the calls of ``step``)."""
         return self._num_steps
 
-    def _decision_possible(self) -> bool:
-        """Could an action admit anything now? Requests wait at the deciding container, its model is loaded,
-        and it has a free sequence slot and a free KV block."""
-        e = self.cluster.engine
-        return bool(e.waiting.size) and e.clock >= e.ready_at and e.num_running < self.engine_config.max_num_seqs \
-            and e.num_used_blocks < e.num_kv_blocks
-
-    def _reward(self, step: ClusterStep) -> float:
+    def _reward(self, step: ClusterStep, finished_ids: np.ndarray) -> float:
         good = 0
         if step.outcome.num_finished:  # counted for info["num_slo_good"] whatever the reward
-            engine = self.cluster.engines[step.container]
-            good = num_met_slo(self.cluster.log, engine.last_finished_ids, self.ttft_slo_s, self.itl_slo_s)
+            good = num_met_slo(self.cluster.log, finished_ids, self.ttft_slo_s, self.itl_slo_s)
             self._num_slo_good += good
         if self.reward_name == "latency":
             self._latency_charged += step.latency_accrued_s

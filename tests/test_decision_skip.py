@@ -8,6 +8,7 @@ import pytest
 
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import IterationLimit, make_env, run_episode, serving_env
+from tests.conftest import fixed
 
 STATELESS = sorted(name for name, cls in POLICIES.items() if cls.stateless)
 STATEFUL = sorted(name for name, cls in POLICIES.items() if not cls.stateless)
@@ -113,3 +114,58 @@ def test_info_counts_sum_over_the_skipped_iterations() -> None:
         assert sums[key] == steps[:, STEP_INDEX[key]].sum(), key
     assert sums["step_s"] == pytest.approx(steps[:, STEP_INDEX["dt_s"]].sum(), rel=1e-9)
     assert sums["num_arrived"] == log.num_requests
+
+
+@pytest.mark.parametrize("env_kwargs", [{"reward": "slo_goodput"}, {"reward": "tokens"}, {"reward_half_life_s": 3.0},
+                                        {"max_steps": 450}])
+def test_the_engines_own_loop_keeps_every_reward_and_limit(env_kwargs, monkeypatch) -> None:
+    # The SLO reward needs each iteration's finished ids, the tokens reward its decode tokens, the discount each
+    # iteration's start time, and max_steps the iteration that truncates: all as without the skip.
+    from servegym.engine.cluster import Cluster
+
+    ran = []
+    skip = Cluster.skip
+    monkeypatch.setattr(Cluster, "skip", lambda self, limit: ran.append(steps := skip(self, limit)) or steps)
+    _, plain, _ = episode("fcfs", "tight-memory", skip=False, **env_kwargs)
+    assert not ran
+    _, skipped, _ = episode("fcfs", "tight-memory", skip=True, **env_kwargs)
+    assert_same_episode(plain, skipped)
+    in_loop = sum(len(steps) for steps in ran)
+    assert in_loop > 50  # iterations ran in the engine's loop, not through Cluster.step
+    assert plain.truncated == ("max_steps" in env_kwargs)
+
+
+def test_the_engines_loop_stops_where_a_decision_or_an_arrival_is_due(monkeypatch) -> None:
+    # One slot: A (10-token prompt, 100 tokens out) runs and B waits behind it. The first step admits A and
+    # prefills it (its first token); the engine's loop then decodes until the iteration that finishes A, where a
+    # slot frees for B: one step of 100 iterations. A third request C arriving meanwhile breaks the loop after the
+    # iteration that ends at or past its arrival, to be routed; the step goes on (nothing can be admitted).
+    from servegym.engine.cluster import Cluster
+
+    batches = []
+    skip = Cluster.skip
+    monkeypatch.setattr(Cluster, "skip", lambda self, limit: batches.append(steps := skip(self, limit)) or steps)
+
+    def run(arrival_c: float, limit: int | None = None):
+        batches.clear()
+        env = make_env(make_policy("fcfs"), workload=fixed([0.0, 0.0, arrival_c], [10, 10, 10], [100, 5, 5]),
+                       engine={"max_num_seqs": 1}, skip_idle=True, max_episode_steps=limit)
+        env.reset(seed=0)
+        inner = serving_env(env)
+        _, _, _, truncated, info = env.step(np.eye(inner.queue_window, dtype=np.int64)[0])
+        return inner, info, truncated
+
+    inner, info, _ = run(1e6)
+    assert info["num_iterations"] == 100 and info["num_finished"] == 1 and info["num_decode_tokens"] == 100
+    assert inner.cluster.engine.can_admit() and inner.num_steps == 100
+    assert [len(b) for b in batches] == [99]  # every iteration after the first in one call of the engine's loop
+    decode_s = batches[0][0][1].outcome.dt_s
+    first_s = inner.cluster.log.steps()[0, 1]
+    arrival = first_s + 29.5 * decode_s  # during the 31st iteration
+    inner, info, _ = run(arrival)
+    assert info["num_iterations"] == 100 and info["num_arrived"] == 1
+    assert [len(b) for b in batches] == [30, 68]  # iterations 2-31, then 33-100 (the 32nd through Cluster.step)
+    started_s, last, _ = batches[0][-1]
+    assert started_s < arrival <= started_s + last.outcome.dt_s and last.arrived == 1
+    inner, info, truncated = run(1e6, limit=40)
+    assert info["num_iterations"] == 40 and truncated and [len(b) for b in batches] == [39]
