@@ -19,7 +19,6 @@ from servegym.engine.cluster import ClusterStep
 from servegym.engine.validation import boolean, non_negative_number, optional, positive_int, positive_number
 from servegym.envs.actions import slot_action_masks
 from servegym.envs.observation import SCHEMA, ObservationEncoder, observation_space, schema_table
-from servegym.envs.render import draw_frame, panel_of
 from servegym.metrics.core import censored_latency, num_met_slo
 from servegym.workloads import Workload, make_workload
 from servegym.workloads.scenarios import profile_for
@@ -349,6 +348,8 @@ class ServingEnv(gym.Env):
         """``ansi``: one line per container; ``rgb_array``: the frame of :mod:`servegym.envs.render` (KV cache,
         queue, batch and clock), of shape ``render.frame_shape(num_containers)``; None without a render mode."""
         if self.render_mode == "rgb_array":
+            from servegym.envs.render import draw_frame, panel_of  # numpy drawing, loaded when frames are asked for
+
             log, now = self.cluster.log, self.cluster.time
             return draw_frame(now, self._num_steps, [panel_of(e, log, self.queue_window, now)
                                                      for e in self.cluster.engines])

@@ -169,3 +169,18 @@ def test_the_engines_loop_stops_where_a_decision_or_an_arrival_is_due(monkeypatc
     assert started_s < arrival <= started_s + last.outcome.dt_s and last.arrived == 1
     inner, info, truncated = run(1e6, limit=40)
     assert info["num_iterations"] == 40 and truncated and [len(b) for b in batches] == [39]
+
+
+def test_a_calibrated_replay_loads_nothing_it_does_not_use() -> None:
+    # The calibrated path of a replay: no torch, transformers, matplotlib, SB3, Optuna, nor the frame renderer.
+    import subprocess
+    import sys
+
+    code = ("import sys; from servegym.policies import make_policy; from servegym.runner import make_env, run_episode;"
+            "p = make_policy('fcfs'); run_episode(make_env(p, workload='medium'), p, seed=0);"
+            "print(' '.join(sorted(sys.modules)))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                check=True).stdout.split())
+    assert "servegym.engine.cluster" in loaded  # it ran
+    unused = {"torch", "transformers", "matplotlib", "stable_baselines3", "optuna", "servegym.envs.render", "tqdm"}
+    assert not unused & loaded
