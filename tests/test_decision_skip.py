@@ -158,6 +158,7 @@ def test_the_engines_loop_stops_where_a_decision_or_an_arrival_is_due(monkeypatc
     inner, info, _ = run(1e6)
     assert info["num_iterations"] == 100 and info["num_finished"] == 1 and info["num_decode_tokens"] == 100
     assert inner.cluster.engine.can_admit() and inner.num_steps == 100
+    assert info["num_stalled_steps"] == 1  # B waits with nothing running after the last iteration, not before
     assert [len(b) for b in batches] == [99]  # every iteration after the first in one call of the engine's loop
     decode_s = batches[0][0][1].outcome.dt_s
     first_s = inner.cluster.log.steps()[0, 1]

@@ -25,7 +25,8 @@ MUTATIONS = [
      '"num_waiting": int(per_state[State.WAITING]),', (METRICS,), "metric"),
     # ------------------------------------------------------------------ env reward and truncation
     ("pins-slo-reward-reads-deciding-container", "envs/serving.py",
-     "engine = self.cluster.engines[step.container]", "engine = self.cluster.engine", (METRICS,), "env"),
+     "return self.cluster.engines[step.container].last_finished_ids", "return self.cluster.engine.last_finished_ids",
+     (METRICS,), "env"),
     ("pins-unserved-ignores-pending", "envs/serving.py",
      "return log.num_requests - sum(e.num_finished for e in self.cluster.engines) - self.cluster.num_rejected",
      "return sum(e.num_arrived - e.num_finished for e in self.cluster.engines) - self.cluster.num_rejected",
