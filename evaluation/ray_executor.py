@@ -6,8 +6,11 @@ The contract is :func:`~servegym.evaluation.executor.run_jobs`'s, so ``servegym 
 * each task runs ``fn(job)`` on one CPU and returns the result pickled, so the parent gets the same plain objects
   as from a worker process (not read-only views into Ray's object store);
 * ``on_result`` runs in the parent as each task finishes (the run store saves it there, so resume works);
-* Ctrl-C (or SIGTERM) cancels every task still queued or running and raises
-  :class:`~servegym.evaluation.executor.Interrupted` with the finished results;
+* Ctrl-C (or SIGTERM) stops every task still queued or running and raises
+  :class:`~servegym.evaluation.executor.Interrupted` with the finished results: a local instance this call started
+  goes down with its workers; on a Ray this call joined, each task is cancelled. (Cancelling on a local instance too
+  would race the replies of its own workers, which a Ctrl-C in a terminal reaches too; Ray 2.60 can lose that race by
+  aborting the driver with ``Check failed: it != submissible_tasks_.end()``, the race of ray-project/ray#54798.)
 * a task that raises, or whose worker or node dies, costs its own job: :class:`JobFailed` once the others have
   finished, as in the pool. Tasks are not retried (``max_retries=0``); re-running the command runs them again.
 
@@ -69,13 +72,16 @@ def run_ray_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int | N
         raise ValueError(f"workers must be >= 1, got {workers}")
     ray = require_ray()
     results: dict[int, Any] = {}
-    with _Connection(ray, address, workers), InterruptOnTerm(), RestoreSigint():
-        _run_tasks(ray, fn, jobs, workers or len(jobs), results, on_result, describe)
+    connection = _Connection(ray, address, workers)
+    with connection, InterruptOnTerm(), RestoreSigint():
+        _run_tasks(ray, fn, jobs, workers or len(jobs), results, on_result, describe,
+                   cancel_on_stop=not connection.owns_local_instance)
     return [results[i] for i in range(len(jobs))]
 
 
 def _run_tasks(ray: ModuleType, fn: Callable[[Any], Any], jobs: Sequence[Any], limit: int, results: dict[int, Any],
-               on_result: Callable[[int, Any], None] | None, describe: Callable[[Any], str]) -> None:
+               on_result: Callable[[int, Any], None] | None, describe: Callable[[Any], str],
+               cancel_on_stop: bool) -> None:
     task = ray.remote(num_cpus=1, max_retries=0)(_call)
     pending = list(range(len(jobs)))[::-1]
     running: dict[Any, int] = {}  # object ref -> job index
@@ -101,7 +107,7 @@ def _run_tasks(ray: ModuleType, fn: Callable[[Any], Any], jobs: Sequence[Any], l
                     on_result(index, results[index])
     except KeyboardInterrupt as stop:
         stop_outright_on_second_signal()
-        for ref in running:
+        for ref in running if cancel_on_stop else ():
             with contextlib.suppress(Exception):  # already finished, or the cluster is gone
                 ray.cancel(ref, force=True)
         raise Interrupted(results, signal_of(stop)) from None
@@ -134,6 +140,11 @@ class _Connection:
             raise ConnectionError(f"cannot start or join {where}: {str(err).strip().splitlines()[0]}"
                                   f"{self._auth_hint()}") from None
         self.started = True
+
+    @property
+    def owns_local_instance(self) -> bool:
+        """Whether this block started the local Ray instance it runs on (and stops it, with every task, at the end)."""
+        return self.started and self.address is None
 
     def _auth_hint(self) -> str:
         """What to check when joining a cluster fails without token authentication set here (Ray >= 2.52)."""

@@ -172,6 +172,57 @@ def test_ctrl_c_cancels_the_ray_tasks_and_keeps_what_finished(sig, tmp_path, loc
     wait_until("both CPUs back", lambda: ray.available_resources().get("CPU", 0) == 2, timeout=CANCEL_LIMIT_S)
 
 
+class RecordingRay:
+    """Ray's calls that run_ray_jobs makes, recorded: tasks never finish, and the first wait is a Ctrl-C."""
+
+    class exceptions:  # the name of ray's module
+        RayTaskError = RayError = RuntimeError
+
+    def __init__(self, initialized: bool) -> None:
+        self.initialized, self.calls = initialized, []
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def init(self, address=None, **options) -> None:
+        self.calls.append(("init", address))
+
+    def remote(self, **options):
+        refs = itertools.count()
+        task = type("Task", (), {"remote": staticmethod(lambda fn, job: f"ref{next(refs)}")})
+        return lambda fn: task
+
+    def wait(self, refs, **options):
+        raise KeyboardInterrupt
+
+    def cancel(self, ref, force=False) -> None:
+        self.calls.append(("cancel", ref))
+
+    def shutdown(self) -> None:
+        self.calls.append(("shutdown", None))
+
+
+CANCELS = [("cancel", "ref0"), ("cancel", "ref1")]
+
+
+@pytest.mark.parametrize("initialized, address, expected", [
+    (True, None, CANCELS),
+    (False, "head:6379", [("init", "head:6379"), *CANCELS, ("shutdown", None)]),
+    (False, None, [("init", None), ("shutdown", None)]),
+], ids=["connected", "joins-a-cluster", "starts-its-own"])
+def test_ctrl_c_cancels_tasks_only_on_a_ray_it_did_not_start(initialized, address, expected, monkeypatch):
+    # Rule: on a Ray it joined, the stop cancels each running task (they would run on); on a local instance it
+    # started, the shutdown stops them, and a cancel would race the workers' own replies (a Ray bug that aborts the
+    # driver).
+    fake = RecordingRay(initialized)
+    monkeypatch.setattr(ray_executor, "require_ray", lambda: fake)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(Interrupted) as caught:
+        ray_executor.run_ray_jobs(abs, [1, 2, 3], workers=2, address=address)
+    assert caught.value.results == {}
+    assert fake.calls == expected
+
+
 @pytest.mark.parametrize("command", [["compare"], ["bench"], ["reproduce"]])
 def test_missing_ray_is_one_clear_line_before_any_work(command, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
