@@ -197,19 +197,17 @@ class Cluster:
             raise RuntimeError("the engine's own loop serves one container without invariant checks")
         engine, rows = self.engines[0], self.log.step_rows[0]
         start = len(rows)
-        count, finished = engine.skip(self.next_arrival_s, limit)
+        outcomes, finished = engine.skip(self.next_arrival_s, limit)
         ids = dict(finished)
         steps = []
         # With one container every finish is at the pool's clock, so none is pending past a step (see _advance).
-        for i in range(count):
-            row, old_time = rows[start + i], self.time
-            self.time = max(old_time, row.end_s)
+        for i, outcome in enumerate(outcomes):
+            old_time = self.time
+            self.time = max(old_time, rows[start + i].end_s)
             accrued = self._num_in_system * (self.time - old_time)
-            self._num_in_system -= row.num_finished
-            outcome = StepOutcome(row.dt_s, row.num_decode_tokens, row.num_prefill_tokens, row.num_admitted, 0,
-                                  row.num_preemptions, row.num_finished)
+            self._num_in_system -= outcome.num_finished
             steps.append((old_time, ClusterStep(0, outcome, 0, 0, accrued), ids.get(i, EMPTY)))
-        if count:
+        if outcomes:
             arrived, rejected, lag = self._route_arrivals()
             old_time, last, done_ids = steps[-1]
             steps[-1] = (old_time, last._replace(arrived=arrived, rejected=rejected,

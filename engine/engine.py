@@ -425,20 +425,20 @@ class Engine:
         return len(self.waiting) > 0 and self.clock >= self.ready_at and self.num_running < self.max_num_seqs \
             and self.num_used_blocks < self.num_kv_blocks
 
-    def skip(self, next_arrival_s: cython.double, limit: cython.longlong) -> tuple[int, list]:
+    def skip(self, next_arrival_s: cython.double, limit: cython.longlong) -> tuple[list, list]:
         """Run iterations that admit nothing while rows run, nothing arrives (``clock < next_arrival_s``) and
         nothing can be admitted, at most ``limit``, without returning to the caller between them.
 
-        Returns how many ran and, for each that finished requests, ``(its index, their ids)``.
+        Returns each one's :class:`StepOutcome` and, for each that finished requests, ``(its index, their ids)``.
         """
         count: cython.longlong = 0
-        finished = []
+        outcomes, finished = [], []
         while count < limit and self.num_running and self.clock < next_arrival_s and not self.can_admit():
-            self.step(EMPTY, next_arrival_s)
+            outcomes.append(self.step(EMPTY, next_arrival_s))
             if self.last.num_finished:
                 finished.append((count, self.last_finished_ids))
             count += 1
-        return count, finished
+        return outcomes, finished
 
     @cython.cfunc
     def _admit(self, admit) -> tuple:
