@@ -20,12 +20,17 @@ def step_latency(model: LatencyModel, decode_batch: int, prefill_tokens: float =
 class CalibratedBackend:
     """Times iterations with a :class:`LatencyModel`; optional seeded multiplicative log-normal noise."""
 
-    def __init__(self, profile: Profile, noise_cv: float | None = None) -> None:
+    def __init__(self, profile: Profile, noise_cv: float | None = None, time_scale: float = 1.0) -> None:
+        """``time_scale`` multiplies every step's time (and the baseline step): the profile's machine running that
+        much slower (``servegym.backends.speed_probe`` measures it)."""
+        if not (math.isfinite(time_scale) and time_scale > 0):
+            raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
         self.profile = profile
         self.model = profile.latency
+        self.time_scale = float(time_scale)
         self.num_kv_blocks = profile.num_kv_blocks
         self.block_size = profile.block_size
-        self.baseline_step_s: float | None = profile.latency.l_min_s
+        self.baseline_step_s: float | None = profile.latency.l_min_s * self.time_scale
         self.owns_cache = False  # time only: the engine may size the cache as it likes
         cv = self.model.noise_cv if noise_cv is None else noise_cv
         if not (math.isfinite(cv) and cv >= 0):
@@ -44,6 +49,8 @@ class CalibratedBackend:
     def execute_totals(self, totals: BatchTotals) -> float:
         """:meth:`execute` from the batch's totals alone (the compiled engine builds no arrays)."""
         latency = self.model.totals_s(totals)
+        if self.time_scale != 1.0:
+            latency *= self.time_scale
         if self._sigma:
             if self._rng is None:
                 raise RuntimeError("CalibratedBackend.execute called before reset(rng)")

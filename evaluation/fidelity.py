@@ -11,6 +11,12 @@ The real backend's steps are reported on two clocks: the forward pass alone and 
 forward pass and sampling). The episode metrics are those of the clock the backend gave the engine, which
 by default is the clock the profile was fitted on. Each real step is also re-priced by the profile from its
 own batch (:func:`step_residuals`), which points at the term that misses.
+
+A shared machine's speed drifts, and a profile fitted at one time carries that drift into every metric checked at
+another. Before each real episode the speed probe (:mod:`servegym.backends.speed_probe`) times a few sweep steps
+against the profile; the model's episode on each seed is run a second time at the speed the probes measured for
+that seed (the profile's times scaled by their mean), so the report separates the model's shape from the machine's
+speed at the time of the check.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from servegym.backends import LatencyModel, Profile, TokenLatencyModel, load_profile
+from servegym.backends import CalibratedBackend, LatencyModel, Profile, TokenLatencyModel, load_profile
 from servegym.backends.base import BatchTotals
 from servegym.backends.calibration_provenance import FORWARD_ONLY, HOST_INCLUSIVE, clock_option
+from servegym.backends.speed_probe import machine_speed
 from servegym.metrics import metric as metric_of
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
@@ -55,10 +62,17 @@ class FidelityRow:
     """Median over seeds of ``(max - min) / mean`` of a seed's real repeats (nan with one repeat)."""
     seed_errors: tuple[float, ...] = ()
     """The calibrated model's relative error on each seed alone."""
+    at_speed: float = math.nan
+    """The calibrated model's mean over the seeds run at the machine speed the probes measured (nan: no probe)."""
 
     @property
     def relative_error(self) -> float:
         return (self.calibrated - self.real) / self.real if self.real else math.nan
+
+    @property
+    def error_at_speed(self) -> float:
+        """The relative error of the model run at the measured machine speed."""
+        return (self.at_speed - self.real) / self.real if self.real else math.nan
 
 
 @dataclass(frozen=True)
@@ -179,10 +193,12 @@ class FidelityReport:
     timings: dict[str, RealTiming]
     seeds: tuple[int, ...]
     repeats: int
+    speeds: dict[str, list[float]] = field(default_factory=dict)
+    """Per policy, the probe's machine speed (measured / profile) before each real episode, in running order."""
 
 
 def _episode(policy_name: str, workload: Workload, profile: Profile, engine: dict[str, Any], seed: int,
-             backend: TorchBackend | None, max_steps: int) -> dict[str, float]:
+             backend: TorchBackend | CalibratedBackend | None, max_steps: int) -> dict[str, float]:
     policy = make_policy(policy_name)
     env = make_env(policy, max_episode_steps=max_steps, workload=workload, profile=profile, engine=engine,
                    backend=backend)
@@ -211,35 +227,45 @@ def fidelity(policies: Sequence[str], workload: Workload, profile: str, seeds: S
     engine = {"num_kv_blocks": prof.num_kv_blocks, "block_size": prof.block_size, **(engine or {})}
     real = TorchBackend(**{"num_kv_blocks": engine["num_kv_blocks"], "block_size": engine["block_size"],
                            **clock_option(clock or profile_clock), **(backend_options or {})})
-    rows, timings = [], {}
+    rows, timings, speeds = [], {}, {}
     for name in policies:
         steps = RealSteps(real.count_host_time)
         runs: dict[str, list[list[float]]] = {m: [] for m in FIDELITY_METRICS}
         modelled: dict[str, list[float]] = {m: [] for m in FIDELITY_METRICS}
+        at_speed: dict[str, list[float]] = {m: [] for m in FIDELITY_METRICS}
+        speeds[name] = []
         for seed in seeds:
             repeated = []
             for repeat in range(repeats):
+                speeds[name].append(machine_speed(real, prof))
                 repeated.append(_episode(name, workload, prof, engine, seed, real, max_steps))
                 steps.add(real)
                 if progress:
-                    progress(f"{name} seed {seed} repeat {repeat + 1}/{repeats}: real backend, "
+                    progress(f"{name} seed {seed} repeat {repeat + 1}/{repeats}: machine at "
+                             f"{speeds[name][-1]:.3f}x the profile's step time; real backend, "
                              f"E2E P50 {repeated[-1]['e2e_p50']:.3f} s")
             calibrated = _episode(name, workload, prof, engine, seed, None, max_steps)
+            scale = float(np.mean(speeds[name][-repeats:]))
+            scaled = _episode(name, workload, prof, engine, seed, CalibratedBackend(prof, time_scale=scale),
+                              max_steps)
             for metric in FIDELITY_METRICS:
                 runs[metric].append([r[metric] for r in repeated])
                 modelled[metric].append(calibrated[metric])
-        rows += [_row(name, metric, runs[metric], modelled[metric]) for metric in FIDELITY_METRICS]
+                at_speed[metric].append(scaled[metric])
+        rows += [_row(name, metric, runs[metric], modelled[metric], at_speed[metric]) for metric in FIDELITY_METRICS]
         timings[name] = real_timing(steps, step_residuals(steps, prof.latency), profile_clock)
-    return FidelityReport(rows, ranking(rows), timings, tuple(seeds), repeats)
+    return FidelityReport(rows, ranking(rows), timings, tuple(seeds), repeats, speeds)
 
 
-def _row(policy: str, metric: str, real: list[list[float]], calibrated: list[float]) -> FidelityRow:
-    """``real[seed][repeat]`` and ``calibrated[seed]`` reduced to one row."""
+def _row(policy: str, metric: str, real: list[list[float]], calibrated: list[float],
+         at_speed: list[float] | None = None) -> FidelityRow:
+    """``real[seed][repeat]``, ``calibrated[seed]`` and ``at_speed[seed]`` reduced to one row."""
     seed_means = [float(np.mean(r)) for r in real]
     spreads = [(max(r) - min(r)) / abs(m) for r, m in zip(real, seed_means, strict=True) if len(r) > 1 and m]
     errors = tuple((c - m) / m if m else math.nan for c, m in zip(calibrated, seed_means, strict=True))
     return FidelityRow(policy, metric, float(np.mean(seed_means)), float(np.mean(calibrated)),
-                       float(np.median(spreads)) if spreads else math.nan, errors)
+                       float(np.median(spreads)) if spreads else math.nan, errors,
+                       float(np.mean(at_speed)) if at_speed else math.nan)
 
 
 def real_timing(steps: RealSteps, residuals: tuple[StepResidual, ...],
@@ -279,13 +305,13 @@ def _pct(x: float) -> str:
 def fidelity_table(rows: list[FidelityRow], tolerance: float = TOLERANCE) -> str:
     labels = {m: _base_header(m) for m in FIDELITY_METRICS}
     lines = ["| policy | metric | real | calibrated | relative error | per seed | real repeat spread | within "
-             f"{tolerance:.0%} |", "|---|---|---|---|---|---|---|---|"]
+             f"{tolerance:.0%} | at the measured machine speed |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         seeds = " / ".join(_pct(e) for e in r.seed_errors)
         spread = "n/a" if math.isnan(r.spread) else f"{r.spread:.1%}"
         ok = "yes" if abs(r.relative_error) <= tolerance else "**no**"
         lines.append(f"| {r.policy} | {labels[r.metric]} | {r.real:.4f} | {r.calibrated:.4f} | "
-                     f"{_pct(r.relative_error)} | {seeds} | {spread} | {ok} |")
+                     f"{_pct(r.relative_error)} | {seeds} | {spread} | {ok} | {_pct(r.error_at_speed)} |")
     return "\n".join(lines)
 
 
@@ -303,10 +329,26 @@ def verdict(report: FidelityReport, tolerance: float = TOLERANCE) -> str:
     within = sum(abs(r.relative_error) <= tolerance for r in report.rows)
     kept = sum(o.same_order for o in report.orders)
     worst = max(report.rows, key=lambda r: abs(r.relative_error))
-    return (f"{within} of {len(report.rows)} policy metrics within {tolerance:.0%} of the real backend (worst: "
+    line = (f"{within} of {len(report.rows)} policy metrics within {tolerance:.0%} of the real backend (worst: "
             f"{worst.policy} {_base_header(worst.metric)} {_pct(worst.relative_error)}); {kept} of "
             f"{len(report.orders)} pairs that the real runs separate beyond their spread ordered the same way; "
             f"seeds {list(report.seeds)}, {report.repeats} real repeats each")
+    probes = [x for run in report.speeds.values() for x in run]
+    if not probes:
+        return line
+    at_speed = sum(abs(r.error_at_speed) <= tolerance for r in report.rows)
+    return (f"{line}; the machine ran at {min(probes):.3f}-{max(probes):.3f}x the profile's step time before the "
+            f"real episodes (speed probe), and at that speed the model is within {tolerance:.0%} on {at_speed} of "
+            f"{len(report.rows)}")
+
+
+def speed_table(speeds: dict[str, list[float]], seeds: Sequence[int], repeats: int) -> str:
+    """The probe's machine speed before each real episode, per policy, in running order."""
+    lines = ["| policy | " + " | ".join(f"seed {s} repeat {r + 1}" for s in seeds for r in range(repeats)) + " |",
+             "|---|" + "---|" * (len(seeds) * repeats)]
+    for policy, run in speeds.items():
+        lines.append(f"| {policy} | " + " | ".join(f"{x:.3f}" for x in run) + " |")
+    return "\n".join(lines)
 
 
 def timing_table(timings: dict[str, RealTiming]) -> str:
@@ -324,7 +366,7 @@ def write_fidelity_csv(rows: list[FidelityRow], path: Path) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["policy", "metric", "real", "calibrated", "relative_error", "real_repeat_spread",
-                         "seed_errors"])
+                         "seed_errors", "calibrated_at_speed", "relative_error_at_speed"])
         for r in rows:
             writer.writerow([r.policy, r.metric, r.real, r.calibrated, r.relative_error, r.spread,
-                             " ".join(f"{e:.6g}" for e in r.seed_errors)])
+                             " ".join(f"{e:.6g}" for e in r.seed_errors), r.at_speed, r.error_at_speed])

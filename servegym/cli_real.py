@@ -138,6 +138,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         fidelity,
         fidelity_table,
         ranking_table,
+        speed_table,
         timing_table,
         verdict,
         write_fidelity_csv,
@@ -157,9 +158,11 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
                       backend_options=_backend_options(args, device, threads),
                       progress=None if args.quiet else lambda text: print(f"  {text}", flush=True))
     table, orders, steps = fidelity_table(report.rows), ranking_table(report.orders), timing_table(report.timings)
+    speeds = speed_table(report.speeds, report.seeds, report.repeats)
     notes = "\n".join(f"- {policy}: {timing.describe()}" for policy, timing in report.timings.items())
     summary = verdict(report)
-    print(f"{table}\n\n{orders}\n\n{summary}\n\nstep latency of the real runs:\n{steps}\n{notes}")
+    print(f"{table}\n\n{orders}\n\n{summary}\n\nmachine speed before each real episode (measured / profile):\n"
+          f"{speeds}\n\nstep latency of the real runs:\n{steps}\n{notes}")
     if out:
         write_fidelity_csv(report.rows, out / "fidelity.csv")
         subset = f", first {args.max_requests} requests" if args.max_requests else ""
@@ -169,8 +172,15 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
             f"fidelity --profile {args.profile} --workload {args.workload} --policy {' '.join(args.policy)} --seeds "
             f"{' '.join(map(str, args.seeds))} --repeats {args.repeats}`.\n\n{summary}.\n\n## Episode metrics\n\n"
             "Means over the seeds (real: each seed's mean over its repeats); per seed: the model's error on each "
-            "seed alone; real repeat spread: the median over seeds of (max - min) / mean of a seed's real repeats."
-            f"\n\n{table}\n\n## Ranking\n\nEvery pair of policies and metric where the real means differ by more "
+            "seed alone; real repeat spread: the median over seeds of (max - min) / mean of a seed's real repeats; "
+            "at the measured machine speed: the model's error when each seed's episode runs at the speed the probe "
+            "measured before that seed's real repeats (below)."
+            f"\n\n{table}\n\n## Machine speed\n\nBefore each real episode the speed probe times calibration sweep "
+            "steps (decode batches 1, 4 and 16 at context 128, prefill chunks of 64 and 256 tokens, mixed steps of 4 "
+            "decodes and a 64-token chunk, each within the profile's sweep; the cache's free blocks shuffled first) "
+            "and reports the median of measured / profile: 1.000 is the machine as it was when the profile was "
+            "fitted."
+            f"\n\n{speeds}\n\n## Ranking\n\nEvery pair of policies and metric where the real means differ by more "
             f"than the sum of the two policies' repeat spreads, and whether the model orders them alike.\n\n{orders}"
             f"\n\n## Step latency of the real runs\n\n{steps}\n\n{notes}\n")
         print(f"wrote {out / 'fidelity.csv'} and {out / 'fidelity.md'}")

@@ -309,3 +309,9 @@ def test_calibrate_then_fidelity_on_the_tiny_model(tmp_path, capsys):
     assert "first 3 requests" in report
     assert f"| fcfs | {HOST_INCLUSIVE} (engine clock) |" in report
     assert f"| fcfs | {FORWARD_ONLY} |" in report and "MISMATCH" not in report
+    # The speed probe ran before each of the 6 real episodes (3 seeds, 2 repeats) and the model ran at that speed.
+    speeds = report.split("## Machine speed")[1].split("## Ranking")[0]
+    probes = [line for line in speeds.splitlines() if line.startswith("| fcfs |")]
+    assert len(probes) == 1 and len(probes[0].split("|")) == 2 + 1 + 6
+    assert all(float(x) > 0 for x in probes[0].split("|")[2:-1])
+    assert "x the profile's step time before the real episodes (speed probe), and at that speed" in report

@@ -1,0 +1,54 @@
+"""How fast a real backend runs now against the profile fitted on it: a few of the calibration sweep's steps,
+timed and priced by the profile.
+
+A profile is fitted once, on one machine at one time. A shared machine's speed drifts (this project's 2-core VM by
+10-30% within half an hour), and a fidelity check run later carries that drift into every metric. The probe
+separates the two: it times a small fixed set of steps (decode batches, single prefill chunks, mixed steps; the
+cache's free blocks shuffled first, as the calibration sweep does) and reports the median of measured / predicted.
+1.0 means the machine runs as it did when the profile was fitted; 1.1 means 10% slower.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from servegym.backends.base import Backend
+from servegym.backends.calibration_fit import predict
+from servegym.backends.calibration_sweep import (
+    CPU_MAX_BATCH,
+    CPU_MAX_CONTEXT,
+    SCATTER_ROWS,
+    WARMUP_CHUNK,
+    Sweeper,
+    SweepPlan,
+)
+from servegym.backends.profile import Profile
+
+
+def probe_plan(profile: Profile) -> SweepPlan:
+    """The probe's steps, inside the reach of the sweep the profile was fitted on (``provenance["sweep"]``; the CPU
+    sweep's defaults where it records none): decode batches 1, 4 and 16 at context 128, single prefill chunks of 64
+    and 256 tokens and mixed steps of 4 decodes and a 64-token chunk, each capped by that reach (so the probe is
+    priced where the profile was measured, not extrapolated), 3 repeats: 18 timed steps."""
+    reach = profile.provenance.get("sweep") or {}
+    batch = min(16, int(reach.get("max_batch", CPU_MAX_BATCH)))
+    context = min(128, int(reach.get("max_context", CPU_MAX_CONTEXT)))
+    tokens = int(reach.get("max_tokens", context))
+    return SweepPlan(batches=tuple(sorted({1, max(1, batch // 4), batch})), contexts=(context,),
+                     chunks=tuple(sorted({min(64, tokens), min(256, tokens)})), chunk_starts=(0,),
+                     mixed=((max(1, batch // 4), min(64, tokens)),), mixed_context=context, repeats=3, batched=())
+
+
+def machine_speed(backend: Backend, profile: Profile, rng: np.random.Generator | None = None) -> float:
+    """The median over the probe's timed steps (:func:`probe_plan`) of ``measured / predicted`` on ``backend``
+    (reset first, so the probe starts from an empty cache; an episode resets it again)."""
+    plan = probe_plan(profile)
+    plan.check_fits(backend.num_kv_blocks, backend.block_size)
+    rng = rng if rng is not None else np.random.default_rng(0)
+    backend.reset(rng)
+    sweeper = Sweeper(backend)
+    sweeper.prefill(SweepPlan(chunks=(WARMUP_CHUNK,), chunk_starts=(0,), repeats=1))  # warm-up, discarded
+    sweeper.scatter(min(backend.num_kv_blocks, plan.kv_blocks_needed(backend.block_size)), rng,
+                    rows=min(plan.max_step_tokens(), SCATTER_ROWS))
+    samples = [*sweeper.decode(plan), *sweeper.prefill(plan), *sweeper.mixed(plan)]
+    return float(np.median([s.seconds / predict(profile.latency, s) for s in samples]))

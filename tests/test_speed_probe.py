@@ -1,0 +1,134 @@
+"""The speed probe (how fast the machine runs against the profile now), the calibrated backend's time scale, and
+fidelity's comparison at the measured speed."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from servegym.backends import CalibratedBackend, load_profile
+from servegym.backends.base import BatchTotals, StepBatch
+from servegym.backends.speed_probe import machine_speed, probe_plan
+from servegym.evaluation.fidelity import FidelityReport, _row, speed_table, verdict
+from servegym.policies import make_policy
+from servegym.runner import make_env, run_episode
+
+CPU_PROFILE = "cpu-small-llama"
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return load_profile(CPU_PROFILE)
+
+
+class FakeMachine(CalibratedBackend):
+    """A backend that keeps each request's KV as a real one does (the sweep's batches leave the decode contexts to
+    the backend) and takes the profile's time for each step, multiplied by the next of ``factors`` in turn: a
+    machine whose steps run off the fit by known amounts."""
+
+    def __init__(self, profile, factors) -> None:
+        super().__init__(profile, noise_cv=0.0)
+        self.factors, self.resets, self.kv = itertools.cycle(factors), 0, {}
+
+    def reset(self, rng) -> None:
+        super().reset(rng)
+        self.resets, self.kv = self.resets + 1, {}
+
+    def release(self, request_ids) -> None:
+        for rid in request_ids.tolist():
+            self.kv.pop(rid, None)
+
+    def execute(self, batch: StepBatch) -> float:
+        held = np.array([self.kv[r] for r in batch.decode_ids.tolist()], dtype=np.int64)
+        seconds = super().execute(batch._replace(decode_context=held)) * next(self.factors)
+        for r in batch.decode_ids.tolist():
+            self.kv[r] += 1
+        for r, start, length, target in zip(*(a.tolist() for a in batch[2:]), strict=True):
+            self.kv[r] = start + length + (start + length == target)  # a completed prompt holds its first token
+        return seconds
+
+
+def test_the_probe_reads_a_slower_machine_as_its_median_ratio(profile):
+    # Rule: the speed is the median over the probe's timed steps of measured / predicted. Three steps in four
+    # run 1.25x the fit and one in four 5x: the median says 1.25; a mean would say about 2.2, an inverted ratio
+    # 0.8. (The untimed warm-up and fill steps draw factors too; 5x stays well under half of the timed steps.)
+    # The decode steps of later rounds hold a token more than the sweep's sample says, as on a real backend: 0.1%.
+    backend = FakeMachine(profile, [1.25, 1.25, 1.25, 5.0])
+    assert machine_speed(backend, profile) == pytest.approx(1.25, rel=2e-3)
+    assert backend.resets == 1  # the probe starts from an empty cache
+    assert machine_speed(FakeMachine(profile, [0.8]), profile) == pytest.approx(0.8, rel=2e-3)
+    assert machine_speed(FakeMachine(profile, [1.0]), profile) == pytest.approx(1.0, rel=2e-3)
+
+
+def test_the_probe_stays_inside_the_profiles_sweep(profile):
+    shipped = probe_plan(profile)
+    assert (shipped.batches, shipped.contexts, shipped.chunks, shipped.mixed) == ((1, 4, 16), (128,), (64, 256),
+                                                                                 ((4, 64),))
+    assert len(shipped.batches) * 3 + len(shipped.chunks) * 3 + len(shipped.mixed) * 3 == 18  # timed steps
+    # A profile fitted on batches up to 2 at context 16 with 16-token steps is probed there, not extrapolated.
+    small = dataclasses.replace(profile, provenance={"sweep": {"max_batch": 2, "max_context": 16, "max_tokens": 16}})
+    plan = probe_plan(small)
+    assert (plan.batches, plan.contexts, plan.chunks, plan.mixed, plan.mixed_context) == ((1, 2), (16,), (16,),
+                                                                                          ((1, 16),), 16)
+    too_small = CalibratedBackend(dataclasses.replace(profile, num_kv_blocks=8), noise_cv=0.0)
+    with pytest.raises(ValueError, match="the sweep needs 144 KV blocks"):
+        machine_speed(too_small, profile)
+
+
+def test_a_time_scale_multiplies_every_step_and_the_baseline(profile):
+    totals = BatchTotals(3, 3 * 200.0, 1, 96.0, 96 * 48.5, 1)
+    plain, slow = CalibratedBackend(profile, noise_cv=0.0), CalibratedBackend(profile, noise_cv=0.0, time_scale=1.3)
+    assert slow.execute_totals(totals) == pytest.approx(1.3 * plain.execute_totals(totals), rel=1e-15)
+    assert slow.baseline_step_s == pytest.approx(1.3 * plain.baseline_step_s, rel=1e-15)
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="time_scale must be a finite number > 0"):
+            CalibratedBackend(profile, time_scale=bad)
+
+
+def test_the_run_at_speed_differs_from_the_plain_one_by_its_scale_alone(profile):
+    # Rule: fidelity's second model run changes nothing but the step times: at scale 1 it is the plain episode,
+    # noise draws included; at 1.2 the same first iteration takes 1.2x as long.
+    def env_of(backend):
+        policy = make_policy("fcfs")
+        env = make_env(policy, workload="cpu-fidelity", profile=profile, backend=backend, max_episode_steps=400,
+                       engine={"num_kv_blocks": profile.num_kv_blocks, "block_size": profile.block_size})
+        return env, policy
+
+    def summary(backend):
+        env, policy = env_of(backend)
+        return run_episode(env, policy, seed=3).summary
+
+    def first_step_s(backend):
+        env, policy = env_of(backend)
+        obs, _ = env.reset(seed=3)
+        while not env.unwrapped.cluster.engines[0].num_running:
+            obs, *_ = env.step(policy.act(obs))
+        return env.unwrapped.cluster.engines[0].last_dt
+
+    plain = summary(None)
+    assert summary(CalibratedBackend(profile, time_scale=1.0)) == plain
+    assert summary(CalibratedBackend(profile, time_scale=1.2))["ttft_p50"] > plain["ttft_p50"]
+    assert first_step_s(CalibratedBackend(profile, time_scale=1.2)) == pytest.approx(
+        1.2 * first_step_s(CalibratedBackend(profile)), rel=1e-12)
+
+
+def test_a_row_and_the_verdict_report_the_error_at_the_measured_speed():
+    # Seed means 1.1 and 2.0 (real 1.55); the plain model 1.4 (-9.7%); at speed 1.5 and 1.9, mean 1.7 (+9.7%).
+    row = _row("fcfs", "e2e_p50", [[1.0, 1.2], [2.0, 2.0]], [1.3, 1.5], [1.5, 1.9])
+    assert row.real == pytest.approx(1.55) and row.at_speed == pytest.approx(1.7)
+    assert row.relative_error == pytest.approx(-0.15 / 1.55) and row.error_at_speed == pytest.approx(0.15 / 1.55)
+    assert math.isnan(_row("fcfs", "e2e_p50", [[1.0]], [1.0]).error_at_speed)  # no probe, no figure
+    far = _row("twp", "e2e_p50", [[1.0, 1.0]], [1.5], [1.12])
+    report = FidelityReport([row, far], [], {}, (0, 1), 2, {"fcfs": [1.04, 0.97, 1.0, 1.1], "twp": [1.2, 1.3]})
+    line = verdict(report)
+    assert line.startswith("1 of 2 policy metrics within 10%")
+    assert line.endswith("the machine ran at 0.970-1.300x the profile's step time before the real episodes "
+                         "(speed probe), and at that speed the model is within 10% on 1 of 2")
+    assert speed_table({"fcfs": [1.04, 0.97, 1.0, 1.1]}, (0, 1), 2).splitlines() == [
+        "| policy | seed 0 repeat 1 | seed 0 repeat 2 | seed 1 repeat 1 | seed 1 repeat 2 |",
+        "|---|---|---|---|---|", "| fcfs | 1.040 | 0.970 | 1.000 | 1.100 |"]
+    assert np.isfinite(row.error_at_speed)
