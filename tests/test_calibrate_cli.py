@@ -315,3 +315,7 @@ def test_calibrate_then_fidelity_on_the_tiny_model(tmp_path, capsys):
     assert len(probes) == 1 and len(probes[0].split("|")) == 2 + 1 + 6
     assert all(float(x) > 0 for x in probes[0].split("|")[2:-1])
     assert "x the profile's step time before the real episodes (speed probe), and at that speed" in report
+    with (tmp_path / "fid" / "fidelity.csv").open() as handle:
+        itl = next(r for r in csv.DictReader(handle) if r["metric"] == "itl_mean")
+    # The model's second run is at the probes' speed, not a copy of the first (no probe reads exactly 1).
+    assert float(itl["calibrated_at_speed"]) != float(itl["calibrated"]) > 0

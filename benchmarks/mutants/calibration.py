@@ -3,6 +3,7 @@ per-row cost's tail, the long-context term and its knee, the standard errors, th
 ranking's noise test and order."""
 
 FIT = "tests/test_calibration_fit.py"
+PROBE = "tests/test_speed_probe.py"
 
 MUTATIONS = [
     ("holdout-from-the-first-point", "backends/calibration_fit.py",
@@ -38,8 +39,8 @@ MUTATIONS = [
      "    spreads = [(max(r) - min(r)) / min(r) for r, m in zip(real, seed_means, strict=True) if len(r) > 1 and m]",
      (FIT,), "evaluation"),
     ("spread-is-the-mean-not-median", "evaluation/fidelity.py",
-     "                       float(np.median(spreads)) if spreads else math.nan, errors)",
-     "                       float(np.mean(spreads)) if spreads else math.nan, errors)", (FIT,), "evaluation"),
+     "                       float(np.median(spreads)) if spreads else math.nan, errors,",
+     "                       float(np.mean(spreads)) if spreads else math.nan, errors,", (FIT,), "evaluation"),
     ("ranking-ignores-spread", "evaluation/fidelity.py",
      "            if abs(a.real - b.real) > noise:", "            if abs(a.real - b.real) > 0:", (FIT,), "evaluation"),
     ("ranking-ties-count-as-same", "evaluation/fidelity.py",
@@ -50,4 +51,22 @@ MUTATIONS = [
     ("residual-forward-only-always", "evaluation/fidelity.py",
      "    if steps.count_host_time:\n        measured = measured + np.asarray(steps.overhead_s, dtype=float)",
      "    if False:\n        measured = measured + np.asarray(steps.overhead_s, dtype=float)", (FIT,), "evaluation"),
+    # ------------------------------------------------------------------ the speed probe and the run at speed
+    ("probe-mean-not-median", "backends/speed_probe.py",
+     "return float(np.median([s.seconds / predict(profile.latency, s) for s in samples]))",
+     "return float(np.mean([s.seconds / predict(profile.latency, s) for s in samples]))", (PROBE,), "backend"),
+    ("probe-inverted-ratio", "backends/speed_probe.py",
+     "return float(np.median([s.seconds / predict(profile.latency, s) for s in samples]))",
+     "return float(np.median([predict(profile.latency, s) / s.seconds for s in samples]))", (PROBE,), "backend"),
+    ("probe-past-the-sweep", "backends/speed_probe.py", "batch = min(16, int(reach.get(\"max_batch\", CPU_MAX_BATCH)))",
+     "batch = 16", (PROBE,), "backend"),
+    ("time-scale-ignored", "backends/calibrated.py", "            latency *= self.time_scale\n",
+     "            latency *= 1.0\n", (PROBE,), "backend"),
+    ("time-scale-skips-the-baseline", "backends/calibrated.py",
+     "profile.latency.l_min_s * self.time_scale", "profile.latency.l_min_s", (PROBE,), "backend"),
+    ("at-speed-runs-unscaled", "evaluation/fidelity.py", "CalibratedBackend(prof, time_scale=scale)",
+     "CalibratedBackend(prof)", ("tests/test_calibrate_cli.py",), "evaluation"),
+    ("at-speed-error-against-the-plain-model", "evaluation/fidelity.py",
+     "return (self.at_speed - self.real) / self.real if self.real else math.nan",
+     "return (self.calibrated - self.real) / self.real if self.real else math.nan", (PROBE,), "evaluation"),
 ]
