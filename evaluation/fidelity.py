@@ -220,13 +220,10 @@ def fidelity(policies: Sequence[str], workload: Workload, profile: str, seeds: S
     records (the backend's own default when the profile records none)."""
     if not policies or not seeds or repeats < 1:
         raise ValueError(f"fidelity needs policies, seeds and repeats >= 1; got {policies}, {seeds}, {repeats}")
-    from servegym.backends.torch_backend import TorchBackend
-
     prof = load_profile(profile)
     profile_clock = prof.provenance.get("clock")
     engine = {"num_kv_blocks": prof.num_kv_blocks, "block_size": prof.block_size, **(engine or {})}
-    real = TorchBackend(**{"num_kv_blocks": engine["num_kv_blocks"], "block_size": engine["block_size"],
-                           **clock_option(clock or profile_clock), **(backend_options or {})})
+    real = real_backend(prof, engine["num_kv_blocks"], engine["block_size"], clock, backend_options)
     rows, timings, speeds = [], {}, {}
     for name in policies:
         steps = RealSteps(real.count_host_time)
@@ -255,6 +252,24 @@ def fidelity(policies: Sequence[str], workload: Workload, profile: str, seeds: S
         rows += [_row(name, metric, runs[metric], modelled[metric], at_speed[metric]) for metric in FIDELITY_METRICS]
         timings[name] = real_timing(steps, step_residuals(steps, prof.latency), profile_clock)
     return FidelityReport(rows, ranking(rows), timings, tuple(seeds), repeats, speeds)
+
+
+def real_backend(profile: Profile, num_kv_blocks: int, block_size: int, clock: str | None = None,
+                 backend_options: dict[str, Any] | None = None) -> TorchBackend:
+    """The real backend a profile is checked against: on ``clock``, by default the one the profile records."""
+    from servegym.backends.torch_backend import TorchBackend
+
+    return TorchBackend(**{"num_kv_blocks": num_kv_blocks, "block_size": block_size,
+                           **clock_option(clock or profile.provenance.get("clock")), **(backend_options or {})})
+
+
+def speed_check(profile: str, probes: int = 3, clock: str | None = None,
+                backend_options: dict[str, Any] | None = None) -> list[float]:
+    """The speed probe alone, ``probes`` times: how fast the real backend runs now against ``profile`` (seconds,
+    where a fidelity run takes minutes)."""
+    prof = load_profile(profile)
+    real = real_backend(prof, prof.num_kv_blocks, prof.block_size, clock, backend_options)
+    return [machine_speed(real, prof) for _ in range(probes)]
 
 
 def _row(policy: str, metric: str, real: list[list[float]], calibrated: list[float],

@@ -7,6 +7,7 @@ Every argument is checked, and the sweep is checked against the KV cache, before
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -138,6 +139,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         fidelity,
         fidelity_table,
         ranking_table,
+        speed_check,
         speed_table,
         timing_table,
         verdict,
@@ -147,6 +149,13 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)  # fails on a bad path before the model is built
     device = resolve_device(args.device)
     threads = args.threads or profile.provenance.get("threads")
+    if args.speed_only:
+        speeds = speed_check(args.profile, clock=args.clock, backend_options=_backend_options(args, device, threads))
+        median = statistics.median(speeds)
+        print(f"machine speed against {args.profile} (the speed probe's median of measured / profile, 3 times): "
+              f"{', '.join(f'{x:.3f}' for x in speeds)}: its steps run {abs(median - 1):.1%} "
+              f"{'slower' if median > 1 else 'faster'} than when the profile was fitted")
+        return 0
     workload = make_workload(args.workload)
     if args.max_requests:
         workload = FirstRequests(workload, args.max_requests)
@@ -239,5 +248,7 @@ def add_real_backend_parsers(sub: Any) -> None:
     fid.add_argument("--threads", type=positive_int, default=None,
                      help="torch CPU threads (default: those the profile was calibrated with)")
     fid.add_argument("--out", default=None, help="folder for fidelity.csv and fidelity.md (default: print only)")
+    fid.add_argument("--speed-only", action="store_true",
+                     help="run only the speed probe: how fast the machine runs now against the profile (seconds)")
     _model_args(fid, "the one the profile was fitted on, when recorded")
     fid.set_defaults(func=cmd_fidelity)

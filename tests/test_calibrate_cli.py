@@ -302,6 +302,14 @@ def test_calibrate_then_fidelity_on_the_tiny_model(tmp_path, capsys):
     assert out.with_suffix(".png").is_file()
     capsys.readouterr()
 
+    assert main(["fidelity", "--profile", str(out), "--model", "tiny-llama", "--device", "cpu", "--speed-only"]) == 0
+    speed = capsys.readouterr().out.splitlines()[-1]
+    assert speed.startswith(f"machine speed against {out} (the speed probe's median of measured / profile, 3 times): ")
+    probes = [float(x) for x in speed.split("3 times): ")[1].split(":")[0].split(", ")]
+    assert len(probes) == 3 and all(x > 0 for x in probes)
+    median = sorted(probes)[1]
+    assert speed.endswith(f"its steps run {abs(median - 1):.1%} {'slower' if median > 1 else 'faster'} than when the "
+                          "profile was fitted")
     assert main(["fidelity", "--profile", str(out), "--model", "tiny-llama", "--device", "cpu", "--policy", "fcfs",
                  "--max-requests", "3", "--out", str(tmp_path / "fid")]) == 0
     assert "(cpu, 1 thread)" in capsys.readouterr().out  # the profile's threads, not torch's default
