@@ -20,14 +20,18 @@ def step_latency(model: LatencyModel, decode_batch: int, prefill_tokens: float =
 class CalibratedBackend:
     """Times iterations with a :class:`LatencyModel`; optional seeded multiplicative log-normal noise."""
 
-    def __init__(self, profile: Profile, noise_cv: float | None = None, time_scale: float = 1.0) -> None:
-        """``time_scale`` multiplies every step's time (and the baseline step): the profile's machine running that
-        much slower (``servegym.backends.speed_probe`` measures it)."""
-        if not (math.isfinite(time_scale) and time_scale > 0):
-            raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
+    def __init__(self, profile: Profile, noise_cv: float | None = None, time_scale: float = 1.0,
+                 prefill_time_scale: float | None = None) -> None:
+        """``time_scale`` multiplies every decode-only step's time (and the baseline step), ``prefill_time_scale``
+        (default: ``time_scale``) every step's with a prefill chunk: the profile's machine running that much slower
+        (``servegym.backends.speed_probe`` measures both)."""
+        prefill_time_scale = time_scale if prefill_time_scale is None else prefill_time_scale
+        for name, scale in (("time_scale", time_scale), ("prefill_time_scale", prefill_time_scale)):
+            if not (math.isfinite(scale) and scale > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {scale!r}")
         self.profile = profile
         self.model = profile.latency
-        self.time_scale = float(time_scale)
+        self.time_scale, self.prefill_time_scale = float(time_scale), float(prefill_time_scale)
         self.num_kv_blocks = profile.num_kv_blocks
         self.block_size = profile.block_size
         self.baseline_step_s: float | None = profile.latency.l_min_s * self.time_scale
@@ -49,8 +53,9 @@ class CalibratedBackend:
     def execute_totals(self, totals: BatchTotals) -> float:
         """:meth:`execute` from the batch's totals alone (the compiled engine builds no arrays)."""
         latency = self.model.totals_s(totals)
-        if self.time_scale != 1.0:
-            latency *= self.time_scale
+        scale = self.prefill_time_scale if totals.num_prefills else self.time_scale
+        if scale != 1.0:
+            latency *= scale
         if self._sigma:
             if self._rng is None:
                 raise RuntimeError("CalibratedBackend.execute called before reset(rng)")

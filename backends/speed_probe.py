@@ -4,11 +4,14 @@ timed and priced by the profile.
 A profile is fitted once, on one machine at one time. A shared machine's speed drifts (this project's 2-core VM by
 10-30% within half an hour), and a fidelity check run later carries that drift into every metric. The probe
 separates the two: it times a small fixed set of steps (decode batches, single prefill chunks, mixed steps; the
-cache's free blocks shuffled first, as the calibration sweep does) and reports the median of measured / predicted.
-1.0 means the machine runs as it did when the profile was fitted; 1.1 means 10% slower.
+cache's free blocks shuffled first, as the calibration sweep does) and reports the median of measured / predicted,
+for decode-only steps and for steps with prefill apart. 1.0 means the machine runs as it did when the profile was
+fitted; 1.1 means 10% slower.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,9 +42,25 @@ def probe_plan(profile: Profile) -> SweepPlan:
                      mixed=((max(1, batch // 4), min(64, tokens)),), mixed_context=context, repeats=3, batched=())
 
 
-def machine_speed(backend: Backend, profile: Profile, rng: np.random.Generator | None = None) -> float:
-    """The median over the probe's timed steps (:func:`probe_plan`) of ``measured / predicted`` on ``backend``
-    (reset first, so the probe starts from an empty cache; an episode resets it again)."""
+@dataclass(frozen=True)
+class MachineSpeed:
+    """How long the machine's steps take now against the profile (measured / predicted, medians): 1.0 is the speed
+    the profile was fitted at. A machine's drift need not be the same for every kind of step (on a CPU, compute-bound
+    prefills and memory-bound decodes can move apart), so the two kinds are read apart."""
+
+    decode: float
+    """Over the decode-only steps."""
+    prefill: float
+    """Over the steps with a prefill chunk (single chunks and mixed steps)."""
+
+    def __str__(self) -> str:
+        return f"{self.decode:.3f}/{self.prefill:.3f}"
+
+
+def machine_speed(backend: Backend, profile: Profile, rng: np.random.Generator | None = None) -> MachineSpeed:
+    """The medians over the probe's timed steps (:func:`probe_plan`) of ``measured / predicted`` on ``backend``,
+    decode-only steps and steps with prefill apart (reset first, so the probe starts from an empty cache; an
+    episode resets it again)."""
     plan = probe_plan(profile)
     plan.check_fits(backend.num_kv_blocks, backend.block_size)
     rng = rng if rng is not None else np.random.default_rng(0)
@@ -50,5 +69,6 @@ def machine_speed(backend: Backend, profile: Profile, rng: np.random.Generator |
     sweeper.prefill(SweepPlan(chunks=(WARMUP_CHUNK,), chunk_starts=(0,), repeats=1))  # warm-up, discarded
     sweeper.scatter(min(backend.num_kv_blocks, plan.kv_blocks_needed(backend.block_size)), rng,
                     rows=min(plan.max_step_tokens(), SCATTER_ROWS))
-    samples = [*sweeper.decode(plan), *sweeper.prefill(plan), *sweeper.mixed(plan)]
-    return float(np.median([s.seconds / predict(profile.latency, s) for s in samples]))
+    decode, prefill = sweeper.decode(plan), [*sweeper.prefill(plan), *sweeper.mixed(plan)]
+    return MachineSpeed(*(float(np.median([s.seconds / predict(profile.latency, s) for s in kind]))
+                          for kind in (decode, prefill)))

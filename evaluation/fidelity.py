@@ -15,8 +15,8 @@ own batch (:func:`step_residuals`), which points at the term that misses.
 A shared machine's speed drifts, and a profile fitted at one time carries that drift into every metric checked at
 another. Before each real episode the speed probe (:mod:`servegym.backends.speed_probe`) times a few sweep steps
 against the profile; the model's episode on each seed is run a second time at the speed the probes measured for
-that seed (the profile's times scaled by their mean), so the report separates the model's shape from the machine's
-speed at the time of the check.
+that seed (decode-only steps and steps with prefill each scaled by their probes' mean), so the report separates
+the model's shape from the machine's speed at the time of the check.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 from servegym.backends import CalibratedBackend, LatencyModel, Profile, TokenLatencyModel, load_profile
 from servegym.backends.base import BatchTotals
 from servegym.backends.calibration_provenance import FORWARD_ONLY, HOST_INCLUSIVE, clock_option
-from servegym.backends.speed_probe import machine_speed
+from servegym.backends.speed_probe import MachineSpeed, machine_speed
 from servegym.metrics import metric as metric_of
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
@@ -193,7 +193,7 @@ class FidelityReport:
     timings: dict[str, RealTiming]
     seeds: tuple[int, ...]
     repeats: int
-    speeds: dict[str, list[float]] = field(default_factory=dict)
+    speeds: dict[str, list[MachineSpeed]] = field(default_factory=dict)
     """Per policy, the probe's machine speed (measured / profile) before each real episode, in running order."""
 
 
@@ -239,12 +239,13 @@ def fidelity(policies: Sequence[str], workload: Workload, profile: str, seeds: S
                 steps.add(real)
                 if progress:
                     progress(f"{name} seed {seed} repeat {repeat + 1}/{repeats}: machine at "
-                             f"{speeds[name][-1]:.3f}x the profile's step time; real backend, "
+                             f"{speeds[name][-1]}x the profile's step time (decode/prefill); real backend, "
                              f"E2E P50 {repeated[-1]['e2e_p50']:.3f} s")
             calibrated = _episode(name, workload, prof, engine, seed, None, max_steps)
-            scale = float(np.mean(speeds[name][-repeats:]))
-            scaled = _episode(name, workload, prof, engine, seed, CalibratedBackend(prof, time_scale=scale),
-                              max_steps)
+            probes = speeds[name][-repeats:]
+            at = CalibratedBackend(prof, time_scale=float(np.mean([p.decode for p in probes])),
+                                   prefill_time_scale=float(np.mean([p.prefill for p in probes])))
+            scaled = _episode(name, workload, prof, engine, seed, at, max_steps)
             for metric in FIDELITY_METRICS:
                 runs[metric].append([r[metric] for r in repeated])
                 modelled[metric].append(calibrated[metric])
@@ -264,7 +265,7 @@ def real_backend(profile: Profile, num_kv_blocks: int, block_size: int, clock: s
 
 
 def speed_check(profile: str, probes: int = 3, clock: str | None = None,
-                backend_options: dict[str, Any] | None = None) -> list[float]:
+                backend_options: dict[str, Any] | None = None) -> list[MachineSpeed]:
     """The speed probe alone, ``probes`` times: how fast the real backend runs now against ``profile`` (seconds,
     where a fidelity run takes minutes)."""
     prof = load_profile(profile)
@@ -352,17 +353,19 @@ def verdict(report: FidelityReport, tolerance: float = TOLERANCE) -> str:
     if not probes:
         return line
     at_speed = sum(abs(r.error_at_speed) <= tolerance for r in report.rows)
-    return (f"{line}; the machine ran at {min(probes):.3f}-{max(probes):.3f}x the profile's step time before the "
-            f"real episodes (speed probe), and at that speed the model is within {tolerance:.0%} on {at_speed} of "
-            f"{len(report.rows)}")
+    decode, prefill = [p.decode for p in probes], [p.prefill for p in probes]
+    return (f"{line}; the machine ran at {min(decode):.3f}-{max(decode):.3f}x the profile's time on decode-only "
+            f"steps and {min(prefill):.3f}-{max(prefill):.3f}x on steps with prefill before the real episodes (speed "
+            f"probe), and at that speed the model is within {tolerance:.0%} on {at_speed} of {len(report.rows)}")
 
 
-def speed_table(speeds: dict[str, list[float]], seeds: Sequence[int], repeats: int) -> str:
-    """The probe's machine speed before each real episode, per policy, in running order."""
+def speed_table(speeds: dict[str, list[MachineSpeed]], seeds: Sequence[int], repeats: int) -> str:
+    """The probe's machine speed before each real episode (decode-only / with prefill), per policy, in running
+    order."""
     lines = ["| policy | " + " | ".join(f"seed {s} repeat {r + 1}" for s in seeds for r in range(repeats)) + " |",
              "|---|" + "---|" * (len(seeds) * repeats)]
     for policy, run in speeds.items():
-        lines.append(f"| {policy} | " + " | ".join(f"{x:.3f}" for x in run) + " |")
+        lines.append(f"| {policy} | " + " | ".join(str(x) for x in run) + " |")
     return "\n".join(lines)
 
 

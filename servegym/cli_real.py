@@ -151,10 +151,12 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     threads = args.threads or profile.provenance.get("threads")
     if args.speed_only:
         speeds = speed_check(args.profile, clock=args.clock, backend_options=_backend_options(args, device, threads))
-        median = statistics.median(speeds)
-        print(f"machine speed against {args.profile} (the speed probe's median of measured / profile, 3 times): "
-              f"{', '.join(f'{x:.3f}' for x in speeds)}: its steps run {abs(median - 1):.1%} "
-              f"{'slower' if median > 1 else 'faster'} than when the profile was fitted")
+        print(f"machine speed against {args.profile} (the speed probe's medians of measured / profile, decode-only/"
+              f"with prefill, 3 times): {', '.join(map(str, speeds))}")
+        for kind in ("decode", "prefill"):
+            median = statistics.median(getattr(x, kind) for x in speeds)
+            print(f"  {'decode-only steps' if kind == 'decode' else 'steps with prefill'} run {abs(median - 1):.1%} "
+                  f"{'slower' if median > 1 else 'faster'} than when the profile was fitted")
         return 0
     workload = make_workload(args.workload)
     if args.max_requests:

@@ -303,13 +303,18 @@ def test_calibrate_then_fidelity_on_the_tiny_model(tmp_path, capsys):
     capsys.readouterr()
 
     assert main(["fidelity", "--profile", str(out), "--model", "tiny-llama", "--device", "cpu", "--speed-only"]) == 0
-    speed = capsys.readouterr().out.splitlines()[-1]
-    assert speed.startswith(f"machine speed against {out} (the speed probe's median of measured / profile, 3 times): ")
-    probes = [float(x) for x in speed.split("3 times): ")[1].split(":")[0].split(", ")]
-    assert len(probes) == 3 and all(x > 0 for x in probes)
-    median = sorted(probes)[1]
-    assert speed.endswith(f"its steps run {abs(median - 1):.1%} {'slower' if median > 1 else 'faster'} than when the "
-                          "profile was fitted")
+    lines = capsys.readouterr().out.splitlines()[-3:]
+    head = (f"machine speed against {out} (the speed probe's medians of measured / profile, decode-only/with prefill, "
+            "3 times): ")
+    assert lines[0].startswith(head)
+    probes = [tuple(float(v) for v in x.split("/")) for x in lines[0][len(head):].split(", ")]
+    assert len(probes) == 3 and all(min(p) > 0 and len(p) == 2 for p in probes)
+    for line, kind, index in zip(lines[1:], ("decode-only steps", "steps with prefill"), (0, 1), strict=True):
+        median = sorted(p[index] for p in probes)[1]
+        # the printed probes are rounded to 3 places, so the percentage is checked to a tenth of a point
+        assert line.startswith(f"  {kind} run ") and line.endswith(f" {'slower' if median > 1 else 'faster'} than "
+                                                                   "when the profile was fitted")
+        assert float(line.split(" run ")[1].split("%")[0]) == pytest.approx(100 * abs(median - 1), abs=0.11)
     assert main(["fidelity", "--profile", str(out), "--model", "tiny-llama", "--device", "cpu", "--policy", "fcfs",
                  "--max-requests", "3", "--out", str(tmp_path / "fid")]) == 0
     assert "(cpu, 1 thread)" in capsys.readouterr().out  # the profile's threads, not torch's default
@@ -321,8 +326,8 @@ def test_calibrate_then_fidelity_on_the_tiny_model(tmp_path, capsys):
     speeds = report.split("## Machine speed")[1].split("## Ranking")[0]
     probes = [line for line in speeds.splitlines() if line.startswith("| fcfs |")]
     assert len(probes) == 1 and len(probes[0].split("|")) == 2 + 1 + 6
-    assert all(float(x) > 0 for x in probes[0].split("|")[2:-1])
-    assert "x the profile's step time before the real episodes (speed probe), and at that speed" in report
+    assert all(float(v) > 0 for x in probes[0].split("|")[2:-1] for v in x.split("/"))
+    assert "x on steps with prefill before the real episodes (speed probe), and at that speed the model" in report
     with (tmp_path / "fid" / "fidelity.csv").open() as handle:
         itl = next(r for r in csv.DictReader(handle) if r["metric"] == "itl_mean")
     # The model's second run is at the probes' speed, not a copy of the first (no probe reads exactly 1).

@@ -12,7 +12,7 @@ import pytest
 
 from servegym.backends import CalibratedBackend, load_profile
 from servegym.backends.base import BatchTotals, StepBatch
-from servegym.backends.speed_probe import machine_speed, probe_plan
+from servegym.backends.speed_probe import MachineSpeed, machine_speed, probe_plan
 from servegym.evaluation.fidelity import FidelityReport, _row, speed_table, verdict
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
@@ -55,13 +55,26 @@ class FakeMachine(CalibratedBackend):
 def test_the_probe_reads_a_slower_machine_as_its_median_ratio(profile):
     # Rule: the speed is the median over the probe's timed steps of measured / predicted. Three steps in four
     # run 1.25x the fit and one in four 5x: the median says 1.25; a mean would say about 2.2, an inverted ratio
-    # 0.8. (The untimed warm-up and fill steps draw factors too; 5x stays well under half of the timed steps.)
+    # 0.8. (The untimed warm-up and fill steps draw factors too; 5x stays well under half of each kind's steps.)
     # The decode steps of later rounds hold a token more than the sweep's sample says, as on a real backend: 0.1%.
     backend = FakeMachine(profile, [1.25, 1.25, 1.25, 5.0])
-    assert machine_speed(backend, profile) == pytest.approx(1.25, rel=2e-3)
+    speed = machine_speed(backend, profile)
+    assert (speed.decode, speed.prefill) == (pytest.approx(1.25, rel=2e-3), pytest.approx(1.25, rel=2e-3))
     assert backend.resets == 1  # the probe starts from an empty cache
-    assert machine_speed(FakeMachine(profile, [0.8]), profile) == pytest.approx(0.8, rel=2e-3)
-    assert machine_speed(FakeMachine(profile, [1.0]), profile) == pytest.approx(1.0, rel=2e-3)
+    speed = machine_speed(FakeMachine(profile, [0.8]), profile)
+    assert (speed.decode, speed.prefill) == (pytest.approx(0.8, rel=2e-3), pytest.approx(0.8, rel=2e-3))
+
+
+def test_the_probe_reads_decode_and_prefill_steps_apart(profile):
+    # Rule: decode-only steps and steps with a prefill chunk (single chunks and mixed steps) get a median each.
+    class KindMachine(FakeMachine):
+        def execute(self, batch: StepBatch) -> float:
+            self.factors = itertools.repeat(1.3 if batch.prefill_ids.size else 0.9)
+            return super().execute(batch)
+
+    speed = machine_speed(KindMachine(profile, [1.0]), profile)
+    assert (speed.decode, speed.prefill) == (pytest.approx(0.9, rel=2e-3), pytest.approx(1.3, rel=1e-12))
+    assert str(MachineSpeed(0.9004, 1.2996)) == "0.900/1.300"
 
 
 def test_the_probe_stays_inside_the_profiles_sweep(profile):
@@ -79,14 +92,21 @@ def test_the_probe_stays_inside_the_profiles_sweep(profile):
         machine_speed(too_small, profile)
 
 
-def test_a_time_scale_multiplies_every_step_and_the_baseline(profile):
-    totals = BatchTotals(3, 3 * 200.0, 1, 96.0, 96 * 48.5, 1)
-    plain, slow = CalibratedBackend(profile, noise_cv=0.0), CalibratedBackend(profile, noise_cv=0.0, time_scale=1.3)
-    assert slow.execute_totals(totals) == pytest.approx(1.3 * plain.execute_totals(totals), rel=1e-15)
+def test_a_time_scale_multiplies_every_step_of_its_kind_and_the_baseline(profile):
+    decode, mixed = BatchTotals(3, 3 * 200.0, 0, 0.0, 0.0, 0), BatchTotals(3, 3 * 200.0, 1, 96.0, 96 * 48.5, 1)
+    plain = CalibratedBackend(profile, noise_cv=0.0)
+    slow = CalibratedBackend(profile, noise_cv=0.0, time_scale=1.3)
+    assert slow.execute_totals(mixed) == pytest.approx(1.3 * plain.execute_totals(mixed), rel=1e-15)
     assert slow.baseline_step_s == pytest.approx(1.3 * plain.baseline_step_s, rel=1e-15)
+    apart = CalibratedBackend(profile, noise_cv=0.0, time_scale=1.1, prefill_time_scale=0.7)
+    assert apart.execute_totals(decode) == pytest.approx(1.1 * plain.execute_totals(decode), rel=1e-15)
+    assert apart.execute_totals(mixed) == pytest.approx(0.7 * plain.execute_totals(mixed), rel=1e-15)
+    assert apart.baseline_step_s == pytest.approx(1.1 * plain.baseline_step_s, rel=1e-15)  # a decode step
     for bad in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="time_scale must be a finite number > 0"):
             CalibratedBackend(profile, time_scale=bad)
+        with pytest.raises(ValueError, match="prefill_time_scale must be a finite number > 0"):
+            CalibratedBackend(profile, prefill_time_scale=bad)
 
 
 def test_the_run_at_speed_differs_from_the_plain_one_by_its_scale_alone(profile):
@@ -123,12 +143,15 @@ def test_a_row_and_the_verdict_report_the_error_at_the_measured_speed():
     assert row.relative_error == pytest.approx(-0.15 / 1.55) and row.error_at_speed == pytest.approx(0.15 / 1.55)
     assert math.isnan(_row("fcfs", "e2e_p50", [[1.0]], [1.0]).error_at_speed)  # no probe, no figure
     far = _row("twp", "e2e_p50", [[1.0, 1.0]], [1.5], [1.12])
-    report = FidelityReport([row, far], [], {}, (0, 1), 2, {"fcfs": [1.04, 0.97, 1.0, 1.1], "twp": [1.2, 1.3]})
+    fcfs = [MachineSpeed(1.04, 0.9), MachineSpeed(0.97, 0.95), MachineSpeed(1.0, 0.88), MachineSpeed(1.1, 0.91)]
+    report = FidelityReport([row, far], [], {}, (0, 1), 2, {"fcfs": fcfs,
+                                                            "twp": [MachineSpeed(1.2, 0.8), MachineSpeed(1.3, 0.85)]})
     line = verdict(report)
     assert line.startswith("1 of 2 policy metrics within 10%")
-    assert line.endswith("the machine ran at 0.970-1.300x the profile's step time before the real episodes "
-                         "(speed probe), and at that speed the model is within 10% on 1 of 2")
-    assert speed_table({"fcfs": [1.04, 0.97, 1.0, 1.1]}, (0, 1), 2).splitlines() == [
+    assert line.endswith("the machine ran at 0.970-1.300x the profile's time on decode-only steps and 0.800-0.950x "
+                         "on steps with prefill before the real episodes (speed probe), and at that speed the model "
+                         "is within 10% on 1 of 2")
+    assert speed_table({"fcfs": fcfs}, (0, 1), 2).splitlines() == [
         "| policy | seed 0 repeat 1 | seed 0 repeat 2 | seed 1 repeat 1 | seed 1 repeat 2 |",
-        "|---|---|---|---|---|", "| fcfs | 1.040 | 0.970 | 1.000 | 1.100 |"]
+        "|---|---|---|---|---|", "| fcfs | 1.040/0.900 | 0.970/0.950 | 1.000/0.880 | 1.100/0.910 |"]
     assert np.isfinite(row.error_at_speed)
