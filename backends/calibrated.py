@@ -32,6 +32,7 @@ class CalibratedBackend:
         self.profile = profile
         self.model = profile.latency
         self.time_scale, self.prefill_time_scale = float(time_scale), float(prefill_time_scale)
+        self._scaled = (self.time_scale, self.prefill_time_scale) != (1.0, 1.0)
         self.num_kv_blocks = profile.num_kv_blocks
         self.block_size = profile.block_size
         self.baseline_step_s: float | None = profile.latency.l_min_s * self.time_scale
@@ -53,9 +54,8 @@ class CalibratedBackend:
     def execute_totals(self, totals: BatchTotals) -> float:
         """:meth:`execute` from the batch's totals alone (the compiled engine builds no arrays)."""
         latency = self.model.totals_s(totals)
-        scale = self.prefill_time_scale if totals.num_prefills else self.time_scale
-        if scale != 1.0:
-            latency *= scale
+        if self._scaled:  # the per-step path: nothing to pick or multiply at the profile's own speed
+            latency *= self.prefill_time_scale if totals.num_prefills else self.time_scale
         if self._sigma:
             if self._rng is None:
                 raise RuntimeError("CalibratedBackend.execute called before reset(rng)")
