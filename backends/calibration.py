@@ -76,7 +76,8 @@ def calibrate(backend: TorchBackend, name: str, plan: SweepPlan | None = None, l
         "method": (f"servegym calibrate: decode batches {list(plan.batches)} at contexts {list(plan.contexts)}, "
                    f"prefill chunks {list(plan.chunks)} at starts {list(plan.chunk_starts)}, batched prefills "
                    f"{[list(b) for b in plan.batched]} (prompts, tokens), mixed steps "
-                   f"{[list(m) for m in plan.mixed]}, {plan.repeats} repeats each in rounds (median), the cache's "
+                   f"{[list(m) for m in plan.mixed]}, the decode rows' contexts spread by +-{plan.context_spread:g} of "
+                   f"each point's, {plan.repeats} repeats each in rounds (median), the cache's "
                    "free blocks shuffled first (scattered KV, as a running server's), timed on the "
                    f"{host['clock']} clock; the schema-2 token model (cpu = c0 + c1 x rows, piecewise-linear "
                    "linear(T), KV-read and query-key-pair terms, a long-context term above the sweep's "
@@ -85,7 +86,7 @@ def calibrate(backend: TorchBackend, name: str, plan: SweepPlan | None = None, l
         "date": datetime.date.today().isoformat(),
         **host,
         "sweep": {"max_batch": max(plan.batches), "max_context": max(plan.contexts),
-                  "max_tokens": max(plan.chunks), "repeats": plan.repeats,
+                  "max_tokens": max(plan.chunks), "repeats": plan.repeats, "context_spread": plan.context_spread,
                   "kv_blocks_needed": plan.kv_blocks_needed(backend.block_size)},
         "load": {"loadavg_before": load_before, "loadavg_after": loadavg(), "sweep_wall_s": round(wall, 3),
                  "process_cpu_s": round(cpu, 3), "cpu_per_wall": round(cpu / wall, 3) if wall > 0 else None},

@@ -22,6 +22,11 @@ WARMUP_CHUNK = 64
 SCATTER_ROWS = 512
 """At most this many one-token requests a step when :meth:`Sweeper.scatter` shuffles the cache (each row samples a
 token, so a step's logits grow with its rows: a large vocabulary on a full GPU must not run out of memory)."""
+CONTEXT_SPREAD = 0.875
+"""How far a decode point's rows' contexts spread around the point's context ``c``: over ``[c / 8, 15 c / 8]``,
+about as a running server's requests are spread over their lifetimes. A batch of unequal contexts costs the CPU
+backend 2-5% more than one of equal contexts with the same total (its attention groups rows of similar context),
+so a sweep of equal contexts fitted a profile that priced real episodes' decode steps 3-5% low."""
 UNTIMED_ROWS, UNTIMED_TOKENS = 16, 512
 """The untimed prefills that fill the cache before a timed step run at most this many requests of at most this
 many tokens per step."""
@@ -40,13 +45,42 @@ def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+def _van_der_corput(k: int) -> float:
+    """The base-2 van der Corput sequence: 0, 1/2, 1/4, 3/4, 1/8, ... (``k`` from 0)."""
+    value, denominator = 0.0, 1.0
+    while k:
+        denominator *= 2
+        k, bit = divmod(k, 2)
+        value += bit / denominator
+    return value
+
+
+def _untimed_step(lengths: np.ndarray) -> int:
+    """Tokens of the largest untimed step that prefills rows of ``lengths`` (:meth:`Sweeper._prefill`)."""
+    parts = np.array_split(np.minimum(lengths, UNTIMED_TOKENS), -(-lengths.size // UNTIMED_ROWS))
+    return int(max(part.sum() for part in parts))
+
+
+def row_contexts(context: int, rows: int, spread: float) -> np.ndarray:
+    """The contexts of a decode point's ``rows`` rows around ``context``: pairs ``context * (1 +- a)`` with ``a``
+    0 for the first pair, then ``spread``, ``spread / 2``, ``3 spread / 4``, ``spread / 4``, ... (so any first
+    rows spread evenly over ``[(1 - spread) context, (1 + spread) context]``); every even number of first rows, and
+    the first row, average ``context`` exactly. At least 1 token each; ``spread`` 0: every row holds ``context``."""
+    offsets = np.zeros(rows)
+    for k in range(1, (rows + 1) // 2):
+        offsets[2 * k] = spread * (1.0 - _van_der_corput(k - 1))
+    offsets[3::2] = -offsets[2 : rows - 1 : 2]
+    return np.maximum(1, context + np.rint(context * offsets)).astype(np.int64)
+
+
 @dataclass(frozen=True)
 class SweepPlan:
     """What a calibration times, each point ``repeats`` times: decode-only steps of every batch size at every
     per-request context, single prefill chunks at every start offset, batched prefills (``prompts`` whole
     prompts of ``tokens`` each in one step, as an engine packs new requests under its token budget), and mixed
-    steps (decode batch, prefill chunk) whose decodes hold ``mixed_context`` tokens each. The defaults are the
-    CPU sweep (``SweepPlan.up_to(64, 512, max_tokens=2048)``)."""
+    steps (decode batch, prefill chunk) whose decodes hold ``mixed_context`` tokens on average. Decode rows' contexts
+    spread by ``context_spread`` around each point's (:func:`row_contexts`; 0: all equal, as sweeps before
+    2026-12-03 timed them). The defaults are the CPU sweep (``SweepPlan.up_to(64, 512, max_tokens=2048)``)."""
 
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     contexts: tuple[int, ...] = (32, 128, 512)
@@ -57,6 +91,7 @@ class SweepPlan:
     mixed_context: int = 128
     repeats: int = 3
     batched: tuple[tuple[int, int], ...] = ((4, 256), (8, 256), (16, 128))
+    context_spread: float = CONTEXT_SPREAD
 
     def __post_init__(self) -> None:
         for name in ("batches", "contexts", "chunks"):
@@ -72,6 +107,8 @@ class SweepPlan:
         if self.mixed_context < 1 or self.repeats < 1:
             raise ValueError(f"SweepPlan.mixed_context and repeats must be >= 1, got {self.mixed_context} and "
                              f"{self.repeats}")
+        if not 0 <= self.context_spread < 1:
+            raise ValueError(f"SweepPlan.context_spread must be in [0, 1), got {self.context_spread}")
 
     @classmethod
     def up_to(cls, max_batch: int, max_context: int, repeats: int = 3, max_tokens: int | None = None) -> SweepPlan:
@@ -94,22 +131,30 @@ class SweepPlan:
                    mixed_context=min(128, max_context), repeats=repeats,
                    batched=((4, eighth), (8, eighth), (16, sixteenth)))
 
+    def rows(self, context: int, rows: int) -> np.ndarray:
+        """The contexts of ``rows`` decode rows of a point at ``context`` (:func:`row_contexts`)."""
+        return row_contexts(context, rows, self.context_spread)
+
+    def _held(self, context: int, rows: int, growth: int, block_size: int) -> int:
+        """Blocks of ``rows`` decode rows around ``context``, each with its generated token and ``growth`` more."""
+        return sum(_blocks(int(c) + 1 + growth, block_size) for c in self.rows(context, rows))
+
     def kv_blocks_needed(self, block_size: int) -> int:
-        """KV blocks the sweep holds at its peak: the decode phase keeps ``max(batches)`` requests of the
+        """KV blocks the sweep holds at its peak: the decode phase keeps ``max(batches)`` requests around the
         longest context, the first of which grows by one token per timed decode step."""
-        decode = max(self.batches) * _blocks(max(self.contexts) + 1 + len(self.batches) * self.repeats, block_size)
+        decode = self._held(max(self.contexts), max(self.batches), len(self.batches) * self.repeats, block_size)
         prefill = _blocks(max(self.chunk_starts) + max(self.chunks) + 1, block_size)
-        mixed = max((batch * _blocks(self.mixed_context + 1 + self.repeats, block_size) + _blocks(chunk + 1,
-                     block_size) for batch, chunk in self.mixed), default=0)
+        mixed = max((self._held(self.mixed_context, batch, self.repeats, block_size) + _blocks(chunk + 1, block_size)
+                     for batch, chunk in self.mixed), default=0)
         batched = max((n * _blocks(tokens + 1, block_size) for n, tokens in self.batched), default=0)
         return max(decode, prefill, mixed, batched, _blocks(WARMUP_CHUNK + 1, block_size))
 
     def max_step_tokens(self) -> int:
         """Tokens of the sweep's largest step, timed or not (what a CUDA backend must profile memory for)."""
-        rows = max(*self.batches, *(batch for batch, _ in self.mixed))
-        tokens = max(*self.contexts, *self.chunk_starts, *((self.mixed_context,) if self.mixed else ()))
-        untimed = min(UNTIMED_ROWS, rows) * min(UNTIMED_TOKENS, tokens)
-        return max(untimed, *self.chunks, *(batch + chunk for batch, chunk in self.mixed),
+        filled = [(c, max(self.batches)) for c in self.contexts] + [(self.mixed_context, b) for b, _ in self.mixed]
+        untimed = max(_untimed_step(self.rows(c, n)) for c, n in filled)
+        return max(untimed, min(UNTIMED_TOKENS, max(self.chunk_starts)), *self.chunks,
+                   *(batch + chunk for batch, chunk in self.mixed),
                    *(n * tokens for n, tokens in self.batched), WARMUP_CHUNK)
 
     def check_fits(self, num_kv_blocks: int, block_size: int) -> None:
@@ -117,7 +162,7 @@ class SweepPlan:
         need = self.kv_blocks_needed(block_size)
         if need > num_kv_blocks:
             raise ValueError(f"the sweep needs {need} KV blocks of {block_size} tokens ({max(self.batches)} requests "
-                             f"of up to {max(self.contexts)} tokens) but the cache has {num_kv_blocks}: lower "
+                             f"of about {max(self.contexts)} tokens) but the cache has {num_kv_blocks}: lower "
                              "--max-batch or --max-context, or raise --kv-blocks (or free device memory)")
 
 
@@ -154,16 +199,20 @@ class Sweeper:
             self.backend.execute(StepBatch(EMPTY, EMPTY, part, np.zeros(part.size, dtype=np.int64), one, one))
         self.backend.release(rng.permutation(ids))
 
-    def _prefill(self, ids: np.ndarray, tokens: int, target: int | None = None) -> None:
-        """Ingest ``tokens`` prompt tokens of requests ``ids`` (whose prompts are ``target`` long) untimed, at most
-        UNTIMED_ROWS requests of UNTIMED_TOKENS tokens per step."""
-        for part in np.array_split(ids, -(-ids.size // UNTIMED_ROWS)):
-            done = 0
-            while done < tokens:
-                step = min(UNTIMED_TOKENS, tokens - done)
-                self.backend.execute(StepBatch(EMPTY, EMPTY, part, np.full(part.size, done),
-                                               np.full(part.size, step), np.full(part.size, target or tokens)))
-                done += step
+    def _prefill(self, ids: np.ndarray, tokens: int | np.ndarray, target: int | None = None) -> None:
+        """Ingest ``tokens`` prompt tokens of requests ``ids`` (one count for all, or one per request; prompts
+        ``target`` long, by default ``tokens``) untimed, at most UNTIMED_ROWS requests of UNTIMED_TOKENS tokens per
+        step."""
+        lengths = np.broadcast_to(np.asarray(tokens, dtype=np.int64), ids.shape)
+        targets = lengths if target is None else np.full(ids.size, target, dtype=np.int64)
+        for rows in np.array_split(np.arange(ids.size), -(-ids.size // UNTIMED_ROWS)):
+            done = np.zeros(rows.size, dtype=np.int64)
+            while (left := lengths[rows] - done).any():
+                active = left > 0
+                step = np.minimum(UNTIMED_TOKENS, left[active])
+                self.backend.execute(StepBatch(EMPTY, EMPTY, ids[rows[active]], done[active], step,
+                                               targets[rows[active]]))
+                done[active] += step
 
     def decode(self, plan: SweepPlan, progress: Callable[[str], object] | None = None) -> list[Sample]:
         """Decode steps of every batch size at every context. The repeats are rounds over the batch sizes, not
@@ -172,12 +221,13 @@ class Sweeper:
         samples = []
         for context in plan.contexts:
             ids = self._new_ids(max(plan.batches))
-            self._prefill(ids, context)
+            contexts = plan.rows(context, ids.size)
+            self._prefill(ids, contexts)
             for round_ in range(plan.repeats):
                 for batch in plan.batches:
                     chosen = ids[:batch]
                     seconds = self.backend.execute(StepBatch(chosen, EMPTY, EMPTY, EMPTY, EMPTY, EMPTY))
-                    samples.append(Sample(batch, float(batch * (context + 1)), 0, 0, seconds))
+                    samples.append(Sample(batch, float(contexts[:batch].sum() + batch), 0, 0, seconds))
                 if progress:
                     progress(f"decode context={context} round {round_ + 1}/{plan.repeats}")
             self.backend.release(ids)
@@ -216,12 +266,13 @@ class Sweeper:
         samples, context = [], plan.mixed_context
         for batch, chunk in plan.mixed:
             ids = self._new_ids(batch)
-            self._prefill(ids, context)
+            contexts = plan.rows(context, batch)
+            self._prefill(ids, contexts)
             for _ in range(plan.repeats):
                 rid = self._new_ids(1)
                 seconds = self.backend.execute(StepBatch(ids, EMPTY, rid, np.array([0]), np.array([chunk]),
                                                          np.array([chunk])))
-                samples.append(Sample(batch, float(batch * (context + 1)), chunk, 0, seconds))
+                samples.append(Sample(batch, float(contexts.sum() + batch), chunk, 0, seconds))
                 self.backend.release(rid)
             self.backend.release(ids)
         return samples

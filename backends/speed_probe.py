@@ -32,14 +32,16 @@ def probe_plan(profile: Profile) -> SweepPlan:
     """The probe's steps, inside the reach of the sweep the profile was fitted on (``provenance["sweep"]``; the CPU
     sweep's defaults where it records none): decode batches 1, 4 and 16 at context 128, single prefill chunks of 64
     and 256 tokens and mixed steps of 4 decodes and a 64-token chunk, each capped by that reach (so the probe is
-    priced where the profile was measured, not extrapolated), 3 repeats: 18 timed steps."""
+    priced where the profile was measured, not extrapolated), 3 repeats: 18 timed steps. The decode rows' contexts
+    spread as the sweep's did (``context_spread``; none where the profile records none)."""
     reach = profile.provenance.get("sweep") or {}
     batch = min(16, int(reach.get("max_batch", CPU_MAX_BATCH)))
     context = min(128, int(reach.get("max_context", CPU_MAX_CONTEXT)))
     tokens = int(reach.get("max_tokens", context))
     return SweepPlan(batches=tuple(sorted({1, max(1, batch // 4), batch})), contexts=(context,),
                      chunks=tuple(sorted({min(64, tokens), min(256, tokens)})), chunk_starts=(0,),
-                     mixed=((max(1, batch // 4), min(64, tokens)),), mixed_context=context, repeats=3, batched=())
+                     mixed=((max(1, batch // 4), min(64, tokens)),), mixed_context=context, repeats=3, batched=(),
+                     context_spread=float(reach.get("context_spread", 0.0)))
 
 
 @dataclass(frozen=True)

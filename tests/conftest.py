@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 
@@ -24,6 +25,19 @@ def pytest_configure(config: pytest.Config) -> None:
     resets to the default action across exec, so every child starts with Ctrl-C's default too."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def sb3_logs_in_tmp(tmp_path_factory: pytest.TempPathFactory):
+    """Stable-Baselines3 makes an empty ``SB3-<time>`` folder in the system's temp directory for every ``learn()``
+    without a log folder; the tests' go into pytest's own temp directory instead, which pytest prunes."""
+    before = os.environ.get("SB3_LOGDIR")
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3"))
+    yield
+    if before is None:
+        os.environ.pop("SB3_LOGDIR", None)
+    else:
+        os.environ["SB3_LOGDIR"] = before
 
 
 PAPER = "paper-v100-llama3.2-3b"

@@ -67,24 +67,60 @@ def test_limits_off_the_ladder_are_swept_themselves():
 def test_kv_blocks_needed_by_hand():
     # Decode: 64 requests of 512 tokens + 1 generated + one per timed decode (7 batches x 3 repeats) = 534
     # tokens = 34 blocks each, 2176 in all; prefill (256 + 2048 + 1 = 2305 tokens, 145 blocks), batched
-    # (16 x ceil(129 / 16) = 144) and mixed (32 x ceil(132 / 16) + ceil(257 / 16) = 305) need fewer.
-    assert SweepPlan().kv_blocks_needed(16) == 2176
+    # (16 x ceil(129 / 16) = 144) and mixed (32 x ceil(132 / 16) + ceil(257 / 16) = 305) need fewer. With equal
+    # contexts (no spread):
+    assert SweepPlan(context_spread=0.0).kv_blocks_needed(16) == 2176
+    # Spread, 4 rows around 30 tokens hold 30, 30, 56 (30 x 1.875 = 56.25) and 4 (30 x 0.125 = 3.75), each + 1
+    # generated + 2 x 2 decodes: 35, 35, 61, 9 tokens = 3 + 3 + 4 + 1 = 11 blocks (12 when all hold 30).
+    assert SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=2,
+                     batched=()).kv_blocks_needed(16) == 11
     # 4 requests of 30 tokens + 1 + 2 x 2 decodes = 35 tokens = 3 blocks each.
     small = SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=2,
-                      batched=())
+                      batched=(), context_spread=0.0)
     assert small.kv_blocks_needed(16) == 12
     # 28 + 1 + 4 = 33 tokens: still 3 blocks each (without the generated token, 32 would be 2).
     assert SweepPlan(batches=(1, 4), contexts=(28,), chunks=(16,), chunk_starts=(0,), mixed=(),
-                     repeats=2, batched=()).kv_blocks_needed(16) == 12
+                     repeats=2, batched=(), context_spread=0.0).kv_blocks_needed(16) == 12
     # Batched prefills: 8 prompts of 256 tokens + 1 = 17 blocks each, 136; 16 of 128 + 1: 9 each, 144.
     assert SweepPlan(batches=(1,), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=1,
                      batched=((8, 256), (16, 128))).kv_blocks_needed(16) == 144
 
 
 def test_a_sweep_that_overflows_the_cache_is_refused_before_it_starts():
-    SweepPlan().check_fits(2176, 16)
-    with pytest.raises(ValueError, match=r"needs 2176 KV blocks of 16 tokens .* cache has 2175"):
-        SweepPlan().check_fits(2175, 16)
+    SweepPlan().check_fits(2164, 16)
+    with pytest.raises(ValueError, match=r"needs 2164 KV blocks of 16 tokens .* cache has 2163"):
+        SweepPlan().check_fits(2163, 16)
+
+
+def test_decode_rows_spread_around_the_point_context_by_hand():
+    from servegym.backends.calibration_sweep import row_contexts
+
+    # Pairs 128 x (1 +- a): a = 0, 0.875, 0.4375 (56), 0.65625 (84); each even prefix and the first row mean 128.
+    rows = row_contexts(128, 8, 0.875)
+    assert rows.tolist() == [128, 128, 240, 16, 184, 72, 212, 44]
+    assert [rows[:n].mean() for n in (1, 2, 4, 6, 8)] == [128.0] * 5
+    assert row_contexts(128, 3, 0.875).tolist() == [128, 128, 240]  # an odd count keeps its last pair's first
+    assert row_contexts(128, 5, 0.0).tolist() == [128] * 5
+    assert row_contexts(4, 4, 0.875).tolist() == [4, 4, 8, 1]  # 4 x 0.125 = 0.5 rounds to 0: at least 1 token
+    with pytest.raises(ValueError, match="context_spread"):
+        SweepPlan(context_spread=1.0)
+
+
+def test_the_decode_sweep_prefills_spread_rows_and_records_their_context():
+    from servegym.backends.calibration_sweep import Sweeper
+
+    steps = []
+    fake = SimpleNamespace(execute=lambda batch: steps.append(batch) or 0.01, release=lambda ids: None)
+    plan = SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=1,
+                     batched=())
+    samples = Sweeper(fake).decode(plan)
+    # One untimed prefill of the 4 rows, each its own length (the prompt is what it prefills), then the two decodes.
+    prefill = steps[0]
+    assert prefill.prefill_len.tolist() == [30, 30, 56, 4] and prefill.prefill_target.tolist() == [30, 30, 56, 4]
+    assert prefill.prefill_start.tolist() == [0, 0, 0, 0]
+    assert [s.decode_ids.tolist() for s in steps[1:]] == [[0], [0, 1, 2, 3]]
+    # Each row reads its context and the token it feeds: 31; 31 + 31 + 57 + 5 = 124.
+    assert [(s.decode, s.context) for s in samples] == [(1, 31.0), (4, 124.0)]
 
 
 @pytest.mark.slow
@@ -119,9 +155,12 @@ def test_scatter_leaves_the_free_blocks_shuffled():
 
 
 def test_the_largest_step_by_hand():
-    # Untimed prefills: 16 of the 64 requests x 512 tokens = 8192, more than any timed step.
-    assert SweepPlan().max_step_tokens() == 8192
-    # 4 requests x 30 tokens = 120, more than the 64-token warm-up and the 16-token chunk.
+    # Untimed prefills of equal contexts: 16 of the 64 requests x 512 tokens = 8192, more than any timed step.
+    assert SweepPlan(context_spread=0.0).max_step_tokens() == 8192
+    # Spread around 600 tokens, 4 rows hold 600, 600, 1125 and 75; a step prefills at most 512 of each: 1611.
+    assert SweepPlan(batches=(1, 4), contexts=(600,), chunks=(16,), chunk_starts=(0,), mixed=(),
+                     batched=()).max_step_tokens() == 512 + 512 + 512 + 75
+    # 4 requests around 30 tokens (30, 30, 56, 4) = 120, more than the 64-token warm-up and the 16-token chunk.
     assert SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(),
                      batched=()).max_step_tokens() == 120
     # A batch of 16 prompts of 200 tokens is the largest step: 3200 > 4 x 30 and the chunk.
@@ -249,7 +288,7 @@ def no_model_build(monkeypatch):
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--max-context", "8"], "--max-context 8 is shorter than one KV block (--block-size 16)"),
-    (["--kv-blocks", "100"], "the sweep needs 2176 KV blocks"),
+    (["--kv-blocks", "100"], "the sweep needs 2164 KV blocks"),
     (["--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
     (["--backend", "torch", "--plot", "/proc/no/plot.png"], "not writable"),
 ])
@@ -294,7 +333,7 @@ def test_calibrate_then_fidelity_on_the_tiny_model(tmp_path, capsys):
     # 4 and 8 prompts of 2 tokens and 16 of 1; mixed (1 decode, chunk 16): 8 points of 2 repeats each. The
     # batched 16 x 1 holds the most: 16 one-block requests.
     assert prov["sweep"] == {"max_batch": 2, "max_context": 16, "max_tokens": 16, "repeats": 2,
-                             "kv_blocks_needed": 16}
+                             "context_spread": 0.875, "kv_blocks_needed": 16}
     assert prov["spread"]["points"] == 8
     with out.with_suffix(".samples.csv").open() as handle:
         rows = list(csv.DictReader(handle))

@@ -87,6 +87,12 @@ def test_the_probe_stays_inside_the_profiles_sweep(profile):
     plan = probe_plan(small)
     assert (plan.batches, plan.contexts, plan.chunks, plan.mixed, plan.mixed_context) == ((1, 2), (16,), (16,),
                                                                                           ((1, 16),), 16)
+    # The decode rows' contexts spread as the profile's sweep spread them; equal where it records no spread.
+    assert plan.context_spread == 0.0
+    assert shipped.context_spread == profile.provenance["sweep"].get("context_spread", 0.0)
+    spread = dataclasses.replace(profile, provenance={"sweep": {"max_batch": 2, "max_context": 16, "max_tokens": 16,
+                                                                "context_spread": 0.5}})
+    assert probe_plan(spread).context_spread == 0.5
     too_small = CalibratedBackend(dataclasses.replace(profile, num_kv_blocks=8), noise_cv=0.0)
     with pytest.raises(ValueError, match="the sweep needs 144 KV blocks"):
         machine_speed(too_small, profile)
