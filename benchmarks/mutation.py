@@ -479,8 +479,8 @@ MUTATIONS: list[Mutation] = [
       DEVICE, "-k", "host_time", kind="real backend"),
     # ------------------------------------------------------------------ calibration sweep and provenance
     m("sweep-kv-no-generated-token", "backends/calibration_sweep.py",
-      "max(self.contexts) + 1 + len(self.batches) * self.repeats",
-      "max(self.contexts) + len(self.batches) * self.repeats",
+      "_blocks(int(c) + 1 + growth, block_size) for c in self.rows(context, rows)",
+      "_blocks(int(c) + growth, block_size) for c in self.rows(context, rows)",
       CALIBRATE, "-k", "kv_blocks_needed", kind="calibration"),
     m("sweep-blocks-floor", "backends/calibration_sweep.py",
       "    return -(-tokens // block_size)", "    return tokens // block_size",

@@ -86,11 +86,22 @@ class PairOrder:
     real_difference: float
     """``first - second`` on the real backend (means over seeds)."""
     calibrated_difference: float
+    at_speed_difference: float = math.nan
+    """``first - second`` of the model run at the measured machine speed (nan: no probe)."""
 
     @property
     def same_order(self) -> bool:
-        return math.copysign(1.0, self.real_difference) == math.copysign(1.0, self.calibrated_difference) \
-            and self.calibrated_difference != 0.0
+        return _same_sign(self.real_difference, self.calibrated_difference)
+
+    @property
+    def same_order_at_speed(self) -> bool:
+        """Whether the model run at the measured machine speed orders the pair as the real runs do."""
+        return _same_sign(self.real_difference, self.at_speed_difference)
+
+
+def _same_sign(real: float, model: float) -> bool:
+    """``model`` has ``real``'s sign (a tie, or nan, does not)."""
+    return math.copysign(1.0, real) == math.copysign(1.0, model) and model != 0.0 and not math.isnan(model)
 
 
 def ranking(rows: Sequence[FidelityRow]) -> list[PairOrder]:
@@ -104,7 +115,8 @@ def ranking(rows: Sequence[FidelityRow]) -> list[PairOrder]:
         for a, b in itertools.combinations(group, 2):
             noise = sum(0.0 if math.isnan(r.spread) else r.spread * abs(r.real) for r in (a, b))
             if abs(a.real - b.real) > noise:
-                orders.append(PairOrder(metric, a.policy, b.policy, a.real - b.real, a.calibrated - b.calibrated))
+                orders.append(PairOrder(metric, a.policy, b.policy, a.real - b.real, a.calibrated - b.calibrated,
+                                        a.at_speed - b.at_speed))
     return orders
 
 
@@ -333,10 +345,12 @@ def fidelity_table(rows: list[FidelityRow], tolerance: float = TOLERANCE) -> str
 
 def ranking_table(orders: list[PairOrder]) -> str:
     labels = {m: _base_header(m) for m in FIDELITY_METRICS}
-    lines = ["| metric | pair | real difference | calibrated difference | same order |", "|---|---|---|---|---|"]
+    lines = ["| metric | pair | real difference | calibrated difference | same order | at the measured machine speed "
+             "| same order at that speed |", "|---|---|---|---|---|---|---|"]
     for o in orders:
         lines.append(f"| {labels[o.metric]} | {o.first} - {o.second} | {o.real_difference:+.4f} | "
-                     f"{o.calibrated_difference:+.4f} | {'yes' if o.same_order else '**no**'} |")
+                     f"{o.calibrated_difference:+.4f} | {'yes' if o.same_order else '**no**'} | "
+                     f"{o.at_speed_difference:+.4f} | {'yes' if o.same_order_at_speed else '**no**'} |")
     return "\n".join(lines)
 
 
@@ -353,10 +367,12 @@ def verdict(report: FidelityReport, tolerance: float = TOLERANCE) -> str:
     if not probes:
         return line
     at_speed = sum(abs(r.error_at_speed) <= tolerance for r in report.rows)
+    kept_at_speed = sum(o.same_order_at_speed for o in report.orders)
     decode, prefill = [p.decode for p in probes], [p.prefill for p in probes]
     return (f"{line}; the machine ran at {min(decode):.3f}-{max(decode):.3f}x the profile's time on decode-only "
             f"steps and {min(prefill):.3f}-{max(prefill):.3f}x on steps with prefill before the real episodes (speed "
-            f"probe), and at that speed the model is within {tolerance:.0%} on {at_speed} of {len(report.rows)}")
+            f"probe), and at that speed the model is within {tolerance:.0%} on {at_speed} of {len(report.rows)} and "
+            f"orders {kept_at_speed} of {len(report.orders)} pairs alike")
 
 
 def speed_table(speeds: dict[str, list[MachineSpeed]], seeds: Sequence[int], repeats: int) -> str:

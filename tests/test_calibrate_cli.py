@@ -111,16 +111,16 @@ def test_the_decode_sweep_prefills_spread_rows_and_records_their_context():
 
     steps = []
     fake = SimpleNamespace(execute=lambda batch: steps.append(batch) or 0.01, release=lambda ids: None)
-    plan = SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=1,
+    plan = SweepPlan(batches=(1, 3), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=1,
                      batched=())
     samples = Sweeper(fake).decode(plan)
-    # One untimed prefill of the 4 rows, each its own length (the prompt is what it prefills), then the two decodes.
+    # One untimed prefill of the 3 rows, each its own length (the prompt is what it prefills), then the two decodes.
     prefill = steps[0]
-    assert prefill.prefill_len.tolist() == [30, 30, 56, 4] and prefill.prefill_target.tolist() == [30, 30, 56, 4]
-    assert prefill.prefill_start.tolist() == [0, 0, 0, 0]
-    assert [s.decode_ids.tolist() for s in steps[1:]] == [[0], [0, 1, 2, 3]]
-    # Each row reads its context and the token it feeds: 31; 31 + 31 + 57 + 5 = 124.
-    assert [(s.decode, s.context) for s in samples] == [(1, 31.0), (4, 124.0)]
+    assert prefill.prefill_len.tolist() == [30, 30, 56] and prefill.prefill_target.tolist() == [30, 30, 56]
+    assert prefill.prefill_start.tolist() == [0, 0, 0]
+    assert [s.decode_ids.tolist() for s in steps[1:]] == [[0], [0, 1, 2]]
+    # Each row reads its context and the token it feeds: 31; 31 + 31 + 57 = 119 (an odd batch does not mean 30).
+    assert [(s.decode, s.context) for s in samples] == [(1, 31.0), (3, 119.0)]
 
 
 @pytest.mark.slow

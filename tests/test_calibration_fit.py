@@ -181,6 +181,7 @@ def test_a_model_that_ties_what_the_real_runs_separate_does_not_keep_their_order
         orders = ranking([FidelityRow("a", "itl_mean", real_a, 2.0, 0.0),
                           FidelityRow("b", "itl_mean", real_b, 2.0, 0.0)])
         assert len(orders) == 1 and not orders[0].same_order
+        assert not orders[0].same_order_at_speed  # no probe ran (nan, whose sign bit is +): no order at speed
 
 
 def test_step_residuals_price_each_real_step_from_its_own_batch():

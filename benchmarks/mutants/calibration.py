@@ -4,6 +4,7 @@ ranking's noise test and order."""
 
 FIT = "tests/test_calibration_fit.py"
 PROBE = "tests/test_speed_probe.py"
+CLI = "tests/test_calibrate_cli.py"
 
 MUTATIONS = [
     ("holdout-from-the-first-point", "backends/calibration_fit.py",
@@ -44,7 +45,7 @@ MUTATIONS = [
     ("ranking-ignores-spread", "evaluation/fidelity.py",
      "            if abs(a.real - b.real) > noise:", "            if abs(a.real - b.real) > 0:", (FIT,), "evaluation"),
     ("ranking-ties-count-as-same", "evaluation/fidelity.py",
-     "            and self.calibrated_difference != 0.0", "            and True", (FIT,), "evaluation"),
+     "math.copysign(1.0, model) and model != 0.0 and", "math.copysign(1.0, model) and", (FIT,), "evaluation"),
     ("scatter-releases-in-order", "backends/calibration_sweep.py",
      "        self.backend.release(rng.permutation(ids))", "        self.backend.release(ids)",
      ("tests/test_calibrate_cli.py",), "backend"),
@@ -75,4 +76,31 @@ MUTATIONS = [
     ("at-speed-error-against-the-plain-model", "evaluation/fidelity.py",
      "return (self.at_speed - self.real) / self.real if self.real else math.nan",
      "return (self.calibrated - self.real) / self.real if self.real else math.nan", (PROBE,), "evaluation"),
+    ("spread-pairs-not-mirrored", "backends/calibration_sweep.py",
+     "    offsets[3::2] = -offsets[2 : rows - 1 : 2]", "    offsets[3::2] = offsets[2 : rows - 1 : 2]", (CLI,),
+     "backend"),
+    ("spread-van-der-corput-from-the-top", "backends/calibration_sweep.py",
+     "        offsets[2 * k] = spread * (1.0 - _van_der_corput(k - 1))",
+     "        offsets[2 * k] = spread * _van_der_corput(k - 1)", (CLI,), "backend"),
+    ("spread-rows-floor-zero", "backends/calibration_sweep.py", "    return np.maximum(1, context + np.rint(",
+     "    return np.maximum(0, context + np.rint(", (CLI,), "backend"),
+    ("sweep-records-equal-contexts", "backends/calibration_sweep.py",
+     "samples.append(Sample(batch, float(contexts[:batch].sum() + batch), 0, 0, seconds))",
+     "samples.append(Sample(batch, float(batch * (context + 1)), 0, 0, seconds))", (CLI,), "backend"),
+    ("kv-estimate-ignores-spread", "backends/calibration_sweep.py",
+     "        return sum(_blocks(int(c) + 1 + growth, block_size) for c in self.rows(context, rows))",
+     "        return rows * _blocks(context + 1 + growth, block_size)", (CLI,), "backend"),
+    ("untimed-step-uncapped", "backends/calibration_sweep.py",
+     "    parts = np.array_split(np.minimum(lengths, UNTIMED_TOKENS), -(-lengths.size // UNTIMED_ROWS))",
+     "    parts = np.array_split(lengths, -(-lengths.size // UNTIMED_ROWS))", (CLI,), "backend"),
+    ("ranking-at-speed-from-the-plain-model", "evaluation/fidelity.py",
+     "                                        a.at_speed - b.at_speed))",
+     "                                        a.calibrated - b.calibrated))", (PROBE,), "evaluation"),
+    ("verdict-at-speed-counts-the-plain-order", "evaluation/fidelity.py",
+     "    kept_at_speed = sum(o.same_order_at_speed for o in report.orders)",
+     "    kept_at_speed = sum(o.same_order for o in report.orders)", (PROBE,), "evaluation"),
+    ("order-at-speed-without-a-probe", "evaluation/fidelity.py", " and model != 0.0 and not math.isnan(model)",
+     " and model != 0.0", (FIT,), "evaluation"),
+    ("probe-ignores-the-sweeps-spread", "backends/speed_probe.py",
+     "context_spread=float(reach.get(\"context_spread\", 0.0)))", "context_spread=0.875)", (PROBE,), "backend"),
 ]
