@@ -23,6 +23,7 @@ from servegym.backends.calibration_sweep import (
     CUDA_MAX_CONTEXT,
     SweepPlan,
 )
+from servegym.backends.speed_probe import drift_advice
 from servegym.cli_args import positive_int, writable_dir
 from servegym.engine import EngineConfig
 from servegym.workloads import WORKLOADS, make_workload
@@ -157,6 +158,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
             median = statistics.median(getattr(x, kind) for x in speeds)
             print(f"  {'decode-only steps' if kind == 'decode' else 'steps with prefill'} run {abs(median - 1):.1%} "
                   f"{'slower' if median > 1 else 'faster'} than when the profile was fitted")
+        print(drift_advice(speeds))
         return 0
     workload = make_workload(args.workload)
     if args.max_requests:

@@ -342,7 +342,7 @@ def test_calibrate_then_fidelity_on_the_tiny_model(tmp_path, capsys):
     capsys.readouterr()
 
     assert main(["fidelity", "--profile", str(out), "--model", "tiny-llama", "--device", "cpu", "--speed-only"]) == 0
-    lines = capsys.readouterr().out.splitlines()[-3:]
+    *lines, advice = capsys.readouterr().out.splitlines()[-4:]
     head = (f"machine speed against {out} (the speed probe's medians of measured / profile, decode-only/with prefill, "
             "3 times): ")
     assert lines[0].startswith(head)
@@ -354,6 +354,7 @@ def test_calibrate_then_fidelity_on_the_tiny_model(tmp_path, capsys):
         assert line.startswith(f"  {kind} run ") and line.endswith(f" {'slower' if median > 1 else 'faster'} than "
                                                                    "when the profile was fitted")
         assert float(line.split(" run ")[1].split("%")[0]) == pytest.approx(100 * abs(median - 1), abs=0.11)
+    assert advice.startswith("within 5% of the profile's speed") or "beyond 5%: recalibrate" in advice
     assert main(["fidelity", "--profile", str(out), "--model", "tiny-llama", "--device", "cpu", "--policy", "fcfs",
                  "--max-requests", "3", "--out", str(tmp_path / "fid")]) == 0
     assert "(cpu, 1 thread)" in capsys.readouterr().out  # the profile's threads, not torch's default

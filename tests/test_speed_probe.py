@@ -12,7 +12,7 @@ import pytest
 
 from servegym.backends import CalibratedBackend, load_profile
 from servegym.backends.base import BatchTotals, StepBatch
-from servegym.backends.speed_probe import MachineSpeed, machine_speed, probe_plan
+from servegym.backends.speed_probe import MachineSpeed, drift_advice, machine_speed, probe_plan
 from servegym.evaluation.fidelity import FidelityReport, _row, ranking, ranking_table, speed_table, verdict
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
@@ -172,3 +172,19 @@ def test_a_row_and_the_verdict_report_the_error_at_the_measured_speed():
         "| policy | seed 0 repeat 1 | seed 0 repeat 2 | seed 1 repeat 1 | seed 1 repeat 2 |",
         "|---|---|---|---|---|", "| fcfs | 1.040/0.900 | 0.970/0.950 | 1.000/0.880 | 1.100/0.910 |"]
     assert np.isfinite(row.error_at_speed)
+
+
+def test_drift_advice_reads_each_kinds_median_against_the_limit():
+    # Medians: decode 1.04 (of 0.90, 1.04, 1.30: a mean would say 1.08), prefill 0.97: both within 5%.
+    held = [MachineSpeed(0.90, 0.97), MachineSpeed(1.04, 0.99), MachineSpeed(1.30, 0.80)]
+    assert drift_advice(held) == ("within 5% of the profile's speed on both kinds of step: the profile holds as "
+                                  "calibrated")
+    # Prefill median 0.94 (6.0% faster) is past 5%, decode 1.02 is not: only prefill is named.
+    moved = [MachineSpeed(1.02, 0.94), MachineSpeed(1.0, 0.93), MachineSpeed(1.05, 0.96)]
+    assert drift_advice(moved) == ("steps with prefill 6.0% faster than when the profile was fitted, beyond 5%: "
+                                   "recalibrate (servegym calibrate), or read fidelity's results at the measured "
+                                   "machine speed")
+    assert drift_advice([MachineSpeed(1.051, 1.0)]).startswith("decode-only steps 5.1% slower than")
+    assert drift_advice([MachineSpeed(1.049, 0.951)]).startswith("within 5%")  # just inside 5%
+    assert drift_advice([MachineSpeed(1.1, 1.1)], limit=0.2).startswith("within 20%")
+

@@ -101,6 +101,11 @@ MUTATIONS = [
      "    kept_at_speed = sum(o.same_order for o in report.orders)", (PROBE,), "evaluation"),
     ("order-at-speed-without-a-probe", "evaluation/fidelity.py", " and model != 0.0 and not math.isnan(model)",
      " and model != 0.0", (FIT,), "evaluation"),
+    ("drift-limit-flipped", "backends/speed_probe.py", "if abs(m - 1.0) > limit}", "if abs(m - 1.0) < limit}",
+     (PROBE,), "backend"),
+    ("drift-from-the-mean-probe", "backends/speed_probe.py",
+     "    medians = {kind: float(np.median([getattr(x, kind)", "    medians = {kind: float(np.mean([getattr(x, kind)",
+     (PROBE,), "backend"),
     ("probe-ignores-the-sweeps-spread", "backends/speed_probe.py",
      "context_spread=float(reach.get(\"context_spread\", 0.0)))", "context_spread=0.875)", (PROBE,), "backend"),
 ]
