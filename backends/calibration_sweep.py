@@ -65,7 +65,8 @@ def row_contexts(context: int, rows: int, spread: float) -> np.ndarray:
     """The contexts of a decode point's ``rows`` rows around ``context``: pairs ``context * (1 +- a)`` with ``a``
     0 for the first pair, then ``spread``, ``spread / 2``, ``3 spread / 4``, ``spread / 4``, ... (so any first
     rows spread evenly over ``[(1 - spread) context, (1 + spread) context]``); every even number of first rows, and
-    the first row, average ``context`` exactly. At least 1 token each; ``spread`` 0: every row holds ``context``."""
+    the first row, average ``context`` exactly, unless the 1-token floor clips a row (contexts of 4 or less). At
+    least 1 token each; ``spread`` 0: every row holds ``context``."""
     offsets = np.zeros(rows)
     for k in range(1, (rows + 1) // 2):
         offsets[2 * k] = spread * (1.0 - _van_der_corput(k - 1))
@@ -167,7 +168,8 @@ class SweepPlan:
 
 
 def point_label(group: str, s: Sample) -> str:
-    """The sweep point a sample of ``group`` (``decode``, ``prefill`` or ``mixed``) timed, in words."""
+    """The sweep point a sample of ``group`` (``decode``, ``prefill`` or ``mixed``) timed, in words (a decode point's
+    context is its rows' mean: the point's own for an even batch or one row, a little more for an odd batch)."""
     if group == "decode":
         return f"decode B={s.decode} context={round(s.context / s.decode) - 1}"
     if group == "prefill":

@@ -343,6 +343,10 @@ def fidelity_table(rows: list[FidelityRow], tolerance: float = TOLERANCE) -> str
     return "\n".join(lines)
 
 
+def _signed(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:+.4f}"
+
+
 def ranking_table(orders: list[PairOrder]) -> str:
     labels = {m: _base_header(m) for m in FIDELITY_METRICS}
     lines = ["| metric | pair | real difference | calibrated difference | same order | at the measured machine speed "
@@ -350,7 +354,7 @@ def ranking_table(orders: list[PairOrder]) -> str:
     for o in orders:
         lines.append(f"| {labels[o.metric]} | {o.first} - {o.second} | {o.real_difference:+.4f} | "
                      f"{o.calibrated_difference:+.4f} | {'yes' if o.same_order else '**no**'} | "
-                     f"{o.at_speed_difference:+.4f} | {'yes' if o.same_order_at_speed else '**no**'} |")
+                     f"{_signed(o.at_speed_difference)} | {'yes' if o.same_order_at_speed else '**no**'} |")
     return "\n".join(lines)
 
 

@@ -221,7 +221,8 @@ def add_real_backend_parsers(sub: Any) -> None:
     cal.add_argument("--max-batch", type=positive_int, default=None,
                      help=f"largest decode batch swept (default {CUDA_MAX_BATCH} on CUDA, {CPU_MAX_BATCH} on CPU)")
     cal.add_argument("--max-context", type=positive_int, default=None,
-                     help=f"longest per-request context and prefill chunk swept, in tokens (default "
+                     help=f"longest decode point's context swept, in tokens (its rows spread from 1/8 to 15/8 of "
+                          f"it; prefill chunks also start at half of it; default "
                           f"{CUDA_MAX_CONTEXT} on CUDA, {CPU_MAX_CONTEXT} on CPU)")
     cal.add_argument("--max-tokens", type=positive_int, default=EngineConfig().max_num_batched_tokens,
                      help="largest prefill step swept, single chunks and batched prompts (default: the engine's "

@@ -123,6 +123,25 @@ def test_the_decode_sweep_prefills_spread_rows_and_records_their_context():
     assert [(s.decode, s.context) for s in samples] == [(1, 31.0), (3, 119.0)]
 
 
+def test_the_mixed_sweep_prefills_long_spread_rows_in_steps_and_records_their_context():
+    from servegym.backends.calibration_sweep import Sweeper
+
+    steps = []
+    fake = SimpleNamespace(execute=lambda batch: steps.append(batch) or 0.01, release=lambda ids: None)
+    plan = SweepPlan(batches=(1,), contexts=(16,), chunks=(16,), chunk_starts=(0,), mixed=((3, 64),),
+                     mixed_context=600, repeats=1, batched=())
+    samples = Sweeper(fake).mixed(plan)
+    # Rows around 600 hold 600, 600 and 1125 tokens: 512 each in the first untimed step, then 88, 88 and 512 from
+    # 512, then the last row's 101 from 1024 alone (the others are done); then the timed step.
+    assert [s.prefill_ids.tolist() for s in steps[:3]] == [[0, 1, 2], [0, 1, 2], [2]]
+    assert [s.prefill_len.tolist() for s in steps[:3]] == [[512, 512, 512], [88, 88, 512], [101]]
+    assert [s.prefill_start.tolist() for s in steps[:3]] == [[0, 0, 0], [512, 512, 512], [1024]]
+    assert steps[2].prefill_target.tolist() == [1125]
+    assert steps[3].decode_ids.tolist() == [0, 1, 2] and steps[3].prefill_len.tolist() == [64]
+    # 601 + 601 + 1126 = 2328 KV tokens read (3 x 601 = 1803 if the rows all held 600).
+    assert [(s.decode, s.context, s.chunk) for s in samples] == [(3, 2328.0, 64)]
+
+
 @pytest.mark.slow
 def test_the_kv_estimate_is_exactly_what_the_decode_sweep_holds():
     pytest.importorskip("transformers")
@@ -133,11 +152,11 @@ def test_the_kv_estimate_is_exactly_what_the_decode_sweep_holds():
     plan = SweepPlan(batches=(1, 4), contexts=(30,), chunks=(16,), chunk_starts=(0,), mixed=(), repeats=2,
                       batched=())
     backend = TorchBackend("tiny-llama", device="cpu", num_kv_blocks=plan.kv_blocks_needed(16))
-    assert len(Sweeper(backend).decode(plan)) == 4  # 12 blocks suffice: 2 batch sizes x 2 repeats timed
+    assert len(Sweeper(backend).decode(plan)) == 4  # 11 blocks suffice: 2 batch sizes x 2 repeats timed
     backend.reset(np.random.default_rng(0))
     empty, other = np.zeros(0, dtype=np.int64), np.array([10_000])
     backend.execute(StepBatch(empty, empty, other, np.array([0]), np.array([1]), np.array([1])))  # takes 1 block
-    with pytest.raises(RuntimeError, match="full"):  # 11 do not: the last decode needs the 12th
+    with pytest.raises(RuntimeError, match="full"):  # 10 do not: the decodes need all 11
         Sweeper(backend).decode(plan)
 
 

@@ -153,7 +153,7 @@ def test_a_row_and_the_verdict_report_the_error_at_the_measured_speed():
     assert math.isnan(_row("fcfs", "e2e_p50", [[1.0]], [1.0]).error_at_speed)  # no probe, no figure
     far = _row("twp", "e2e_p50", [[1.0, 1.0]], [1.5], [1.12])
     fcfs = [MachineSpeed(1.04, 0.9), MachineSpeed(0.97, 0.95), MachineSpeed(1.0, 0.88), MachineSpeed(1.1, 0.91)]
-    # fcfs 1.55 and twp 1.0 separate (spreads 0.13 x 1.55 + 0); the plain model swaps them (1.4 < 1.5), the
+    # fcfs 1.55 and twp 1.0 separate (spreads 0.091 x 1.55 + 0); the plain model swaps them (1.4 < 1.5), the
     # model at speed keeps them (1.7 > 1.12).
     orders = ranking([row, far])
     assert [(o.same_order, o.same_order_at_speed) for o in orders] == [(False, True)]
@@ -177,8 +177,8 @@ def test_a_row_and_the_verdict_report_the_error_at_the_measured_speed():
 def test_drift_advice_reads_each_kinds_median_against_the_limit():
     # Medians: decode 1.04 (of 0.90, 1.04, 1.30: a mean would say 1.08), prefill 0.97: both within 5%.
     held = [MachineSpeed(0.90, 0.97), MachineSpeed(1.04, 0.99), MachineSpeed(1.30, 0.80)]
-    assert drift_advice(held) == ("within 5% of the profile's speed on both kinds of step: the profile holds as "
-                                  "calibrated")
+    assert drift_advice(held) == ("within 5% of the profile's speed on both kinds of step: no drift the probe can "
+                                  "see, read the profile as calibrated")
     # Prefill median 0.94 (6.0% faster) is past 5%, decode 1.02 is not: only prefill is named.
     moved = [MachineSpeed(1.02, 0.94), MachineSpeed(1.0, 0.93), MachineSpeed(1.05, 0.96)]
     assert drift_advice(moved) == ("steps with prefill 6.0% faster than when the profile was fitted, beyond 5%: "
@@ -187,4 +187,7 @@ def test_drift_advice_reads_each_kinds_median_against_the_limit():
     assert drift_advice([MachineSpeed(1.051, 1.0)]).startswith("decode-only steps 5.1% slower than")
     assert drift_advice([MachineSpeed(1.049, 0.951)]).startswith("within 5%")  # just inside 5%
     assert drift_advice([MachineSpeed(1.1, 1.1)], limit=0.2).startswith("within 20%")
+    assert drift_advice([MachineSpeed(1.0, math.nan)]).startswith("steps with prefill nan%")  # unreadable: drift
+    with pytest.raises(ValueError, match="at least one probe"):
+        drift_advice([])
 
