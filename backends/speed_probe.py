@@ -44,6 +44,14 @@ def probe_plan(profile: Profile) -> SweepPlan:
                      context_spread=float(reach.get("context_spread", 0.0)))
 
 
+def describe_plan(plan: SweepPlan) -> str:
+    """The probe's steps in words (what a report says it timed)."""
+    spread = f" (rows spread by +-{plan.context_spread:g} of it)" if plan.context_spread else ""
+    mixed = ", ".join(f"{b} decodes and a {c}-token chunk" for b, c in plan.mixed)
+    return (f"decode batches {', '.join(map(str, plan.batches))} at context {', '.join(map(str, plan.contexts))}"
+            f"{spread}, prefill chunks of {', '.join(map(str, plan.chunks))} tokens, mixed steps of {mixed}")
+
+
 @dataclass(frozen=True)
 class MachineSpeed:
     """How long the machine's steps take now against the profile (measured / predicted, medians): 1.0 is the speed
@@ -82,17 +90,24 @@ is out of date. In the CPU fidelity runs of 2026-12-03, the runs whose probes ce
 metrics within 10% as calibrated, and those 5-15% off 7 to 11 (docs/REAL_BACKEND.md)."""
 
 
+KINDS = {"decode": "decode-only steps", "prefill": "steps with prefill"}
+"""The two kinds of step the probe reads apart (:class:`MachineSpeed`'s fields), in words."""
+
+
+def kind_medians(speeds: list[MachineSpeed]) -> dict[str, float]:
+    """Each kind's median over several probes."""
+    if not speeds:
+        raise ValueError("the kinds' medians need at least one probe")
+    return {kind: float(np.median([getattr(x, kind) for x in speeds])) for kind in KINDS}
+
+
 def drift_advice(speeds: list[MachineSpeed], limit: float = DRIFT_LIMIT) -> str:
     """What the probes' medians (per kind) say of the profile: no drift the probe can see, or recalibrate. A
     non-finite median counts as drift."""
-    if not speeds:
-        raise ValueError("drift_advice needs at least one probe")
-    medians = {kind: float(np.median([getattr(x, kind) for x in speeds])) for kind in ("decode", "prefill")}
-    far = {kind: m for kind, m in medians.items() if not abs(m - 1.0) <= limit}
+    far = {kind: m for kind, m in kind_medians(speeds).items() if not abs(m - 1.0) <= limit}
     if not far:
         return (f"within {limit:.0%} of the profile's speed on both kinds of step: no drift the probe can see, read "
                 "the profile as calibrated")
-    words = {"decode": "decode-only steps", "prefill": "steps with prefill"}
-    drift = " and ".join(f"{words[k]} {abs(m - 1):.1%} {'slower' if m > 1 else 'faster'}" for k, m in far.items())
+    drift = " and ".join(f"{KINDS[k]} {abs(m - 1):.1%} {'slower' if m > 1 else 'faster'}" for k, m in far.items())
     return (f"{drift} than when the profile was fitted, beyond {limit:.0%}: recalibrate (servegym calibrate), or read "
             "fidelity's results at the measured machine speed")

@@ -7,7 +7,6 @@ Every argument is checked, and the sweep is checked against the KV cache, before
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from servegym.backends.calibration_sweep import (
     CUDA_MAX_CONTEXT,
     SweepPlan,
 )
-from servegym.backends.speed_probe import drift_advice
+from servegym.backends.speed_probe import KINDS, describe_plan, drift_advice, kind_medians, probe_plan
 from servegym.cli_args import positive_int, writable_dir
 from servegym.engine import EngineConfig
 from servegym.workloads import WORKLOADS, make_workload
@@ -154,10 +153,9 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         speeds = speed_check(args.profile, clock=args.clock, backend_options=_backend_options(args, device, threads))
         print(f"machine speed against {args.profile} (the speed probe's medians of measured / profile, decode-only/"
               f"with prefill, 3 times): {', '.join(map(str, speeds))}")
-        for kind in ("decode", "prefill"):
-            median = statistics.median(getattr(x, kind) for x in speeds)
-            print(f"  {'decode-only steps' if kind == 'decode' else 'steps with prefill'} run {abs(median - 1):.1%} "
-                  f"{'slower' if median > 1 else 'faster'} than when the profile was fitted")
+        for kind, median in kind_medians(speeds).items():
+            print(f"  {KINDS[kind]} run {abs(median - 1):.1%} {'slower' if median > 1 else 'faster'} than when the "
+                  "profile was fitted")
         print(drift_advice(speeds))
         return 0
     workload = make_workload(args.workload)
@@ -189,10 +187,9 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
             "at the measured machine speed: the model's error when each seed's episode runs at the speed the probe "
             "measured before that seed's real repeats (below)."
             f"\n\n{table}\n\n## Machine speed\n\nBefore each real episode the speed probe times calibration sweep "
-            "steps (decode batches 1, 4 and 16 at context 128, prefill chunks of 64 and 256 tokens, mixed steps of 4 "
-            "decodes and a 64-token chunk, each within the profile's sweep; the cache's free blocks shuffled first) "
-            "and reports the median of measured / profile: 1.000 is the machine as it was when the profile was "
-            "fitted."
+            f"steps ({describe_plan(probe_plan(profile))}, each within the profile's sweep; the cache's free blocks "
+            "shuffled first) and reports the median of measured / profile: 1.000 is the machine as it was when the "
+            "profile was fitted."
             f"\n\n{speeds}\n\n## Ranking\n\nEvery pair of policies and metric where the real means differ by more "
             f"than the sum of the two policies' repeat spreads, and whether the model orders them alike.\n\n{orders}"
             f"\n\n## Step latency of the real runs\n\n{steps}\n\n{notes}\n")

@@ -12,7 +12,7 @@ import pytest
 
 from servegym.backends import CalibratedBackend, load_profile
 from servegym.backends.base import BatchTotals, StepBatch
-from servegym.backends.speed_probe import MachineSpeed, drift_advice, machine_speed, probe_plan
+from servegym.backends.speed_probe import MachineSpeed, describe_plan, drift_advice, machine_speed, probe_plan
 from servegym.evaluation.fidelity import FidelityReport, _row, ranking, ranking_table, speed_table, verdict
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
@@ -94,6 +94,11 @@ def test_the_probe_stays_inside_the_profiles_sweep(profile):
     spread = dataclasses.replace(profile, provenance={"sweep": {"max_batch": 2, "max_context": 16, "max_tokens": 16,
                                                                 "context_spread": 0.5}})
     assert probe_plan(spread).context_spread == 0.5
+    # What a report says the probe timed follows the plan, capped as it is.
+    assert describe_plan(plan) == ("decode batches 1, 2 at context 16, prefill chunks of 16 tokens, mixed steps of 1 "
+                                   "decodes and a 16-token chunk")
+    assert describe_plan(probe_plan(spread)).startswith("decode batches 1, 2 at context 16 (rows spread by +-0.5 of "
+                                                        "it)")
     too_small = CalibratedBackend(dataclasses.replace(profile, num_kv_blocks=8), noise_cv=0.0)
     # 16 rows spread around 128 tokens, each + 1 generated + 9 timed decodes: 145 blocks (by hand: 9, 9, 16, 2, 13,
     # 6, 14, 4, 11, 7, 15, 3, 12, 6, 13 and 5).

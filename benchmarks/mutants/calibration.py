@@ -110,8 +110,10 @@ MUTATIONS = [
     ("drift-limit-flipped", "backends/speed_probe.py", "if not abs(m - 1.0) <= limit}", "if abs(m - 1.0) < limit}",
      (PROBE,), "backend"),
     ("drift-from-the-mean-probe", "backends/speed_probe.py",
-     "    medians = {kind: float(np.median([getattr(x, kind)", "    medians = {kind: float(np.mean([getattr(x, kind)",
+     "    return {kind: float(np.median([getattr(x, kind)", "    return {kind: float(np.mean([getattr(x, kind)",
      (PROBE,), "backend"),
+    ("probe-description-spread-flipped", "backends/speed_probe.py", 'of it)" if plan.context_spread else ""',
+     'of it)" if not plan.context_spread else ""', (PROBE,), "backend"),
     ("probe-ignores-the-sweeps-spread", "backends/speed_probe.py",
      "context_spread=float(reach.get(\"context_spread\", 0.0)))", "context_spread=0.875)", (PROBE,), "backend"),
 ]
