@@ -1,34 +1,14 @@
-"""The gym-free simulator core: request lifecycle, paged KV accounting, chunked prefill, preemption."""
+"""The gym-free simulator core: one container's iteration (request lifecycle, paged KV accounting, chunked prefill,
+preemption), its config and its episode log. The pool of containers over it is :mod:`servegym.pool`."""
 
-from servegym.engine.cluster import Cluster, ClusterStep, PoolConfig, length_intervals
 from servegym.engine.compiled import CompiledEngine, compiled_available, engine_class
 from servegym.engine.config import EngineConfig, LengthMode, PreemptionRule, Recompute
 from servegym.engine.engine import Engine
 from servegym.engine.log import STEP_FIELDS, STEP_INDEX, EpisodeLog, RejectReason, State, StepRow
-from servegym.engine.routing import Router
 from servegym.engine.table import RUNNING_OBS_COLUMNS, Col, StepOutcome
 
 __all__ = [
-    "RUNNING_OBS_COLUMNS",
-    "STEP_FIELDS",
-    "STEP_INDEX",
-    "Cluster",
-    "ClusterStep",
-    "Col",
-    "CompiledEngine",
-    "Engine",
-    "EngineConfig",
-    "EpisodeLog",
-    "LengthMode",
-    "PoolConfig",
-    "PreemptionRule",
-    "Recompute",
-    "RejectReason",
-    "Router",
-    "State",
-    "StepOutcome",
-    "StepRow",
-    "compiled_available",
-    "engine_class",
-    "length_intervals",
+    "RUNNING_OBS_COLUMNS", "STEP_FIELDS", "STEP_INDEX", "Col", "CompiledEngine", "Engine", "EngineConfig",
+    "EpisodeLog", "LengthMode", "PreemptionRule", "Recompute", "RejectReason", "State", "StepOutcome", "StepRow",
+    "compiled_available", "engine_class",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from servegym.engine.validation import boolean, positive_int
+from servegym.validation import boolean, positive_int
 
 
 class PreemptionRule(StrEnum):

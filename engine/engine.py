@@ -25,7 +25,7 @@ from servegym.engine.config import EngineConfig, Recompute
 from servegym.engine.kv import num_blocks
 from servegym.engine.log import EpisodeLog, RejectReason, State, StepRow
 from servegym.engine.preemption import pick_victims
-from servegym.engine.table import IDLE, Col, StepOutcome
+from servegym.engine.table import ENGINE_FEATURES, IDLE, QUEUE_FEATURES, RUNNING_OBS_COLUMNS, Col, StepOutcome
 
 COMPILED: bool = cython.compiled
 """True where this module runs compiled."""
@@ -41,11 +41,11 @@ OUT = cython.declare(cython.Py_ssize_t, Col.NUM_OUTPUT_TOKENS)
 SEG = cython.declare(cython.Py_ssize_t, Col.SEGMENT_START)
 TARGET = cython.declare(cython.Py_ssize_t, Col.PREFILL_TARGET)
 NUM_COLS = cython.declare(cython.Py_ssize_t, len(Col))
-NUM_OBS = cython.declare(cython.Py_ssize_t, 6)
+NUM_OBS = cython.declare(cython.Py_ssize_t, len(RUNNING_OBS_COLUMNS))
 """Observable columns (``Col`` 0-5, :data:`~servegym.engine.table.RUNNING_OBS_COLUMNS`)."""
-NUM_ENGINE = cython.declare(cython.Py_ssize_t, 17)
+NUM_ENGINE = cython.declare(cython.Py_ssize_t, len(ENGINE_FEATURES))
 """``obs["engine"]`` features (:data:`~servegym.engine.table.ENGINE_FEATURES`)."""
-QUEUE_WIDTH = cython.declare(cython.Py_ssize_t, 6)
+QUEUE_WIDTH = cython.declare(cython.Py_ssize_t, len(QUEUE_FEATURES))
 """Features of a queue row (:data:`~servegym.engine.table.QUEUE_FEATURES`)."""
 WAITING = cython.declare(cython.schar, State.WAITING)
 PREFILLING = cython.declare(cython.schar, State.PREFILLING)
@@ -93,7 +93,7 @@ def _blocks(tokens: cython.longlong, bs: cython.longlong) -> cython.longlong:
 class Engine:
     """One container's continuous-batching LLM serving engine over a paged KV cache.
 
-    The engine serves the requests routed to it (:meth:`receive`); a :class:`~servegym.engine.Cluster` owns the
+    The engine serves the requests routed to it (:meth:`receive`); a :class:`~servegym.pool.Cluster` owns the
     workload, the routing and the event clock across containers, and picks the compiled or the interpreted class.
 
     Args:
@@ -692,9 +692,15 @@ class Engine:
 
     # ------------------------------------------------------------------ preemption
     def _evict(self, rows: np.ndarray) -> int:
-        """Preempt ``rows`` (in the order given) by recompute: free their blocks and put them at the queue front, in
-        that order. Under ``recompute="restart"`` they lose their generated tokens and start again from the prompt."""
-        victims: cython.const[cython.longlong][::1] = memoryview(np.ascontiguousarray(rows, dtype=np.int64))
+        """Preempt ``rows`` (distinct running rows, in the order given) by recompute: free their blocks and put them
+        at the queue front, in that order. Under ``recompute="restart"`` they lose their generated tokens and start
+        again from the prompt. Rows are checked before anything changes."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        ascending = np.unique(rows)
+        if ascending.size != rows.size or (rows.size and not 0 <= ascending[0] <= ascending[-1] < self.num_running):
+            raise IndexError(f"rows to evict must be distinct running rows (0..{self.num_running - 1}), got {rows}")
+        victims: cython.const[cython.longlong][::1] = memoryview(rows)
+        ordered: cython.const[cython.longlong][::1] = memoryview(ascending)
         count: cython.Py_ssize_t = victims.shape[0]
         k: cython.Py_ssize_t
         row: cython.Py_ssize_t
@@ -707,8 +713,7 @@ class Engine:
         log = self._log
         for k in range(count):
             row = victims[k]
-            if not 0 <= row < self.num_running:
-                raise IndexError(f"rows to evict must be running rows (0..{self.num_running - 1})")
+            self.gone[k] = ordered[k]
             rid = run[row, REQ]
             evicted[k] = rid
             self.state[rid] = PREEMPTED
@@ -720,21 +725,11 @@ class Engine:
                 log.seg_last.append(self.step_index - 1)
             if run[row, PREFILL_LEFT] != 0:
                 self.num_prefilling -= 1
-        self._remove_rows(rows)
+        self._remove_gone(count)
         self.waiting = np.concatenate([ids, self.waiting])
         self.waiting_version += 1
         self._backend.release(ids)
         return count
-
-    def _remove_rows(self, rows: np.ndarray) -> None:
-        """Drop ``rows`` from the table, keeping the others' order."""
-        given: cython.const[cython.longlong][::1] = memoryview(np.unique(np.asarray(rows, dtype=np.int64)))
-        k: cython.Py_ssize_t
-        if given.shape[0] and not (given[0] >= 0 and given[given.shape[0] - 1] < self.num_running):
-            raise IndexError(f"rows to remove must be running rows (0..{self.num_running - 1})")
-        for k in range(given.shape[0]):
-            self.gone[k] = given[k]
-        self._remove_gone(given.shape[0])
 
     @cython.cfunc
     def _remove_gone(self, count: cython.Py_ssize_t) -> None:
@@ -805,23 +800,12 @@ class Engine:
         for i in range(n):
             for j in range(NUM_OBS):
                 buf[queue_end + i * NUM_OBS + j] = run[i, j]
-        buf[0] = self.itl_last
-        buf[1] = self.itl_smoothed
-        buf[2] = baseline
-        buf[3] = n
-        buf[4] = self.num_prefilling
-        buf[5] = self.token_load
-        buf[6] = len(self.waiting)
-        buf[7] = 1.0 - cython.cast(cython.double, self.num_used_blocks) / self.num_kv_blocks
-        buf[8] = self.kv_free_delta
-        buf[9] = capacity
-        buf[10] = self.block_size
-        buf[11] = self.last.num_preemptions
-        buf[12] = self.last.num_admitted
-        buf[13] = self.last.num_finished
-        buf[14] = length_mode
-        buf[15] = self.chunk_limit
-        buf[16] = self.max_batched
+        features = (self.itl_last, self.itl_smoothed, baseline, n, self.num_prefilling, self.token_load,
+                    len(self.waiting), 1.0 - cython.cast(cython.double, self.num_used_blocks) / self.num_kv_blocks,
+                    self.kv_free_delta, capacity, self.block_size, self.last.num_preemptions,
+                    self.last.num_admitted, self.last.num_finished, length_mode, self.chunk_limit, self.max_batched)
+        for i, value in enumerate(features):  # ENGINE_FEATURES' order
+            buf[i] = value
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:

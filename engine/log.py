@@ -119,19 +119,13 @@ class EpisodeLog:
         rows = np.vstack([np.column_stack([b, np.full(len(b), c)]) for c, b in zip(chosen, blocks, strict=True)])
         return rows if container is not None else rows[np.argsort(rows[:, 0], kind="stable")]
 
-    def _step_ends(self) -> list[np.ndarray]:
-        return [np.asarray([row[0] for row in rows]) for rows in self.step_rows]
-
     def token_times(self, request: int) -> np.ndarray:
         """Emission time of every output token of ``request``, in order."""
-        ends = self._step_ends()
-        segments = zip(self.seg_req, self.seg_first, self.seg_last, strict=True)
-        parts = [ends[self.container[r]][first : last + 1] for r, first, last in segments if r == request]
-        return np.concatenate(parts) if parts else np.zeros(0)
+        return self.all_token_times()[request]
 
     def all_token_times(self) -> list[np.ndarray]:
         """Token times of every request (empty for those that emitted none)."""
-        ends = self._step_ends()
+        ends = [np.asarray([row[0] for row in rows]) for rows in self.step_rows]
         out: list[list[np.ndarray]] = [[] for _ in range(self.num_requests)]
         for r, first, last in zip(self.seg_req, self.seg_first, self.seg_last, strict=True):
             out[r].append(ends[self.container[r]][first : last + 1])

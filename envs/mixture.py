@@ -7,9 +7,10 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
-from servegym.engine import Cluster, Engine, EngineConfig, PoolConfig
+from servegym.engine import Engine, EngineConfig
 from servegym.envs.serving import ServingEnv
 from servegym.envs.tasks import SPLITS, Task, get_task
+from servegym.pool import Cluster, PoolConfig
 
 
 class MixtureEnv(gym.Env):

@@ -8,9 +8,9 @@ import numpy as np
 from gymnasium import spaces
 
 from servegym.engine import table
-from servegym.engine.cluster import Cluster
 from servegym.engine.config import LengthMode
 from servegym.engine.engine import Engine
+from servegym.pool.cluster import Cluster
 
 BIG = 1e9
 """Upper bound of unbounded counts, tokens and seconds (finite, so that checkers and normalisers accept it)."""

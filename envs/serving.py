@@ -14,12 +14,13 @@ from gymnasium import spaces
 from servegym.backends import Backend, Profile
 from servegym.backends.base import EMPTY
 from servegym.backends.factory import make_backends
-from servegym.engine import Cluster, Engine, EngineConfig, PoolConfig, StepOutcome
-from servegym.engine.cluster import ClusterStep
-from servegym.engine.validation import boolean, non_negative_number, optional, positive_int, positive_number
+from servegym.engine import Engine, EngineConfig, StepOutcome
 from servegym.envs.actions import slot_action_masks
 from servegym.envs.observation import SCHEMA, ObservationEncoder, observation_space, schema_table
 from servegym.metrics.core import censored_latency, num_met_slo
+from servegym.pool import Cluster, PoolConfig
+from servegym.pool.cluster import ClusterStep
+from servegym.validation import boolean, non_negative_number, optional, positive_int, positive_number
 from servegym.workloads import Workload, make_workload
 from servegym.workloads.scenarios import profile_for
 

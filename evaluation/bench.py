@@ -22,13 +22,14 @@ from dataclasses import asdict, astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from servegym.engine import EngineConfig, PoolConfig
+from servegym.engine import EngineConfig
 from servegym.envs.tasks import TEST_SEEDS, get_task
 from servegym.evaluation.executor import PROCESSES, Executor, RunStore, progress_bar, run_stored
 from servegym.evaluation.leaderboard import ENGINE_CONFIG_SUFFIX, markdown
 from servegym.evaluation.oracle import ORACLE, Budget, plan_episode
 from servegym.evaluation.provenance import stamp
 from servegym.policies import POLICIES, make_policy
+from servegym.pool import PoolConfig
 from servegym.runner import EpisodeResult, env_profile, make_env, run_episode
 
 DEFAULT_POLICIES = ("random", "random:count", "random:window", "random:rank", "random:score", "fcfs", "twp",

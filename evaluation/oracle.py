@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from servegym.engine.validation import positive_int
 from servegym.metrics import summarize
 from servegym.policies import Policy
 from servegym.runner import EpisodeResult, serving_env
+from servegym.validation import positive_int
 
 ORACLE = "oracle"
 """The oracle's name and leaderboard label."""

@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 
 from servegym.backends import load_profile
-from servegym.engine import EngineConfig, PoolConfig
+from servegym.engine import EngineConfig
 from servegym.engine.config import LENGTH_MODES
 from servegym.policies import POLICIES, make_policy
+from servegym.pool import PoolConfig
 from servegym.workloads import (
     WORKLOADS,
     Choice,

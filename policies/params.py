@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from servegym.engine.validation import (  # re-exported for policy files
+from servegym.validation import (  # re-exported for policy files
     Check,
     in_range,
     non_negative_int,

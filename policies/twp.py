@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from servegym.engine.validation import boolean
 from servegym.envs.observation import POOL_FEATURES, POOL_INDEX, QUEUE_INDEX
 from servegym.policies.base import Observation, Policy, engine_feature, ranks_action, register_policy
 from servegym.policies.common import (
@@ -28,6 +27,7 @@ from servegym.policies.common import (
     visible_queue,
 )
 from servegym.policies.params import PolicyParams, in_range, optional, param, positive_int, positive_number
+from servegym.validation import boolean
 
 if TYPE_CHECKING:
     import optuna

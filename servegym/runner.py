@@ -14,10 +14,10 @@ import numpy as np
 from servegym import ENV_ID
 from servegym.backends import CalibratedBackend, Profile
 from servegym.engine import STEP_FIELDS, EpisodeLog, State
-from servegym.engine.validation import positive_int
 from servegym.envs import MixtureEnv, ServingEnv
 from servegym.metrics import summarize
 from servegym.policies import Policy
+from servegym.validation import positive_int
 
 
 @dataclass

@@ -173,7 +173,7 @@ def _rate(v):
 
 
 def _cold_start_scale(v):
-    from servegym.engine import PoolConfig
+    from servegym.pool import PoolConfig
 
     return PoolConfig(cold_start_scale=v)
 

@@ -121,7 +121,7 @@ def test_info_counts_sum_over_the_skipped_iterations() -> None:
 def test_the_engines_own_loop_keeps_every_reward_and_limit(env_kwargs, monkeypatch) -> None:
     # The SLO reward needs each iteration's finished ids, the tokens reward its decode tokens, the discount each
     # iteration's start time, and max_steps the iteration that truncates: all as without the skip.
-    from servegym.engine.cluster import Cluster
+    from servegym.pool.cluster import Cluster
 
     ran = []
     skip = Cluster.skip
@@ -140,7 +140,7 @@ def test_the_engines_loop_stops_where_a_decision_or_an_arrival_is_due(monkeypatc
     # prefills it (its first token); the engine's loop then decodes until the iteration that finishes A, where a
     # slot frees for B: one step of 100 iterations. A third request C arriving meanwhile breaks the loop after the
     # iteration that ends at or past its arrival, to be routed; the step goes on (nothing can be admitted).
-    from servegym.engine.cluster import Cluster
+    from servegym.pool.cluster import Cluster
 
     batches = []
     skip = Cluster.skip
@@ -182,6 +182,6 @@ def test_a_calibrated_replay_loads_nothing_it_does_not_use() -> None:
             "print(' '.join(sorted(sys.modules)))")
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                                 check=True).stdout.split())
-    assert "servegym.engine.cluster" in loaded  # it ran
+    assert "servegym.pool.cluster" in loaded  # it ran
     unused = {"torch", "transformers", "matplotlib", "stable_baselines3", "optuna", "servegym.envs.render", "tqdm"}
     assert not unused & loaded

@@ -7,8 +7,9 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from servegym.engine import EngineConfig, PoolConfig
+from servegym.engine import EngineConfig
 from servegym.envs import ServingEnv
+from servegym.pool import PoolConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -112,6 +112,28 @@ def test_preempted_request_recomputes_and_keeps_its_tokens():
 
 
 @pytest.mark.parametrize("engine", ["python", "compiled"])
+def test_eviction_refuses_rows_that_are_not_distinct_running_rows_and_changes_nothing(monkeypatch, engine):
+    # Rows past the table, negative, one past the last running row, or the same row twice (which would free its
+    # blocks twice): each is an IndexError raised before any request changes state.
+    if engine == "compiled" and not compiled_available():
+        pytest.skip("the compiled engine is not built")
+    monkeypatch.setenv("SERVEGYM_ENGINE", engine)
+    env = make(fixed([0.0, 0.0, 0.0], [40, 40, 40], [9, 9, 9]))
+    env.reset(seed=0)
+    env.step(admit_all(env))
+    eng, log = env.unwrapped.engine, env.unwrapped.engine.log
+    running, used, states = eng.running_ids.tolist(), eng.num_used_blocks, log.state.copy()
+    assert len(running) == 3
+    for bad in (np.arange(5000) + 1000, np.array([-1]), np.array([3]), np.array([1, 1]), np.array([2, 0, 2])):
+        with pytest.raises(IndexError, match="distinct running rows"):
+            eng._evict(bad)
+        assert eng.running_ids.tolist() == running and eng.num_used_blocks == used
+        assert np.array_equal(log.state, states) and log.num_preemptions.sum() == 0 and eng.waiting.size == 0
+    assert eng._evict(np.array([2, 0])) == 2  # the valid case: both to the queue front, in the order given
+    assert eng.running_ids.tolist() == [running[1]] and eng.waiting.tolist() == [running[2], running[0]]
+
+
+@pytest.mark.parametrize("engine", ["python", "compiled"])
 @pytest.mark.parametrize("recompute, finish, emitted", [("keep_output", [6.0, 8.0], [6, 6]),
                                                         ("restart", [6.0, 11.0], [6, 10])])
 def test_restart_loses_the_evicted_requests_progress(monkeypatch, engine, recompute, finish, emitted):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servegym.engine import PoolConfig
 from servegym.envs import POOL_INDEX
+from servegym.pool import PoolConfig
 from tests.conftest import admit_all, fixed, make
 
 

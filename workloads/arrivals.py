@@ -7,7 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
-from servegym.engine.validation import positive_number
+from servegym.validation import positive_number
 
 
 class ArrivalProcess(Protocol):

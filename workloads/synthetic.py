@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servegym.engine.validation import optional, positive_int, positive_number
+from servegym.validation import optional, positive_int, positive_number
 from servegym.workloads.arrivals import ArrivalProcess
 from servegym.workloads.base import RequestSpec
 from servegym.workloads.lengths import LengthDist, PairedEmpirical

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servegym.engine.validation import boolean, non_negative_int, optional, positive_int, positive_number
+from servegym.validation import boolean, non_negative_int, optional, positive_int, positive_number
 from servegym.workloads.base import RequestSpec
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

@@ -19,9 +19,9 @@ from servegym.engine.compiled import engine_class
 from servegym.engine.config import EngineConfig, LengthMode, as_enum
 from servegym.engine.engine import Engine
 from servegym.engine.log import EpisodeLog
-from servegym.engine.routing import ROUTERS, Router
 from servegym.engine.table import StepOutcome
-from servegym.engine.validation import boolean, in_range, optional, positive_int, positive_number
+from servegym.pool.routing import ROUTERS, Router
+from servegym.validation import boolean, in_range, optional, positive_int, positive_number
 from servegym.workloads.base import Workload
 
 MAX_POOL_SECONDS = 1e6
