@@ -124,7 +124,8 @@ def output_estimate(lo: np.ndarray, hi: np.ndarray, length_mode: LengthMode,
         return (lo + hi) / 2.0
     if unknown_prior is None:
         return hi.astype(np.float64)
-    return np.clip(np.full(lo.shape, float(unknown_prior)), lo, hi)
+    # np.clip's value, without its Python wrappers (the per-step path of TWP and the KV-aware baselines).
+    return np.minimum(np.maximum(np.float64(unknown_prior), lo), hi)
 
 
 def ranks_action(obs: Observation, slots: list[int] | np.ndarray) -> np.ndarray:
