@@ -11,10 +11,11 @@ import math
 import numpy as np
 import pytest
 
-from servegym.engine import State
+from servegym.engine import LengthMode, State
 from servegym.engine.log import STEP_INDEX
 from servegym.envs import ENGINE_INDEX, QUEUE_FEATURES, queue_matrix, running_matrix
 from servegym.policies import make_policy
+from servegym.policies.base import output_estimate
 from servegym.policies.flow_control import FlowControl
 from servegym.policies.twp import TokenWindowPacing
 from servegym.runner import make_env
@@ -361,3 +362,15 @@ def test_flow_control_evicts_the_newest_even_when_it_generated_most(asked):
     assert generated == [22, 24]
     assert log.state[1] == State.PREEMPTED and log.state[0] == State.DECODING
     assert log.num_generated_at_preemption[1] == 24
+
+
+def test_output_estimate_per_length_mode_on_an_asymmetric_interval():
+    # Intervals [5, 10], [1, 3] and [2, 400]: known reads lo (the engine sets lo = hi = truth), predicted the
+    # midpoint, unknown the prior clipped into each interval (4 -> 5, 3, 4), or hi without a prior.
+    lo, hi = np.array([5.0, 1.0, 2.0], dtype=np.float32), np.array([10.0, 3.0, 400.0], dtype=np.float32)
+    assert output_estimate(lo, hi, LengthMode.KNOWN, 4.0).tolist() == [5.0, 1.0, 2.0]
+    assert output_estimate(lo, hi, LengthMode.PREDICTED, 4.0).tolist() == [7.5, 2.0, 201.0]
+    unknown = output_estimate(lo, hi, LengthMode.UNKNOWN, 4.0)
+    assert unknown.tolist() == [5.0, 3.0, 4.0] and unknown.dtype == np.float64
+    assert output_estimate(lo, hi, LengthMode.UNKNOWN, None).tolist() == [10.0, 3.0, 400.0]
+
