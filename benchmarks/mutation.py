@@ -243,6 +243,8 @@ MUTATIONS: list[Mutation] = [
       "out[r].append(ends[self.container[r]][first : last])",
       METRICS, kind="metrics"),
     # ------------------------------------------------------------------ TWP
+    m("twp-two-containers-read-as-one", "policies/twp.py", "pool.size <= len(POOL_FEATURES)",
+      "pool.size <= 2 * len(POOL_FEATURES)", "tests/test_twp_containers.py", kind="twp"),
     m("twp-no-kv-guard-in-gate", "policies/twp.py", TWP_GATE,
       TWP_GATE.replace(" or kv_free - blocks[i] <= self.kv_guard", ""),
       POLICIES, "-k", "twp", kind="twp"),

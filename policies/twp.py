@@ -52,7 +52,7 @@ def _b0(name: str, value: object) -> None:
 def deciding_container(obs: Observation) -> int:
     """The container whose decision ``obs`` asks for (``obs["pool"]``'s ``deciding`` column; 0 without a pool)."""
     pool = obs.get("pool")
-    if pool is None or pool.size == 0:
+    if pool is None or pool.size <= len(POOL_FEATURES):  # no pool, or one container: it decides
         return 0
     return int(np.argmax(pool.reshape(-1, len(POOL_FEATURES))[:, POOL_INDEX["deciding"]]))
 
