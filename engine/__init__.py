@@ -12,3 +12,15 @@ __all__ = [
     "EpisodeLog", "LengthMode", "PreemptionRule", "Recompute", "RejectReason", "State", "StepOutcome", "StepRow",
     "compiled_available", "engine_class",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Deprecated aliases of the pool's names, imported from here before :mod:`servegym.pool` held them."""
+    if name not in ("Cluster", "ClusterStep", "PoolConfig", "Router", "length_intervals"):
+        raise AttributeError(f"module 'servegym.engine' has no attribute {name!r}")
+    import warnings
+
+    from servegym import pool
+
+    warnings.warn(f"servegym.engine.{name} moved to servegym.pool.{name}", DeprecationWarning, stacklevel=2)
+    return getattr(pool, name)

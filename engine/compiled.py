@@ -1,11 +1,7 @@
-"""Choosing how the engine runs: compiled (``servegym.engine.engine`` built by Cython at install time) or
-interpreted (the same source run as Python).
-
-Both give the same episode, float for float: ``tests/test_compiled_engine.py`` and the golden replays compare them.
-The compiled module is built by ``pip install`` when a C compiler is present; without one the package still
-installs and runs the source as Python. ``SERVEGYM_ENGINE=python|compiled|auto`` (default ``auto``: compiled when
-built) picks one for a whole process; ``Cluster(..., engine=...)`` picks one for a pool.
-"""
+"""Choosing how the engine runs: compiled (``servegym.engine.engine``, built by ``pip install`` where a C compiler
+is present) or interpreted (the same source run as Python; :mod:`servegym.engine.engine` says how both are kept
+equal). ``SERVEGYM_ENGINE=python|compiled|auto`` (default ``auto``: compiled when built) picks one for a whole
+process; ``Cluster(..., engine=...)`` picks one for a pool."""
 
 from __future__ import annotations
 

@@ -125,3 +125,15 @@ def test_pool_config_validation():
         PoolConfig(cold_start_scale=0.0)
     with pytest.raises(ValueError, match="router"):
         PoolConfig(router="dice")
+
+
+def test_the_pools_old_import_path_warns_and_gives_the_same_objects():
+    # servegym.engine held the pool's names before servegym.pool: old imports keep working, with a warning.
+    import servegym.engine
+    import servegym.pool
+
+    for name in ("Cluster", "ClusterStep", "PoolConfig", "Router", "length_intervals"):
+        with pytest.warns(DeprecationWarning, match=f"servegym.engine.{name} moved to servegym.pool.{name}"):
+            assert getattr(servegym.engine, name) is getattr(servegym.pool, name)
+    with pytest.raises(AttributeError, match="no attribute 'Engines'"):
+        servegym.engine.Engines  # noqa: B018
