@@ -101,6 +101,11 @@ def kind_medians(speeds: list[MachineSpeed]) -> dict[str, float]:
     return {kind: float(np.median([getattr(x, kind) for x in speeds])) for kind in KINDS}
 
 
+def drift(median: float) -> str:
+    """A kind's median (measured / profile) as how much slower or faster the machine runs, e.g. ``6.0% faster``."""
+    return f"{abs(median - 1):.1%} {'slower' if median > 1 else 'faster'}"
+
+
 def drift_advice(speeds: list[MachineSpeed], limit: float = DRIFT_LIMIT) -> str:
     """What the probes' medians (per kind) say of the profile: no drift the probe can see, or recalibrate. A
     non-finite median counts as drift."""
@@ -108,6 +113,6 @@ def drift_advice(speeds: list[MachineSpeed], limit: float = DRIFT_LIMIT) -> str:
     if not far:
         return (f"within {limit:.0%} of the profile's speed on both kinds of step: no drift the probe can see, read "
                 "the profile as calibrated")
-    drift = " and ".join(f"{KINDS[k]} {abs(m - 1):.1%} {'slower' if m > 1 else 'faster'}" for k, m in far.items())
-    return (f"{drift} than when the profile was fitted, beyond {limit:.0%}: recalibrate (servegym calibrate), or read "
+    moved = " and ".join(f"{KINDS[k]} {drift(m)}" for k, m in far.items())
+    return (f"{moved} than when the profile was fitted, beyond {limit:.0%}: recalibrate (servegym calibrate), or read "
             "fidelity's results at the measured machine speed")

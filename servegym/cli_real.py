@@ -22,7 +22,7 @@ from servegym.backends.calibration_sweep import (
     CUDA_MAX_CONTEXT,
     SweepPlan,
 )
-from servegym.backends.speed_probe import KINDS, describe_plan, drift_advice, kind_medians, probe_plan
+from servegym.backends.speed_probe import KINDS, describe_plan, drift, drift_advice, kind_medians, probe_plan
 from servegym.cli_args import positive_int, writable_dir
 from servegym.engine import EngineConfig
 from servegym.workloads import WORKLOADS, make_workload
@@ -154,8 +154,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         print(f"machine speed against {args.profile} (the speed probe's medians of measured / profile, decode-only/"
               f"with prefill, 3 times): {', '.join(map(str, speeds))}")
         for kind, median in kind_medians(speeds).items():
-            print(f"  {KINDS[kind]} run {abs(median - 1):.1%} {'slower' if median > 1 else 'faster'} than when the "
-                  "profile was fitted")
+            print(f"  {KINDS[kind]} run {drift(median)} than when the profile was fitted")
         print(drift_advice(speeds))
         return 0
     workload = make_workload(args.workload)
