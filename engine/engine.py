@@ -409,12 +409,12 @@ class Engine:
         kv_free: cython.double = 1.0 - cython.cast(cython.double, self.num_used_blocks) / self.num_kv_blocks
         self.kv_free_delta += self.smoothing * ((kv_free - self._kv_free_prev) - self.kv_free_delta)
         self._kv_free_prev = kv_free
-        self._log.step_rows[self.container].append(StepRow(
+        self._log.step_rows[self.container].append(tuple.__new__(StepRow, (  # as StepRow(...), without its frame
             self.clock, self.last_dt, decode_tokens, self._num_prefill_seqs, prefill_tokens, self.num_running,
-            len(self.waiting), self.num_used_blocks, admitted, preempted, finished,
-        ))
+            len(self.waiting), self.num_used_blocks, admitted, preempted, finished)))
         self.step_index += 1
-        self.last = StepOutcome(self.last_dt, decode_tokens, prefill_tokens, admitted, refused, preempted, finished)
+        self.last = tuple.__new__(StepOutcome, (self.last_dt, decode_tokens, prefill_tokens, admitted, refused,
+                                                preempted, finished))
         if self.check:
             self.check_invariants()
         return self.last
@@ -596,8 +596,8 @@ class Engine:
             completes += self.done[i]
         self._num_prefill_seqs = self.num_chunks
         if self._totals is not None:
-            latency = self._totals(BatchTotals(decodes, context, self.num_chunks, float(prefill_tokens), pairs,
-                                               completes))
+            latency = self._totals(tuple.__new__(BatchTotals, (decodes, context, self.num_chunks,
+                                                               float(prefill_tokens), pairs, completes)))
         else:
             latency = self._backend.execute(self._batch())
         if not (latency > 0 and math.isfinite(latency)):

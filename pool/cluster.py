@@ -206,7 +206,8 @@ class Cluster:
             self.time = max(old_time, rows[start + i].end_s)
             accrued = self._num_in_system * (self.time - old_time)
             self._num_in_system -= outcome.num_finished
-            steps.append((old_time, ClusterStep(0, outcome, 0, 0, accrued), ids.get(i, EMPTY)))
+            step = tuple.__new__(ClusterStep, (0, outcome, 0, 0, accrued))  # ClusterStep(...) without its frame
+            steps.append((old_time, step, ids.get(i, EMPTY)))
         if outcomes:
             arrived, rejected, lag = self._route_arrivals()
             old_time, last, done_ids = steps[-1]
