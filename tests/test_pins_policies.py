@@ -1,6 +1,6 @@
 """Pins of policy rules no other test fixes, each computed by hand on an asymmetric example: TWP's l_min fallback,
 per-class flow control's KV check, A_min's estimate boundary, Sarathi's sequence cap and the vLLM-style first
-chunk at the token budget."""
+chunk at the token budget, and the vLLM-style budget left after the running batch."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from servegym.engine.preemption import amin_estimate
+from servegym.envs.observation import ENGINE_INDEX, RUNNING_INDEX, running_matrix
 from servegym.policies import make_policy
-from servegym.policies.vllm import admit_within_budget
+from servegym.policies.vllm import admit_within_budget, budget_after_running
 from tests.test_bite_policies import crafted, reset_obs
 
 CAPACITY_TOKENS = 12_000 * 16
@@ -86,3 +87,30 @@ def test_vllm_first_chunk_is_cut_at_the_token_budget_left(prompt, free_blocks, e
              {"num_prompt_tokens": 1, "output_lo": 1, "output_hi": 100}]
     obs = crafted(obs, queue, kv_free_frac=free_frac(free_blocks), prefill_chunk_tokens=512)
     assert admit_within_budget(obs, 16) == expected
+
+
+@pytest.mark.parametrize(("budget", "expected"), [
+    (1000, 701),  # 1000 - 3 decodes - (min(300, 256) + min(40, 256)) ongoing chunks
+    (200, 0),     # the running batch alone overruns the budget: nothing is left, not a negative budget
+])
+def test_vllm_budget_left_after_decodes_and_ongoing_chunks(budget, expected):
+    # Rule: every decoding row takes one token; every prefilling row takes its next chunk, min(prefill left,
+    # prefill chunk); the admissions get what is left, at least 0. Five rows run, three decoding; the table's
+    # unused rows (zeros, which read as decoding) do not count.
+    _, obs = reset_obs(make_policy("vllm"))
+    obs = crafted(obs, prefill_chunk_tokens=256, num_running=5)
+    run = running_matrix(obs)
+    assert run.shape[0] > 5
+    run[:] = 0.0
+    run[:5, RUNNING_INDEX["num_prefill_left"]] = [0, 300, 0, 40, 0]
+    assert obs["engine"][ENGINE_INDEX["num_running"]] == 5
+    assert budget_after_running(obs, budget) == expected
+
+
+def test_vllm_admits_nothing_once_the_token_budget_is_spent():
+    # A zero first chunk would need no block; admission must stop at a spent budget, not admit for free.
+    _, obs = reset_obs(make_policy("vllm"))
+    obs = crafted(obs, [{"num_prompt_tokens": 100, "output_lo": 1, "output_hi": 100}],
+                  kv_free_frac=free_frac(50), prefill_chunk_tokens=512)
+    assert admit_within_budget(obs, 0) == 0
+    assert admit_within_budget(obs, 1) == 1
