@@ -191,3 +191,13 @@ def test_serverless_llm_shortens_cold_starts():
     assert fcfs.log.load_wait_s[0] == pytest.approx(8.0)
     assert sllm.log.load_wait_s[0] == pytest.approx(0.8)
     assert sllm.summary["ttft_p50"] == pytest.approx(fcfs.summary["ttft_p50"] - 7.2)
+
+
+def test_serverless_llm_routes_to_a_busy_container_that_holds_the_model():
+    # Rule: an arrival goes to the least loaded container holding the model (warm or loading), a cold one only when
+    # none does. Two cold containers: A (t = 0) starts container 0 loading and keeps it busy well past t = 3 s, so
+    # B (t = 3) joins A there, warm, instead of the idle cold container 1 that least-loaded routing picks.
+    log, _ = drive("serverless-llm", fixed([0.0, 3.0], [10, 10], [200, 3]), profile=PAPER,
+                   pool={"num_containers": 2, "start_cold": True, "keep_alive_s": 60.0})
+    assert log.container.tolist() == [0, 0]
+    assert log.cold_start.tolist() == [True, False]

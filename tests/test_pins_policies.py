@@ -1,6 +1,7 @@
 """Pins of policy rules no other test fixes, each computed by hand on an asymmetric example: TWP's l_min fallback,
-per-class flow control's KV check, A_min's estimate boundary, Sarathi's sequence cap and the vLLM-style first
-chunk at the token budget, and the vLLM-style budget left after the running batch."""
+per-class flow control's KV check, A_min's estimate boundary, order and running plan, Sarathi's sequence cap, the
+vLLM-style first chunk at the token budget and budget left after the running batch, Priority's fit in its own order,
+DynamicBatch's ITL threshold and cap, and random admission's seeded coins."""
 
 from __future__ import annotations
 
@@ -114,3 +115,82 @@ def test_vllm_admits_nothing_once_the_token_budget_is_spent():
                   kv_free_frac=free_frac(50), prefill_chunk_tokens=512)
     assert admit_within_budget(obs, 0) == 0
     assert admit_within_budget(obs, 1) == 1
+
+
+def amin_obs(num_kv_blocks: int, queue, running=()):
+    """A crafted predicted-mode observation for A_min: ``queue`` and ``running`` rows (dicts of features)."""
+    _, obs = reset_obs(make_policy("amin"), num_kv_blocks=num_kv_blocks, block_size=16, length_mode="predicted")
+    obs = crafted(obs, queue, num_running=len(running))
+    run = running_matrix(obs)
+    run[:] = 0.0
+    for i, row in enumerate(running):
+        for name, value in row.items():
+            run[i, RUNNING_INDEX[name]] = value
+    return obs
+
+
+def test_amin_ranks_by_the_lower_end_shortest_first():
+    # Rule: each waiting request's estimate is its interval's lower end (doubled once outgrown; nothing generated
+    # here), admitted shortest estimate first while the future-memory check holds (tokens, 15 of slack each).
+    # 10 blocks of 16 = 160 tokens, 10-token prompts. A shows [100, 110], B [5, 300]: estimates 100 and 5, so B
+    # is ranked first. B alone peaks at 10 + 5 + 15 = 30; with A the peak is A's 10 + 100 at t = 100, + 30 = 140
+    # <= 160: both are admitted, B first (ranks [2, 1]; FCFS would give [1, 2]).
+    # (Ranking by the upper ends, 110 and 300, puts A first and then B peaks at 310 + 30 > 160: [1, 0].)
+    a = {"num_prompt_tokens": 10, "output_lo": 100, "output_hi": 110}
+    b = {"num_prompt_tokens": 10, "output_lo": 5, "output_hi": 300}
+    assert make_policy("amin").act(amin_obs(10, [a, b]))[:2].tolist() == [2, 1]
+
+
+def test_amin_plans_a_running_request_for_what_is_left_of_its_estimate():
+    # Rule: a running request is planned to hold prompt + generated + t tokens for its remaining estimate: estimate
+    # minus generated. R (10-token prompt, 40 generated, [30, 1000]) has outgrown lo = 30, so its estimate is 60
+    # and 20 tokens are left. C (10-token prompt, [50, 50]) has 50 left. 10 blocks = 160 tokens.
+    # At t = 20: R holds 50 + 20 = 70, C holds 10 + 20 = 30: 100; at t = 50 C alone holds 60. Peak 100, + 2 x 15
+    # of slack = 130 <= 160: C is admitted. (Planning R for its whole estimate, 60 more tokens, peaks at t = 50:
+    # 100 + 60 = 160, + 30 = 190 > 160: refused.)
+    r = {"num_prompt_tokens": 10, "num_kv_tokens": 50, "num_generated": 40, "output_lo": 30, "output_hi": 1000}
+    c = {"num_prompt_tokens": 10, "output_lo": 50, "output_hi": 50}
+    policy = make_policy("amin")
+    policy.reset()
+    assert policy.act(amin_obs(10, [c], running=[r]))[:1].tolist() == [1]
+    assert policy.running_estimates.tolist() == [60.0]
+
+
+def test_priority_counts_what_fits_in_its_own_order():
+    # Rule: ascending prompt length, admitted while the prompts (+ first token) fit in free KV, counted in that
+    # order. 10 free blocks of 16. A (200 tokens) needs ceil(201/16) = 13, B (20) 2, C (100) ceil(101/16) = 7.
+    # Sorted B, C, A: 2, 9, 22 blocks, so B and C are admitted (ranks [0, 1, 2]). FCFS stops at A and admits
+    # nothing; counting the fit in queue order would too.
+    policy = make_policy("priority")
+    _, obs = reset_obs(policy)
+    queue = [{"num_prompt_tokens": 200}, {"num_prompt_tokens": 20}, {"num_prompt_tokens": 100}]
+    assert policy.act(crafted(obs, queue, kv_free_frac=free_frac(10)))[:3].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("itl", "expected"), [
+    (0.0625, [1, 1, 0, 0]),  # at the target (exact in float32): not above it, the batch may grow to max_batch
+    (0.0626, [0, 0, 0, 0]),  # above it: the batch may not grow
+])
+def test_dynamic_batch_grows_to_its_cap_unless_itl_exceeds_the_target(itl, expected):
+    # Rule: while smoothed ITL is strictly above itl_target_s, admit nothing; else admit FCFS up to max_batch
+    # running. One runs and max_batch = 3, so 3 - 1 = 2 of the 4 small waiting requests are admitted.
+    policy = make_policy("dynamic-batch", itl_target_s=0.0625, max_batch=3)
+    _, obs = reset_obs(policy)
+    queue = [{"num_prompt_tokens": 10}] * 4
+    assert policy.act(crafted(obs, queue, itl_smoothed_s=itl, num_running=1))[:4].tolist() == expected
+
+
+@pytest.mark.parametrize(("p", "expected"), [
+    (0.5, [0, 1, 1]),  # seed 0's first draws: 0.637, 0.270, 0.041
+    (0.0, [0, 0, 0]),
+    (1.0, [1, 1, 1]),
+])
+def test_random_admits_each_visible_request_on_a_seeded_coin(p, expected):
+    # Rule: one draw of the policy's generator (seeded, restarted by reset) per visible waiting request; admitted
+    # when the draw is below p. Three of the 8 queue slots are visible; the rest are never admitted.
+    assert np.random.default_rng(0).random(3).round(3).tolist() == [0.637, 0.270, 0.041]
+    policy = make_policy("random", admit_probability=p, seed=0)
+    _, obs = reset_obs(policy)
+    policy.reset()
+    action = policy.act(crafted(obs, [{"num_prompt_tokens": 10}] * 3))
+    assert action.tolist() == expected + [0] * 5

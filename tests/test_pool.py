@@ -137,3 +137,15 @@ def test_the_pools_old_import_path_warns_and_gives_the_same_objects():
             assert getattr(servegym.engine, name) is getattr(servegym.pool, name)
     with pytest.raises(AttributeError, match="no attribute 'Engines'"):
         servegym.engine.Engines  # noqa: B018
+
+
+def test_warm_first_picks_the_least_loaded_of_the_warm_containers():
+    # Rule: among the containers holding the model, the least loaded (queued + running). Both start warm; A (t = 0)
+    # goes to container 0 (a tie) and keeps it busy past t = 3 s, so B (t = 3) goes to the idle warm container 1.
+    workload = fixed([0.0, 3.0], [10, 10], [200, 3])
+    env = make(workload, pool={"num_containers": 2, "router": "warm_first", "keep_alive_s": 60.0})
+    env.reset(seed=0)
+    run_to_end(env)
+    log = env.unwrapped.cluster.log
+    assert log.container.tolist() == [0, 1]
+    assert log.cold_start.tolist() == [False, False]
