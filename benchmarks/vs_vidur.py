@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/vs_vidur.py --vidur-python VENV/bin/python --vidur-source VIDUR_CHECKOUT
+                                  [--release-python RELEASE_VENV/bin/python]
                                   [--requests 5000] [--pairs 3] [--rates trace 2] [--policies fcfs vllm]
 
 This script installs nothing. It needs a Python environment that runs Vidur (github.com/microsoft/vidur) from a
@@ -12,8 +13,15 @@ checkout's ``vidur`` has no ``__init__.py``, so an installed ``vidur`` package s
 attention tables are usually absent; the script then writes a stand-in ``attention.csv`` from servegym's own
 first-principles attention terms (the ``a100-llama2-7b`` profile's KV bytes per token over its decode bandwidth,
 its FLOPs per query-key pair over its prefill FLOP/s, per layer), so both simulators price attention alike and
-Vidur's own measured MLP tables price everything else. The released package alone (without a checkout) reads its
-tables from a HuggingFace dataset at run time and is not run here.
+Vidur's own measured MLP tables price everything else.
+
+``--release-python``: also run the ``vidur`` release from the package index (``pip install vidur`` in a second
+venv; 0.0.26 when this was written). It reads its profiling tables from HuggingFace datasets at run time; the
+script builds them offline, in the hub's cache layout, from the checkout's MLP and network tables and the same
+attention table, and runs it with ``HF_HUB_OFFLINE=1`` from the work folder (where no ``vidur`` folder shadows
+it), on the same requests in its own trace format, with its prompt, decode and time scale factors at 1.0 (its
+defaults, 0.3 and 0.04 for prompts and time, would simulate other work). A rate at which it fails (0.0.26
+crashes when a preempted request restarts) is reported and left out for it.
 
 What runs: the first ``--requests`` requests of the bundled Azure code trace (Llama-2-7B on one A100), each
 clipped as Vidur's trace replay clips (prompt + output at most 4,096 tokens, the prompt shortened), written in
@@ -21,12 +29,12 @@ each simulator's input format with the same arrival times. ``--rates``: ``trace`
 timing; a number stretches the arrival times to that mean rate (requests per second). Vidur runs its vLLM
 scheduler (128 requests, 4,096 tokens a batch, 16-token blocks; CPU overhead modelling off, its default);
 servegym runs each ``--policies`` policy with the same limits on the ``a100-llama2-7b`` profile. Each pair
-is Vidur then servegym (A B A B ...), each a fresh ``python`` process timed from launch to exit (imports,
-trace parse and writing its results included); Vidur writes no plots or chrome trace. One untimed Vidur run
-first trains and caches its execution-time predictor (``--workdir``), as Vidur's own cache does for a user.
+is each Vidur then servegym (A B A B ...), each a fresh ``python`` process timed from launch to exit (imports,
+trace parse and writing its results included); Vidur writes no plots or chrome trace. One untimed run of each
+Vidur first trains and caches its execution-time predictor (``--workdir``), as Vidur's own cache does for a user.
 
 Printed: each side's simulated iterations, makespan, mean end-to-end latency and mean TTFT, and every pair's
-wall times and ratio (servegym / Vidur), then the median ratio per rate and policy.
+wall times and ratios (servegym / each Vidur), then the median ratio per rate, policy and Vidur.
 """
 
 from __future__ import annotations
@@ -34,19 +42,30 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import lzma
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 MAX_TOKENS = 4096
 """Vidur's trace replay clips prompt + output to this (``max_tokens``); both sides get the clipped requests."""
-VIDUR_ATTENTION = "data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/attention.csv"
+MODEL = "meta-llama/Llama-2-7b-hf"
+VIDUR_COMPUTE = f"data/profiling/compute/a100/{MODEL}"
+VIDUR_ATTENTION, VIDUR_MLP = f"{VIDUR_COMPUTE}/attention.csv", f"{VIDUR_COMPUTE}/mlp.csv"
+VIDUR_NETWORK = "a100_pairwise_nvlink"
+"""The checkout's network tables for one A100 (Vidur's default for its a100 replicas)."""
+RELEASE_DATASETS = {"compute": "servegym/a100-llama-2-7b", "network": "servegym/a100-pairwise-nvlink"}
+"""The names under which the release finds its profiling datasets in the offline HuggingFace cache."""
+RELEASE_DATE = "2023-08-21"
+"""The release's trace replay keeps the rows of one ``Date``; every row gets this one."""
 PROFILE = "a100-llama2-7b"
 BATCH_CAP, TOKEN_BUDGET, BLOCK = 128, 4096, 16
 
@@ -63,15 +82,26 @@ def requests(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return spec.arrival_s.astype(float), prompt, output
 
 
-def write_inputs(work: Path, count: int, rates: list[str]) -> dict[str, tuple[Path, Path, float]]:
-    """Per rate: the servegym trace (Azure's columns), Vidur's trace and the time scale applied."""
+class Inputs(NamedTuple):
+    """One rate's traces: the same requests in each simulator's format, and the time scale applied."""
+
+    servegym: Path
+    vidur: Path
+    """The git head's columns: ``arrived_at,num_prefill_tokens,num_decode_tokens``."""
+    release: Path
+    """The release's columns: ``Date,Time,PromptTokenCount,CompletionTokenCount``."""
+    scale: float
+
+
+def write_inputs(work: Path, count: int, rates: list[str]) -> dict[str, Inputs]:
+    """Per rate: the servegym trace (Azure's columns), Vidur's traces (git head and release) and the time scale."""
     arrival, prompt, output = requests(count)
     span = arrival[-1] - arrival[0]
     out = {}
     for rate in rates:
         scale = 1.0 if rate == "trace" else (count - 1) / span / float(rate)
         times = arrival * scale
-        ours, theirs = work / f"servegym-{rate}.csv", work / f"vidur-{rate}.csv"
+        ours, theirs, release = work / f"servegym-{rate}.csv", work / f"vidur-{rate}.csv", work / f"release-{rate}.csv"
         with ours.open("w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
@@ -83,7 +113,12 @@ def write_inputs(work: Path, count: int, rates: list[str]) -> dict[str, tuple[Pa
             writer.writerow(["arrived_at", "num_prefill_tokens", "num_decode_tokens"])
             for t, p, o in zip(times, prompt, output, strict=True):
                 writer.writerow([f"{round(t * 1e9) / 1e9:.9f}", int(p), int(o)])
-        out[rate] = (ours, theirs, scale)
+        with release.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["Date", "Time", "PromptTokenCount", "CompletionTokenCount"])
+            for t, p, o in zip(times, prompt, output, strict=True):
+                writer.writerow([RELEASE_DATE, f"{round(t * 1e9) / 1e9:.9f}", int(p), int(o)])
+        out[rate] = Inputs(ours, theirs, release, scale)
     return out
 
 
@@ -117,12 +152,46 @@ def stand_in_attention(path: Path) -> None:
                              prefill_ms, decode_ms])
 
 
+def release_cache(cache: Path, source: Path, attention: Path) -> None:
+    """The profiling datasets the release downloads from HuggingFace at run time, built offline in the hub's
+    cache layout from the checkout's tables (MLP, network) and ``attention`` (``HF_HUB_OFFLINE=1`` reads them)."""
+    network = source / "data/profiling/network" / VIDUR_NETWORK
+    for kind, files, config in (
+        ("compute", {"mlp": source / VIDUR_MLP, "attention": attention}, {"model": MODEL, "device_sku": "a100"}),
+        ("network", {name: network / f"{name}.csv" for name in ("all_reduce", "send_recv")}, {"sku": VIDUR_NETWORK}),
+    ):
+        repo = cache / "profiling_data" / kind / f"datasets--{RELEASE_DATASETS[kind].replace('/', '--')}"
+        revision = "0" * 40
+        snapshot = repo / "snapshots" / revision
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(revision)
+        for name, table in files.items():
+            with table.open("rb") as f, lzma.open(snapshot / f"{name}.csv.xz", "wb") as out:
+                shutil.copyfileobj(f, out)
+        (snapshot / "config.json").write_text(json.dumps(config))
+
+
 def vidur_command(python: str, trace: Path, attention: Path, out: Path, cache: Path,
-                  count_batches: bool = False) -> list[str]:
-    """Vidur's command line for ``trace``; ``count_batches`` also writes every batch (to count iterations, in
-    an untimed run: the timed runs keep Vidur's default sketches)."""
+                  count_batches: bool = False, release: bool = False) -> list[str]:
+    """Vidur's command line for ``trace`` (``release``: the package index's ``vidur``, reading the offline cache
+    of :func:`release_cache`); ``count_batches`` also writes every batch (to count iterations, in an untimed run:
+    the timed runs keep Vidur's default sketches)."""
+    predictor = "--random_forrest_execution_time_predictor_config_"
+    if release:  # its scale factors default to 0.3 (prompts) and 0.04 (time): both set to 1.0 below
+        inputs = ["--replica_config_network_device", VIDUR_NETWORK, "--trace_request_generator_config_date",
+                  RELEASE_DATE, predictor + "model_profiling_dataset", RELEASE_DATASETS["compute"],
+                  predictor + "network_profiling_dataset", RELEASE_DATASETS["network"], predictor + "cache_dir",
+                  str(cache),
+                  # The git head's prediction grid (the release's: to 2M tokens a request, every 256 of KV), so
+                  # that it does not load predictions for requests 500 times longer than any here.
+                  predictor + "prediction_max_tokens_per_request", str(MAX_TOKENS),
+                  predictor + "kv_cache_prediction_granularity", "64"]
+    else:
+        inputs = ["--vllm_scheduler_config_block_size", str(BLOCK), predictor + "attention_input_file", str(attention),
+                  "--metrics_config_cache_dir", str(cache)]
     return [python, "-m", "vidur.main",
-            "--replica_config_device", "a100", "--replica_config_model_name", "meta-llama/Llama-2-7b-hf",
+            "--replica_config_device", "a100", "--replica_config_model_name", MODEL,
             "--cluster_config_num_replicas", "1", "--replica_config_tensor_parallel_size", "1",
             "--replica_config_num_pipeline_stages", "1",
             "--request_generator_config_type", "trace_replay",
@@ -133,10 +202,8 @@ def vidur_command(python: str, trace: Path, attention: Path, out: Path, cache: P
             "--trace_request_generator_config_time_scale_factor", "1.0",
             "--replica_scheduler_config_type", "vllm",
             "--vllm_scheduler_config_batch_size_cap", str(BATCH_CAP),
-            "--vllm_scheduler_config_max_tokens_in_batch", str(TOKEN_BUDGET),
-            "--vllm_scheduler_config_block_size", str(BLOCK),
-            "--random_forrest_execution_time_predictor_config_attention_input_file", str(attention),
-            "--metrics_config_output_dir", str(out), "--metrics_config_cache_dir", str(cache),
+            "--vllm_scheduler_config_max_tokens_in_batch", str(TOKEN_BUDGET), *inputs,
+            "--metrics_config_output_dir", str(out),
             "--no-metrics_config_store_plots", "--no-metrics_config_enable_chrome_trace",
             *(["--metrics_config_keep_individual_batch_metrics"] if count_batches else [])]
 
@@ -194,7 +261,7 @@ def timed(command: list[str], cwd: str | None = None) -> tuple[float, str]:
     """Wall time of ``command`` as a whole process, and its output (stdout then stderr)."""
     start = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False,
-                          env={**os.environ, "WANDB_MODE": "disabled"})
+                          env={**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"})
     wall = time.perf_counter() - start
     if done.returncode:
         raise RuntimeError(f"{command[:3]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -203,8 +270,9 @@ def timed(command: list[str], cwd: str | None = None) -> tuple[float, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vidur-python", help="a Python that can run Vidur (its venv's bin/python)")
+    parser.add_argument("--vidur-python", help="a Python that runs Vidur's checkout (its venv's bin/python)")
     parser.add_argument("--vidur-source", help="a Vidur source checkout (github.com/microsoft/vidur)")
+    parser.add_argument("--release-python", help="also run the package index's vidur: a Python with it installed")
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--rates", nargs="+", default=["trace", "2"])
@@ -226,40 +294,64 @@ def main() -> None:
         stand_in_attention(attention)
         print(f"Vidur's attention table is absent: stand-in from servegym's {PROFILE} terms at {attention}")
     inputs = write_inputs(work, args.requests, args.rates)
-    cache, out = work / "vidur-cache", work / "vidur-out"
-    print(f"warming Vidur's predictor cache at {cache} (untimed) ...", flush=True)
-    warm = timed(vidur_command(args.vidur_python, inputs[args.rates[0]][1], attention, out, cache), cwd=str(source))
-    print(f"  {warm[0]:.1f} s", flush=True)
+    # Each Vidur: its interpreter, its working folder (the checkout's vidur is a folder there; the release must
+    # not see one), its trace per rate, its cache and its output folder.
+    vidurs = {"Vidur head": (args.vidur_python, source, False)}
+    if args.release_python:
+        release_cache(work / "release-cache", source, attention)
+        vidurs["Vidur release"] = (args.release_python, work, True)
+
+    def command(kind: str, rate: str, count_batches: bool = False) -> tuple[list[str], str, Path]:
+        python, cwd, release = vidurs[kind]
+        trace = inputs[rate].release if release else inputs[rate].vidur
+        cache, out = work / ("release-cache" if release else "vidur-cache"), work / f"{kind.split()[1]}-out"
+        return vidur_command(python, trace, attention, out, cache, count_batches, release), str(cwd), out
+
+    for kind in vidurs:
+        print(f"warming {kind}'s predictor cache (untimed) ...", flush=True)
+        cmd, cwd, _ = command(kind, args.rates[-1])
+        try:
+            print(f"  {timed(cmd, cwd=cwd)[0]:.1f} s", flush=True)
+        except RuntimeError as error:  # it trains before it simulates: the cache is warm even so
+            print(f"  it failed after training: {str(error).strip().splitlines()[-1]}", flush=True)
     print(f"{args.requests} requests of the bundled Azure code trace, clipped to {MAX_TOKENS} tokens; Llama-2-7B, "
           f"one A100; {BATCH_CAP} requests and {TOKEN_BUDGET} tokens a batch; {time.strftime('%Y-%m-%d')}, "
           f"{os.cpu_count()} CPUs")
-    header = (f"{'rate':>6} {'pair':>4} {'side':<18} {'wall s':>7} {'iterations':>10} {'makespan s':>10} "
-              f"{'mean E2E s':>10} {'mean TTFT s':>11} {'ratio':>6}")
-    print(header)
-    ratios: dict[tuple[str, str], list[float]] = {}
+    print(f"{'rate':>6} {'pair':>4} {'side':<18} {'wall s':>7} {'iterations':>10} {'makespan s':>10} "
+          f"{'mean E2E s':>10} {'mean TTFT s':>11} {'ratio':>6}")
+    ratios: dict[tuple[str, str, str], list[float]] = {}
     for rate in args.rates:
-        ours, theirs, scale = inputs[rate]
-        timed(vidur_command(args.vidur_python, theirs, attention, out, cache, count_batches=True), cwd=str(source))
-        batches = vidur_iterations(out)
-        print(f"rate {rate}: arrival times x {scale:.3f}; Vidur ran {batches} batches (counted in an untimed run)",
-              flush=True)
+        batches = {}
+        for kind in vidurs:
+            cmd, cwd, out = command(kind, rate, count_batches=True)
+            try:
+                timed(cmd, cwd=cwd)
+            except RuntimeError as error:  # the release crashes on a preempted request's restart
+                last = str(error).strip().splitlines()[-1]
+                print(f"rate {rate}: {kind} failed, left out at this rate: {last}", flush=True)
+                continue
+            batches[kind] = vidur_iterations(out)
+        print(f"rate {rate}: arrival times x {inputs[rate].scale:.3f}; batches (counted in an untimed run): "
+              + ", ".join(f"{kind} {n}" for kind, n in batches.items()), flush=True)
         for pair in range(args.pairs):
-            vidur_wall, vidur_log = timed(vidur_command(args.vidur_python, theirs, attention, out, cache),
-                                          cwd=str(source))
-            v = {**vidur_results(out, vidur_log), "iterations": batches}
-            print(f"{rate:>6} {pair:>4} {'Vidur vllm':<18} {vidur_wall:>7.2f} {v['iterations']:>10} "
-                  f"{v['makespan_s']:>10.1f} {v['mean_e2e_s']:>10.2f} {v['mean_ttft_s']:>11.3f}", flush=True)
+            walls = {}
+            for kind in batches:
+                cmd, cwd, out = command(kind, rate)
+                walls[kind], log = timed(cmd, cwd=cwd)
+                v = vidur_results(out, log)
+                print(f"{rate:>6} {pair:>4} {kind:<18} {walls[kind]:>7.2f} {batches[kind]:>10} "
+                      f"{v['makespan_s']:>10.1f} {v['mean_e2e_s']:>10.2f} {v['mean_ttft_s']:>11.3f}", flush=True)
             for policy in args.policies:
-                wall, stdout = timed([sys.executable, __file__, "--servegym-side", str(ours), policy])
+                wall, stdout = timed([sys.executable, __file__, "--servegym-side", str(inputs[rate].servegym), policy])
                 s = json.loads(stdout.strip().splitlines()[-1])
-                ratio = wall / vidur_wall
-                ratios.setdefault((rate, policy), []).append(ratio)
+                for kind, vidur_wall in walls.items():
+                    ratios.setdefault((rate, policy, kind), []).append(wall / vidur_wall)
                 print(f"{rate:>6} {pair:>4} {'servegym ' + policy:<18} {wall:>7.2f} {s['iterations']:>10} "
                       f"{s['makespan_s']:>10.1f} {s['mean_e2e_s']:>10.2f} {s['mean_ttft_s']:>11.3f} "
-                      f"{ratio:>6.3f}", flush=True)
+                      + " ".join(f"{wall / w:>6.3f}" for w in walls.values()), flush=True)
     print("median servegym / Vidur wall-time ratio (min-max over pairs):")
-    for (rate, policy), values in ratios.items():
-        print(f"  rate {rate}, servegym {policy}: {statistics.median(values):.3f} "
+    for (rate, policy, kind), values in ratios.items():
+        print(f"  rate {rate}, servegym {policy} / {kind}: {statistics.median(values):.3f} "
               f"({min(values):.3f}-{max(values):.3f}), {1 / statistics.median(values):.1f}x faster")
 
 

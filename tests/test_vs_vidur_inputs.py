@@ -1,0 +1,102 @@
+"""benchmarks/vs_vidur.py's inputs, without Vidur: every simulator gets the same requests at the same times, the
+release's offline cache has the hub's layout, and its command sets the scale factors that default to other work."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import itertools
+import json
+import lzma
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_vidur.py"
+
+
+@pytest.fixture(scope="module")
+def vs_vidur():
+    spec = importlib.util.spec_from_file_location("vs_vidur", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rows(path: Path) -> tuple[list[str], list[list[str]]]:
+    with path.open() as f:
+        table = list(csv.reader(f))
+    return table[0], table[1:]
+
+
+def test_each_simulator_reads_the_same_requests_at_the_same_times(vs_vidur, tmp_path):
+    inputs = vs_vidur.write_inputs(tmp_path, 50, ["trace", "2"])
+    for rate, expected_rate in (("trace", None), ("2", 2.0)):
+        head, vidur = rows(inputs[rate].vidur)
+        assert head == ["arrived_at", "num_prefill_tokens", "num_decode_tokens"]
+        head, release = rows(inputs[rate].release)
+        assert head == ["Date", "Time", "PromptTokenCount", "CompletionTokenCount"]
+        assert {r[0] for r in release} == {vs_vidur.RELEASE_DATE}  # the release keeps one date's rows
+        assert [r[1:] for r in release] == vidur
+        head, ours = rows(inputs[rate].servegym)
+        assert head == ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
+        assert [r[1:] for r in ours] == [r[1:] for r in vidur]
+        stamps = np.array([np.datetime64(r[0].replace(" ", "T"), "ns") for r in ours])
+        seconds = (stamps - stamps[0]) / np.timedelta64(1, "s")
+        np.testing.assert_allclose(seconds, [float(r[0]) for r in vidur], rtol=0, atol=1e-9)
+        tokens = np.array([[int(r[1]), int(r[2])] for r in vidur])
+        assert tokens.min() >= 1 and tokens.sum(axis=1).max() <= vs_vidur.MAX_TOKENS  # clipped as Vidur clips
+        if expected_rate is not None:  # 49 gaps over the span: the stretched trace's mean rate
+            assert (len(vidur) - 1) / float(vidur[-1][0]) == pytest.approx(expected_rate, rel=1e-6)
+
+
+def test_the_release_cache_has_the_hubs_layout_and_the_checkouts_tables(vs_vidur, tmp_path):
+    source = tmp_path / "checkout"
+    tables = {source / vs_vidur.VIDUR_MLP: "mlp,1\n"}
+    network = source / "data/profiling/network" / vs_vidur.VIDUR_NETWORK
+    tables |= {network / "all_reduce.csv": "ar,2\n", network / "send_recv.csv": "sr,3\n"}
+    for path, text in tables.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    attention = tmp_path / "attention.csv"
+    attention.write_text("attention,4\n")
+    vs_vidur.release_cache(tmp_path / "cache", source, attention)
+    expected = {"compute": ({"mlp": "mlp,1\n", "attention": "attention,4\n"},
+                            {"model": vs_vidur.MODEL, "device_sku": "a100"}),
+                "network": ({"all_reduce": "ar,2\n", "send_recv": "sr,3\n"}, {"sku": vs_vidur.VIDUR_NETWORK})}
+    for kind, (files, config) in expected.items():
+        org, name = vs_vidur.RELEASE_DATASETS[kind].split("/")
+        repo = tmp_path / "cache" / "profiling_data" / kind / f"datasets--{org}--{name}"
+        revision = (repo / "refs" / "main").read_text()
+        snapshot = repo / "snapshots" / revision
+        assert json.loads((snapshot / "config.json").read_text()) == config
+        for table, text in files.items():
+            assert lzma.decompress((snapshot / f"{table}.csv.xz").read_bytes()).decode() == text
+
+
+def flags(command: list[str]) -> dict[str, str]:
+    return {a: b for a, b in itertools.pairwise(command) if a.startswith("--") and not b.startswith("--")}
+
+
+@pytest.mark.parametrize("release", [False, True])
+def test_both_vidurs_simulate_the_whole_trace_with_the_same_limits(vs_vidur, release):
+    p = Path("/p")
+    command = vs_vidur.vidur_command("python", p / "t.csv", p / "a.csv", p / "out", p / "cache", release=release)
+    f = flags(command)
+    for factor in ("prefill", "decode", "time"):  # the release's defaults are 0.3 and 0.04: other work
+        assert f[f"--trace_request_generator_config_{factor}_scale_factor"] == "1.0"
+    assert f["--vllm_scheduler_config_batch_size_cap"] == str(vs_vidur.BATCH_CAP)
+    assert f["--vllm_scheduler_config_max_tokens_in_batch"] == str(vs_vidur.TOKEN_BUDGET)
+    assert f["--trace_request_generator_config_trace_file"] == "/p/t.csv"
+    predictor = "--random_forrest_execution_time_predictor_config_"
+    if release:
+        assert f[predictor + "model_profiling_dataset"] == vs_vidur.RELEASE_DATASETS["compute"]
+        assert f[predictor + "cache_dir"] == "/p/cache"
+        assert f["--trace_request_generator_config_date"] == vs_vidur.RELEASE_DATE
+        # the git head's prediction grid, not the release's (2M tokens a request, every 256 of KV)
+        assert f[predictor + "prediction_max_tokens_per_request"] == str(vs_vidur.MAX_TOKENS)
+        assert f[predictor + "kv_cache_prediction_granularity"] == "64"
+    else:
+        assert f[predictor + "attention_input_file"] == "/p/a.csv"
+        assert f["--vllm_scheduler_config_block_size"] == str(vs_vidur.BLOCK)
