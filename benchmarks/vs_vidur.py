@@ -20,8 +20,8 @@ venv; 0.0.26 when this was written). It reads its profiling tables from HuggingF
 script builds them offline, in the hub's cache layout, from the checkout's MLP and network tables and the same
 attention table, and runs it with ``HF_HUB_OFFLINE=1`` from the work folder (where no ``vidur`` folder shadows
 it), on the same requests in its own trace format, with its prompt, decode and time scale factors at 1.0 (its
-defaults, 0.3 and 0.04 for prompts and time, would simulate other work). A rate at which it fails (0.0.26
-crashes when a preempted request restarts) is reported and left out for it.
+defaults, 0.3 and 0.04 for prompts and time, would simulate other work). A rate at which a Vidur fails (0.0.26
+has been seen to crash when a preempted request restarts) is reported and that Vidur left out at that rate.
 
 What runs: the first ``--requests`` requests of the bundled Azure code trace (Llama-2-7B on one A100), each
 clipped as Vidur's trace replay clips (prompt + output at most 4,096 tokens, the prompt shortened), written in
@@ -318,7 +318,7 @@ def main() -> None:
           f"one A100; {BATCH_CAP} requests and {TOKEN_BUDGET} tokens a batch; {time.strftime('%Y-%m-%d')}, "
           f"{os.cpu_count()} CPUs")
     print(f"{'rate':>6} {'pair':>4} {'side':<18} {'wall s':>7} {'iterations':>10} {'makespan s':>10} "
-          f"{'mean E2E s':>10} {'mean TTFT s':>11} {'ratio':>6}")
+          f"{'mean E2E s':>10} {'mean TTFT s':>11} ratio per Vidur")
     ratios: dict[tuple[str, str, str], list[float]] = {}
     for rate in args.rates:
         batches = {}
@@ -326,7 +326,7 @@ def main() -> None:
             cmd, cwd, out = command(kind, rate, count_batches=True)
             try:
                 timed(cmd, cwd=cwd)
-            except RuntimeError as error:  # the release crashes on a preempted request's restart
+            except RuntimeError as error:  # e.g. the release's crash on a preempted request's restart
                 last = str(error).strip().splitlines()[-1]
                 print(f"rate {rate}: {kind} failed, left out at this rate: {last}", flush=True)
                 continue
