@@ -93,6 +93,13 @@ class Inputs(NamedTuple):
     scale: float
 
 
+def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
 def write_inputs(work: Path, count: int, rates: list[str]) -> dict[str, Inputs]:
     """Per rate: the servegym trace (Azure's columns), Vidur's traces (git head and release) and the time scale."""
     arrival, prompt, output = requests(count)
@@ -101,24 +108,19 @@ def write_inputs(work: Path, count: int, rates: list[str]) -> dict[str, Inputs]:
     for rate in rates:
         scale = 1.0 if rate == "trace" else (count - 1) / span / float(rate)
         times = arrival * scale
-        ours, theirs, release = work / f"servegym-{rate}.csv", work / f"vidur-{rate}.csv", work / f"release-{rate}.csv"
-        with ours.open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
-            for t, p, o in zip(times, prompt, output, strict=True):
-                stamp = np.datetime64("2023-11-16T00:00:00", "ns") + np.timedelta64(round(t * 1e9), "ns")
-                writer.writerow([str(stamp).replace("T", " "), int(p), int(o)])
-        with theirs.open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["arrived_at", "num_prefill_tokens", "num_decode_tokens"])
-            for t, p, o in zip(times, prompt, output, strict=True):
-                writer.writerow([f"{round(t * 1e9) / 1e9:.9f}", int(p), int(o)])
-        with release.open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["Date", "Time", "PromptTokenCount", "CompletionTokenCount"])
-            for t, p, o in zip(times, prompt, output, strict=True):
-                writer.writerow([RELEASE_DATE, f"{round(t * 1e9) / 1e9:.9f}", int(p), int(o)])
-        out[rate] = Inputs(ours, theirs, release, scale)
+        ns = [round(t * 1e9) for t in times]  # every side's arrival times, to the nanosecond
+        seconds = [f"{t / 1e9:.9f}" for t in ns]
+        start = np.datetime64("2023-11-16T00:00:00", "ns")
+        lengths = [(int(p), int(o)) for p, o in zip(prompt, output, strict=True)]
+        paths = {side: work / f"{side}-{rate}.csv" for side in ("servegym", "vidur", "release")}
+        stamps = [str(start + np.timedelta64(t, "ns")).replace("T", " ") for t in ns]
+        write_csv(paths["servegym"], ["TIMESTAMP", "ContextTokens", "GeneratedTokens"],
+                  [[t, *pair] for t, pair in zip(stamps, lengths, strict=True)])
+        write_csv(paths["vidur"], ["arrived_at", "num_prefill_tokens", "num_decode_tokens"],
+                  [[t, *pair] for t, pair in zip(seconds, lengths, strict=True)])
+        write_csv(paths["release"], ["Date", "Time", "PromptTokenCount", "CompletionTokenCount"],
+                  [[RELEASE_DATE, t, *pair] for t, pair in zip(seconds, lengths, strict=True)])
+        out[rate] = Inputs(**paths, scale=scale)
     return out
 
 
@@ -304,7 +306,8 @@ def main() -> None:
     def command(kind: str, rate: str, count_batches: bool = False) -> tuple[list[str], str, Path]:
         python, cwd, release = vidurs[kind]
         trace = inputs[rate].release if release else inputs[rate].vidur
-        cache, out = work / ("release-cache" if release else "vidur-cache"), work / f"{kind.split()[1]}-out"
+        cache = work / ("release-cache" if release else "vidur-cache")
+        out = work / ("release-out" if release else "head-out")
         return vidur_command(python, trace, attention, out, cache, count_batches, release), str(cwd), out
 
     for kind in vidurs:

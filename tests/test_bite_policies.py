@@ -373,4 +373,3 @@ def test_output_estimate_per_length_mode_on_an_asymmetric_interval():
     unknown = output_estimate(lo, hi, LengthMode.UNKNOWN, 4.0)
     assert unknown.tolist() == [5.0, 3.0, 4.0] and unknown.dtype == np.float64
     assert output_estimate(lo, hi, LengthMode.UNKNOWN, None).tolist() == [10.0, 3.0, 400.0]
-
