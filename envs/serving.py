@@ -19,7 +19,7 @@ from servegym.envs.actions import slot_action_masks
 from servegym.envs.observation import SCHEMA, ObservationEncoder, observation_space, schema_table
 from servegym.metrics.core import censored_latency, num_met_slo
 from servegym.pool import Cluster, PoolConfig
-from servegym.pool.cluster import ClusterStep
+from servegym.pool.cluster import ClusterStep, SkipRun
 from servegym.validation import boolean, non_negative_number, optional, positive_int, positive_number
 from servegym.workloads import Workload, make_workload
 from servegym.workloads.scenarios import profile_for
@@ -234,36 +234,34 @@ class ServingEnv(gym.Env):
             info = self._info(self.engine.last, self.cluster.deciding, 0, 0)
             return self._encoder.encode(self.cluster), 0.0, True, False, info
         self._stepped = True
-        reward, skipped = 0.0, []  # (step, reward) of the iterations before the last, with decision_steps only
+        # Each iteration's reward and the counts summed over them, in order; a run of the engine's own loop is
+        # booked in bulk up to its last iteration, which is booked as a single step is.
+        reward, rewards, sums, run = 0.0, [], [0] * len(COUNTED), None
         while True:
-            started_s = self.cluster.time
-            step = self.cluster.step(order)
+            if run is None:
+                started_s = self.cluster.time
+                step = self.cluster.step(order)
+            else:
+                reward = self._account_run(run, reward, rewards, sums)
+                started_s, step = run.started_s[-1], run.last
             r, terminated, truncated = self._account(started_s, step, self._finished_ids(step))
             reward += r
+            rewards.append(r)
+            for k, value in enumerate((*step.outcome, step.arrived, step.rejected)):
+                sums[k] += value
             if self._ends_step(terminated, truncated):
                 break
-            skipped.append((step, r))
             order = order[:0]
-            if len(self.cluster.engines) > 1 or self.engine_config.check_invariants:
-                continue
             # The iterations up to the next one that ends the step, in the engine's own loop: the same steps.
-            batch = self.cluster.skip(self._iterations_left())
-            for i, (started_s, step, finished_ids) in enumerate(batch):
-                r, terminated, truncated = self._account(started_s, step, finished_ids, last=i == len(batch) - 1)
-                reward += r
-                skipped.append((step, r))
-            if batch and self._ends_step(terminated, truncated):
-                step, r = skipped.pop()
-                break
+            single = len(self.cluster.engines) > 1 or self.engine_config.check_invariants
+            run = None if single else self.cluster.skip(self._iterations_left())
         obs = self._encoder.encode(self.cluster)
         info = self._info(step.outcome, step.container, step.arrived, step.rejected)
-        info["num_iterations"] = len(skipped) + 1
+        info["num_iterations"] = len(rewards)
         if self.decision_steps:  # each iteration's reward, so a return can be summed as without the skip
-            info["iteration_rewards"] = [*(sr for _, sr in skipped), r]
-        if skipped:  # counts over every iteration this step advanced, not only the last (summed in order)
-            counts = [(*s.outcome, s.arrived, s.rejected) for s, _ in skipped]
-            counts.append((*step.outcome, step.arrived, step.rejected))
-            info.update(zip(COUNTED, (sum(column) for column in zip(*counts, strict=True)), strict=True))
+            info["iteration_rewards"] = rewards
+        if len(rewards) > 1:  # counts over every iteration this step advanced, not only the last (summed in order)
+            info.update(zip(COUNTED, sums, strict=True))
         if truncated and self._num_stalled >= (self.idle_guard_steps or math.inf):
             info["idle_guard"] = True
         return obs, reward, terminated, truncated, info
@@ -282,26 +280,54 @@ class ServingEnv(gym.Env):
     def _finished_ids(self, step: ClusterStep) -> np.ndarray:
         return self.cluster.engines[step.container].last_finished_ids if step.outcome.num_finished else EMPTY
 
-    def _account(self, started_s: float, step: ClusterStep, finished_ids: np.ndarray,
-                 last: bool = True) -> tuple[float, bool, bool]:
-        """Book one engine iteration that started at pool time ``started_s``: its reward (penalty and discount
-        applied), terminated, truncated. Only the ``last`` iteration run so far sees the pool as it is now; the
-        engine ran the others because rows were running after them, so nothing stalled there."""
+    def _account_run(self, run: SkipRun, reward: float, rewards: list[float], sums: list) -> float:
+        """Book the iterations of ``run`` before its last as :meth:`_account` books each (rows ran after every
+        one, so none stalled, ended the episode or reached a limit); return ``reward`` plus theirs, in order."""
+        outcomes = run.outcomes[:-1]
+        if not outcomes:
+            return reward
+        self._num_steps += len(outcomes)
+        self._num_stalled = 0
+        if self.reward_name == "latency":
+            values = [-accrued for accrued in run.latency_accrued_s[:-1]]
+            for accrued in run.latency_accrued_s[:-1]:
+                self._latency_charged += accrued
+        elif self.reward_name == "tokens":
+            values = [float(outcome.num_decode_tokens) for outcome in outcomes]
+        else:
+            values = [0.0] * len(outcomes)
+        for i, ids in run.finished_ids.items():
+            if i < len(outcomes):
+                good = num_met_slo(self.cluster.log, ids, self.ttft_slo_s, self.itl_slo_s)
+                self._num_slo_good += good
+                if self.reward_name not in ("latency", "tokens"):  # as _reward: the SLO goodput
+                    values[i] = float(good)
+        if self.reward_half_life_s is not None:
+            first = self.cluster.log.arrival_s[0]
+            values = [value * 2.0 ** (-(started_s - first) / self.reward_half_life_s)
+                      for value, started_s in zip(values, run.started_s, strict=False)]
+        for value in values:
+            reward += value
+        rewards.extend(values)
+        for k, column in enumerate(zip(*outcomes, strict=True)):
+            for value in column:
+                sums[k] += value
+        self._book_preemptions(sum(outcome.num_preemptions for outcome in outcomes))
+        return reward
+
+    def _account(self, started_s: float, step: ClusterStep, finished_ids: np.ndarray) -> tuple[float, bool, bool]:
+        """Book the latest engine iteration, which started at pool time ``started_s``: its reward (penalty and
+        discount applied), terminated, truncated."""
         self._num_steps += 1
         reward = self._reward(step, finished_ids)
-        self._num_stalled = self._num_stalled + 1 if last and self._stalled() else 0
-        self._num_preempted += step.outcome.num_preemptions
-        if self._num_preempted > self._thrash_limit and not self._warned_thrash:
-            self._warned_thrash = True
-            warnings.warn(f"{self._num_preempted} preemptions for {self.cluster.log.num_requests} requests by t="
-                          f"{self.cluster.time:.2f} s: the policy is thrashing the KV cache (info['num_preemptions'] "
-                          "counts them per step)", RuntimeWarning, stacklevel=3)
+        self._num_stalled = self._num_stalled + 1 if self._stalled() else 0
+        self._book_preemptions(step.outcome.num_preemptions)
         if self._num_stalled == STALL_WARNING_STEPS and not self._warned_stall:
             self._warned_stall = True
             warnings.warn(f"requests have waited while nothing ran for {STALL_WARNING_STEPS} steps at t="
                           f"{self.cluster.time:.2f} s: the policy is not admitting (info['num_stalled_steps'] counts "
                           "such steps; idle_guard_steps truncates them)", RuntimeWarning, stacklevel=3)
-        terminated = self.cluster.done and last
+        terminated = self.cluster.done
         truncated = not terminated and self.max_steps is not None and self._num_steps >= self.max_steps
         guarded = not terminated and self.idle_guard_steps is not None and self._num_stalled >= self.idle_guard_steps
         if (truncated or guarded) and self.reward_name == "latency":
@@ -312,6 +338,14 @@ class ServingEnv(gym.Env):
         if self.reward_half_life_s is not None:
             reward *= 2.0 ** (-(started_s - self.cluster.log.arrival_s[0]) / self.reward_half_life_s)
         return reward, terminated, truncated or guarded
+
+    def _book_preemptions(self, count: int) -> None:
+        self._num_preempted += count
+        if self._num_preempted > self._thrash_limit and not self._warned_thrash:
+            self._warned_thrash = True
+            warnings.warn(f"{self._num_preempted} preemptions for {self.cluster.log.num_requests} requests by t="
+                          f"{self.cluster.time:.2f} s: the policy is thrashing the KV cache (info['num_preemptions'] "
+                          "counts them per step)", RuntimeWarning, stacklevel=4)
 
     @property
     def num_steps(self) -> int:

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from servegym.backends.base import EMPTY, Backend
+from servegym.backends.base import Backend
 from servegym.engine.compiled import engine_class
 from servegym.engine.config import EngineConfig, LengthMode, as_enum
 from servegym.engine.engine import Engine
@@ -65,6 +65,20 @@ class ClusterStep(NamedTuple):
     """Arrivals routed after the iteration, and how many of them could never fit."""
     latency_accrued_s: float
     """Request-seconds spent in the system during this step (arrival lags included); sums to total latency."""
+
+
+class SkipRun(NamedTuple):
+    """Iterations :meth:`Cluster.skip` ran in the engine's own loop, one list entry each, in order."""
+
+    started_s: list[float]
+    """The pool's clock before each."""
+    outcomes: list[StepOutcome]
+    latency_accrued_s: list[float]
+    """As :attr:`ClusterStep.latency_accrued_s`; the last includes the lag of the arrivals routed after it."""
+    finished_ids: dict[int, np.ndarray]
+    """The ids each iteration that finished any finished, by its index."""
+    last: ClusterStep
+    """The last iteration as :meth:`Cluster.step` would have returned it."""
 
 
 class Cluster:
@@ -186,35 +200,34 @@ class Cluster:
             self.check_invariants()
         return ClusterStep(container, out, arrived, rejected, accrued + lag)
 
-    def skip(self, limit: int) -> list[tuple[float, ClusterStep, np.ndarray]]:
+    def skip(self, limit: int) -> SkipRun | None:
         """One container only: the iterations that :meth:`step` with nothing to admit would run while nothing can
         be admitted and nothing arrives, at most ``limit``, run in the engine's own loop (:meth:`Engine.skip`).
 
-        Returns, per iteration, the pool's clock before it, its :class:`ClusterStep` (the same as :meth:`step`'s)
-        and the ids it finished. The arrivals due after the last are routed, as :meth:`step` routes them.
+        Returns them column-wise (None if none ran); the arrivals due after the last are routed, as :meth:`step`
+        routes them, and counted in ``last``.
         """
         if len(self.engines) != 1 or self.config.check_invariants:
             raise RuntimeError("the engine's own loop serves one container without invariant checks")
         engine, rows = self.engines[0], self.log.step_rows[0]
         start = len(rows)
         outcomes, finished = engine.skip(self.next_arrival_s, limit)
-        ids = dict(finished)
-        steps = []
+        if not outcomes:
+            return None
         # With one container every finish is at the pool's clock, so none is pending past a step (see _advance).
-        for i, outcome in enumerate(outcomes):
-            old_time = self.time
-            self.time = max(old_time, rows[start + i].end_s)
-            accrued = self._num_in_system * (self.time - old_time)
-            self._num_in_system -= outcome.num_finished
-            step = tuple.__new__(ClusterStep, (0, outcome, 0, 0, accrued))  # ClusterStep(...) without its frame
-            steps.append((old_time, step, ids.get(i, EMPTY)))
-        if outcomes:
-            arrived, rejected, lag = self._route_arrivals()
-            old_time, last, done_ids = steps[-1]
-            steps[-1] = (old_time, last._replace(arrived=arrived, rejected=rejected,
-                                                 latency_accrued_s=last.latency_accrued_s + lag), done_ids)
-            self._update_done()
-        return steps
+        time, in_system, started, accrued = self.time, self._num_in_system, [], []
+        for outcome, row in zip(outcomes, rows[start:], strict=True):
+            end = max(time, row.end_s)
+            started.append(time)
+            accrued.append(in_system * (end - time))
+            in_system -= outcome.num_finished
+            time = end
+        self.time, self._num_in_system = time, in_system
+        arrived, rejected, lag = self._route_arrivals()
+        accrued[-1] += lag
+        last = tuple.__new__(ClusterStep, (0, outcomes[-1], arrived, rejected, accrued[-1]))  # without its frame
+        self._update_done()
+        return SkipRun(started, outcomes, accrued, dict(finished), last)
 
     def _advance(self, old_time: float) -> float:
         """Request-seconds in the system between ``old_time`` and ``self.time``."""

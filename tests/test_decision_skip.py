@@ -130,7 +130,7 @@ def test_the_engines_own_loop_keeps_every_reward_and_limit(env_kwargs, monkeypat
     assert not ran
     _, skipped, _ = episode("fcfs", "tight-memory", skip=True, **env_kwargs)
     assert_same_episode(plain, skipped)
-    in_loop = sum(len(steps) for steps in ran)
+    in_loop = sum(len(run.outcomes) for run in ran if run)
     assert in_loop > 50  # iterations ran in the engine's loop, not through Cluster.step
     assert plain.truncated == ("max_steps" in env_kwargs)
 
@@ -159,17 +159,17 @@ def test_the_engines_loop_stops_where_a_decision_or_an_arrival_is_due(monkeypatc
     assert info["num_iterations"] == 100 and info["num_finished"] == 1 and info["num_decode_tokens"] == 100
     assert inner.cluster.engine.can_admit() and inner.num_steps == 100
     assert info["num_stalled_steps"] == 1  # B waits with nothing running after the last iteration, not before
-    assert [len(b) for b in batches] == [99]  # every iteration after the first in one call of the engine's loop
-    decode_s = batches[0][0][1].outcome.dt_s
+    assert [len(b.outcomes) for b in batches] == [99]  # all after the first in one run of the engine loop
+    decode_s = batches[0].outcomes[0].dt_s
     first_s = inner.cluster.log.steps()[0, 1]
     arrival = first_s + 29.5 * decode_s  # during the 31st iteration
     inner, info, _ = run(arrival)
     assert info["num_iterations"] == 100 and info["num_arrived"] == 1
-    assert [len(b) for b in batches] == [30, 68]  # iterations 2-31, then 33-100 (the 32nd through Cluster.step)
-    started_s, last, _ = batches[0][-1]
+    assert [len(b.outcomes) for b in batches] == [30, 69]  # iterations 2-31, then 32-100 after routing C
+    started_s, last = batches[0].started_s[-1], batches[0].last
     assert started_s < arrival <= started_s + last.outcome.dt_s and last.arrived == 1
     inner, info, truncated = run(1e6, limit=40)
-    assert info["num_iterations"] == 40 and truncated and [len(b) for b in batches] == [39]
+    assert info["num_iterations"] == 40 and truncated and [len(b.outcomes) for b in batches] == [39]
 
 
 def test_a_calibrated_replay_loads_nothing_it_does_not_use() -> None:
