@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from servegym.engine.kv import num_blocks
-from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX
+from servegym.envs.observation import ENGINE_INDEX, QUEUE_INDEX, RUNNING_INDEX
 from servegym.policies.base import Observation, Policy, admit_first, engine_feature, register_policy
-from servegym.policies.common import free_blocks, free_slots, running_rows, visible_queue
 from servegym.policies.params import PolicyParams, param, positive_int
 
 if TYPE_CHECKING:
@@ -26,23 +25,33 @@ class VLLMParams(PolicyParams):
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
 
+_LEFT, _STRIDE = RUNNING_INDEX["num_prefill_left"], len(RUNNING_INDEX)
+_PROMPT, _GENERATED, _WIDTH = QUEUE_INDEX["num_prompt_tokens"], QUEUE_INDEX["num_generated"], len(QUEUE_INDEX)
+_RUNNING, _WAITING, _CHUNK, _BLOCK, _FREE, _CAPACITY = (ENGINE_INDEX[name] for name in (
+    "num_running", "num_waiting", "prefill_chunk_tokens", "kv_block_size", "kv_free_frac", "kv_capacity_tokens"))
+
+
 def budget_after_running(obs: Observation, budget: int) -> int:
     """Tokens left in the step budget after every decode and every ongoing prefill chunk."""
-    run = running_rows(obs)
-    left = run[:, RUNNING_INDEX["num_prefill_left"]]
-    decoding = int(np.count_nonzero(left == 0))
-    chunk = engine_feature(obs, "prefill_chunk_tokens")
-    return max(0, budget - decoding - int(np.minimum(left[left > 0], chunk).sum()))
+    engine = obs["engine"].tolist()  # read once, as plain floats (the per-step path)
+    num_running = int(engine[_RUNNING])
+    left = obs["running"][_LEFT : num_running * _STRIDE : _STRIDE]  # the running rows' prefill left
+    prefilling = left[left > 0]
+    chunks = int(np.minimum(prefilling, engine[_CHUNK]).sum()) if prefilling.size else 0
+    return max(0, budget - (num_running - prefilling.size) - chunks)
 
 
 def admit_within_budget(obs: Observation, budget_left: int) -> int:
     """FCFS admissions while step tokens remain and each request's first chunk gets its KV blocks."""
-    rows = visible_queue(obs)
-    block = engine_feature(obs, "kv_block_size")
-    chunk = engine_feature(obs, "prefill_chunk_tokens")
-    blocks, count = free_blocks(obs), 0
-    for row in rows[: free_slots(obs)]:
-        target = row[QUEUE_INDEX["num_prompt_tokens"]] + row[QUEUE_INDEX["num_generated"]]
+    engine = obs["engine"].tolist()
+    queue = obs["queue"]
+    slots = max(0, obs["running"].shape[0] // _STRIDE - int(engine[_RUNNING]))  # free_slots
+    visible = min(int(engine[_WAITING]), queue.shape[0] // _WIDTH, slots)
+    block, chunk = engine[_BLOCK], engine[_CHUNK]
+    blocks, count = round(engine[_FREE] * engine[_CAPACITY] / block), 0  # free_blocks
+    rows = queue[: visible * _WIDTH].reshape(-1, _WIDTH)
+    for prompt, generated in zip(rows[:, _PROMPT].tolist(), rows[:, _GENERATED].tolist(), strict=True):
+        target = prompt + generated
         first = min(chunk, target, budget_left)
         need = num_blocks(first + (first == target), block)
         if budget_left <= 0 or need > blocks:
