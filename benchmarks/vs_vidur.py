@@ -30,7 +30,8 @@ timing; a number stretches the arrival times to that mean rate (requests per sec
 scheduler (128 requests, 4,096 tokens a batch, 16-token blocks; CPU overhead modelling off, its default);
 servegym runs each ``--policies`` policy with the same limits on the ``a100-llama2-7b`` profile. Each pair
 is each Vidur then servegym (A B A B ...), each a fresh ``python`` process timed from launch to exit (imports,
-trace parse and writing its results included); Vidur writes no plots or chrome trace. One untimed run of each
+trace parse and writing its results included); Vidur writes no plots or chrome trace, and servegym's side is
+``vs_vidur_servegym.py``, which loads only what its episode needs. One untimed run of each
 Vidur first trains and caches its execution-time predictor (``--workdir``), as Vidur's own cache does for a user.
 
 Printed: each side's simulated iterations, makespan, mean end-to-end latency and mean TTFT, and every pair's
@@ -67,6 +68,8 @@ RELEASE_DATASETS = {"compute": "servegym/a100-llama-2-7b", "network": "servegym/
 RELEASE_DATE = "2023-08-21"
 """The release's trace replay keeps the rows of one ``Date``; every row gets this one."""
 PROFILE = "a100-llama2-7b"
+SERVEGYM_SIDE = Path(__file__).with_name("vs_vidur_servegym.py")
+"""servegym's side: a script that loads only what its episode needs (this one's imports are the harness's)."""
 BATCH_CAP, TOKEN_BUDGET, BLOCK = 128, 4096, 16
 
 
@@ -230,35 +233,6 @@ def vidur_iterations(out: Path) -> int:
         return sum(1 for _ in f) - 1
 
 
-def servegym_side(trace: str, policy_name: str) -> None:
-    """One servegym episode over ``trace``; prints its results as one JSON line (run in a fresh process)."""
-    from servegym.engine import STEP_INDEX
-    from servegym.policies import make_policy
-    from servegym.runner import make_env
-    from servegym.workloads import TraceWorkload
-
-    policy = make_policy(policy_name)
-    env = make_env(policy, max_episode_steps=10**8, workload=TraceWorkload(trace), profile=PROFILE,
-                   engine={"length_mode": "unknown", "max_num_seqs": BATCH_CAP,
-                           "max_num_batched_tokens": TOKEN_BUDGET})
-    obs, _ = env.reset(seed=0)
-    policy.reset()
-    done = False
-    while not done:
-        obs, _, terminated, truncated, _ = env.step(policy.act(obs))
-        done = terminated or truncated
-    log = env.unwrapped.cluster.log
-    steps = log.steps()
-    tokens = steps[:, STEP_INDEX["num_decode_tokens"]] + steps[:, STEP_INDEX["num_prefill_tokens"]]
-    busy = int(np.count_nonzero(tokens > 0))
-    e2e = log.finish_s - log.arrival_s
-    print(json.dumps({"requests": int(log.num_requests), "finished": int(np.isfinite(log.finish_s).sum()),
-                      "iterations": busy, "makespan_s": float(np.nanmax(log.finish_s) - log.arrival_s.min()),
-                      "mean_e2e_s": float(np.nanmean(e2e)),
-                      "mean_ttft_s": float(np.nanmean(log.first_token_s - log.arrival_s)),
-                      "kv_tokens": int(log.num_kv_blocks * log.block_size)}))
-
-
 def timed(command: list[str], cwd: str | None = None) -> tuple[float, str]:
     """Wall time of ``command`` as a whole process, and its output (stdout then stderr)."""
     start = time.perf_counter()
@@ -280,11 +254,7 @@ def main() -> None:
     parser.add_argument("--rates", nargs="+", default=["trace", "2"])
     parser.add_argument("--policies", nargs="+", default=["fcfs", "vllm"])
     parser.add_argument("--workdir", default="/tmp/servegym-vs-vidur")
-    parser.add_argument("--servegym-side", nargs=2, metavar=("TRACE", "POLICY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.servegym_side:
-        servegym_side(*args.servegym_side)
-        return
     if not (args.vidur_python and args.vidur_source):
         parser.error("--vidur-python and --vidur-source are required (this script installs nothing)")
     work = Path(args.workdir)
@@ -345,7 +315,8 @@ def main() -> None:
                 print(f"{rate:>6} {pair:>4} {kind:<18} {walls[kind]:>7.2f} {batches[kind]:>10} "
                       f"{v['makespan_s']:>10.1f} {v['mean_e2e_s']:>10.2f} {v['mean_ttft_s']:>11.3f}", flush=True)
             for policy in args.policies:
-                wall, stdout = timed([sys.executable, __file__, "--servegym-side", str(inputs[rate].servegym), policy])
+                wall, stdout = timed([sys.executable, str(SERVEGYM_SIDE), str(inputs[rate].servegym), policy, PROFILE,
+                                      str(BATCH_CAP), str(TOKEN_BUDGET)])
                 s = json.loads(stdout.strip().splitlines()[-1])
                 for kind, vidur_wall in walls.items():
                     ratios.setdefault((rate, policy, kind), []).append(wall / vidur_wall)

@@ -100,3 +100,38 @@ def test_both_vidurs_simulate_the_whole_trace_with_the_same_limits(vs_vidur, rel
     else:
         assert f[predictor + "attention_input_file"] == "/p/a.csv"
         assert f["--vllm_scheduler_config_block_size"] == str(vs_vidur.BLOCK)
+
+
+def test_servegyms_side_reports_its_episode(vs_vidur, tmp_path):
+    # The child process runs vLLM-style with the benchmark's limits, not the policy's own defaults (2,048 tokens),
+    # prompts whole up to the budget; it counts as iterations those that processed a token (Vidur counts
+    # batches), not idle advances between arrivals; a policy whose overrides change a limit is refused.
+    import subprocess
+    import sys
+
+    from servegym.engine import STEP_INDEX
+    from servegym.policies import make_policy
+    from servegym.runner import make_env, run_episode
+    from servegym.workloads import TraceWorkload
+
+    trace = vs_vidur.write_inputs(tmp_path, 60, ["2"])["2"].servegym
+    done = subprocess.run([sys.executable, str(vs_vidur.SERVEGYM_SIDE), str(trace), "vllm", vs_vidur.PROFILE, "4",
+                           "96"], capture_output=True, text=True, timeout=300, check=True)
+    reported = json.loads(done.stdout.strip().splitlines()[-1])
+    limits = ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk_tokens")
+    assert [reported[name] for name in limits] == [4, 96, 96]
+    policy = make_policy("vllm", max_num_batched_tokens=96, max_num_seqs=4)
+    env = make_env(policy, max_episode_steps=10**8, workload=TraceWorkload(str(trace)), profile=vs_vidur.PROFILE,
+                   engine={"length_mode": "unknown"})
+    run_episode(env, policy, seed=0)
+    log = env.unwrapped.cluster.log
+    steps = log.steps()
+    busy = steps[:, STEP_INDEX["num_decode_tokens"]] + steps[:, STEP_INDEX["num_prefill_tokens"]] > 0
+    assert 0 < busy.sum() < len(steps)  # idle advances exist, and are not counted
+    assert reported["requests"] == reported["finished"] == 60
+    assert reported["iterations"] == busy.sum()
+    assert reported["makespan_s"] == pytest.approx(np.nanmax(log.finish_s) - log.arrival_s.min(), rel=1e-12)
+    assert reported["mean_ttft_s"] == pytest.approx(np.nanmean(log.first_token_s - log.arrival_s), rel=1e-12)
+    refused = subprocess.run([sys.executable, str(vs_vidur.SERVEGYM_SIDE), str(trace), "sarathi", vs_vidur.PROFILE,
+                              "4", "96"], capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode != 0 and "change the benchmark's limits" in refused.stderr
