@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, fields
 from typing import Any, ClassVar
 
@@ -288,23 +289,9 @@ class ServingEnv(gym.Env):
             return reward
         self._num_steps += len(outcomes)
         self._num_stalled = 0
-        if self.reward_name == "latency":
-            values = [-accrued for accrued in run.latency_accrued_s[:-1]]
-            for accrued in run.latency_accrued_s[:-1]:
-                self._latency_charged += accrued
-        elif self.reward_name == "tokens":
-            values = [float(outcome.num_decode_tokens) for outcome in outcomes]
-        else:
-            values = [0.0] * len(outcomes)
-        for i, ids in run.finished_ids.items():
-            if i < len(outcomes):
-                good = num_met_slo(self.cluster.log, ids, self.ttft_slo_s, self.itl_slo_s)
-                self._num_slo_good += good
-                if self.reward_name not in ("latency", "tokens"):  # as _reward: the SLO goodput
-                    values[i] = float(good)
+        values = self._rewards(outcomes, run.latency_accrued_s[:-1], run.finished_ids)
         if self.reward_half_life_s is not None:
-            first = self.cluster.log.arrival_s[0]
-            values = [value * 2.0 ** (-(started_s - first) / self.reward_half_life_s)
+            values = [value * self._discount(started_s)
                       for value, started_s in zip(values, run.started_s, strict=False)]
         for value in values:
             reward += value
@@ -319,7 +306,8 @@ class ServingEnv(gym.Env):
         """Book the latest engine iteration, which started at pool time ``started_s``: its reward (penalty and
         discount applied), terminated, truncated."""
         self._num_steps += 1
-        reward = self._reward(step, finished_ids)
+        finished = {0: finished_ids} if step.outcome.num_finished else {}
+        reward = self._rewards((step.outcome,), (step.latency_accrued_s,), finished)[0]
         self._num_stalled = self._num_stalled + 1 if self._stalled() else 0
         self._book_preemptions(step.outcome.num_preemptions)
         if self._num_stalled == STALL_WARNING_STEPS and not self._warned_stall:
@@ -336,7 +324,7 @@ class ServingEnv(gym.Env):
             reward -= censored_latency(self.cluster.log).sum() - self._latency_charged
             reward -= self.truncation_penalty_s * self.num_unserved
         if self.reward_half_life_s is not None:
-            reward *= 2.0 ** (-(started_s - self.cluster.log.arrival_s[0]) / self.reward_half_life_s)
+            reward *= self._discount(started_s)
         return reward, terminated, truncated or guarded
 
     def _book_preemptions(self, count: int) -> None:
@@ -352,17 +340,30 @@ class ServingEnv(gym.Env):
         """Engine iterations this episode has run (with ``decision_steps``, more than the calls of ``step``)."""
         return self._num_steps
 
-    def _reward(self, step: ClusterStep, finished_ids: np.ndarray) -> float:
-        good = 0
-        if step.outcome.num_finished:  # counted for info["num_slo_good"] whatever the reward
-            good = num_met_slo(self.cluster.log, finished_ids, self.ttft_slo_s, self.itl_slo_s)
-            self._num_slo_good += good
+    def _rewards(self, outcomes: Sequence[StepOutcome], accrued_s: Sequence[float],
+                 finished_ids: dict[int, np.ndarray]) -> list[float]:
+        """The rewards of consecutive iterations, before any truncation charge or discount (``finished_ids``: the
+        ids each iteration that finished any finished, by its index); their SLO-good finishes are counted for
+        ``info["num_slo_good"]`` whatever the reward."""
         if self.reward_name == "latency":
-            self._latency_charged += step.latency_accrued_s
-            return -step.latency_accrued_s
-        if self.reward_name == "tokens":
-            return float(step.outcome.num_decode_tokens)
-        return float(good)
+            values = [-accrued for accrued in accrued_s]
+            for accrued in accrued_s:  # one by one, as the return sums them
+                self._latency_charged += accrued
+        elif self.reward_name == "tokens":
+            values = [float(outcome.num_decode_tokens) for outcome in outcomes]
+        else:
+            values = [0.0] * len(outcomes)
+        for i, ids in finished_ids.items():
+            if i < len(outcomes):
+                good = num_met_slo(self.cluster.log, ids, self.ttft_slo_s, self.itl_slo_s)
+                self._num_slo_good += good
+                if self.reward_name not in ("latency", "tokens"):  # the SLO goodput
+                    values[i] = float(good)
+        return values
+
+    def _discount(self, started_s: float) -> float:
+        """``reward_half_life_s``'s factor for an iteration that started at pool time ``started_s``."""
+        return 2.0 ** (-(started_s - self.cluster.log.arrival_s[0]) / self.reward_half_life_s)
 
     def _stalled(self) -> bool:
         """Requests wait somewhere while no container runs anything or loads a model."""
