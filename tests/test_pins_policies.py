@@ -117,6 +117,38 @@ def test_vllm_admits_nothing_once_the_token_budget_is_spent():
     assert admit_within_budget(obs, 1) == 1
 
 
+@pytest.mark.parametrize(("free_blocks", "budget", "expected"), [
+    (1, 100, 0),  # A's whole recompute (16 tokens) completes its prefill: 17 tokens, 2 blocks, 1 free
+    (2, 12, 1),   # A's first chunk is cut at the budget (12 of 16): 1 block, and the budget is spent before B
+])
+def test_vllm_first_chunk_counts_a_preempted_requests_generated_tokens(free_blocks, budget, expected):
+    # Rule: a preempted request recomputes prompt + generated tokens, so that sum is its prefill target. A: a
+    # 10-token prompt with 6 generated before preemption (target 16); B: a 1-token prompt. Reading the prompt
+    # alone (target 10) would take A's first chunk as the whole prefill (11 tokens, 1 block) and admit B after it.
+    _, obs = reset_obs(make_policy("vllm"))
+    queue = [{"num_prompt_tokens": 10, "num_generated": 6, "output_lo": 1, "output_hi": 100},
+             {"num_prompt_tokens": 1, "output_lo": 1, "output_hi": 100}]
+    obs = crafted(obs, queue, kv_free_frac=free_frac(free_blocks), prefill_chunk_tokens=512)
+    assert admit_within_budget(obs, budget) == expected
+
+
+def test_vllm_admissions_spend_free_blocks_and_stop_at_free_slots():
+    # Rule: each admission takes its first chunk's blocks from those free; at most the free sequence slots are
+    # admitted. A (20-token prompt: 21 tokens, 2 blocks) then B (30: 31 tokens, 2 blocks) with 3 blocks free: A
+    # only. With 50 blocks free all three (C: 6 tokens, 1 block); with one slot left (the table holds max_num_seqs
+    # rows), A only again.
+    _, obs = reset_obs(make_policy("vllm"))
+    queue = [{"num_prompt_tokens": 20, "output_lo": 1, "output_hi": 100},
+             {"num_prompt_tokens": 30, "output_lo": 1, "output_hi": 100},
+             {"num_prompt_tokens": 5, "output_lo": 1, "output_hi": 100}]
+    assert admit_within_budget(crafted(obs, queue, kv_free_frac=free_frac(3), prefill_chunk_tokens=512), 100) == 1
+    assert admit_within_budget(crafted(obs, queue, kv_free_frac=free_frac(50), prefill_chunk_tokens=512), 100) == 3
+    slots = running_matrix(obs).shape[0]
+    assert slots > 3
+    one_slot = crafted(obs, queue, kv_free_frac=free_frac(50), prefill_chunk_tokens=512, num_running=slots - 1)
+    assert admit_within_budget(one_slot, 100) == 1
+
+
 def amin_obs(num_kv_blocks: int, queue, running=()):
     """A crafted predicted-mode observation for A_min: ``queue`` and ``running`` rows (dicts of features)."""
     _, obs = reset_obs(make_policy("amin"), num_kv_blocks=num_kv_blocks, block_size=16, length_mode="predicted")

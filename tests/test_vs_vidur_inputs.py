@@ -132,6 +132,10 @@ def test_servegyms_side_reports_its_episode(vs_vidur, tmp_path):
     assert reported["iterations"] == busy.sum()
     assert reported["makespan_s"] == pytest.approx(np.nanmax(log.finish_s) - log.arrival_s.min(), rel=1e-12)
     assert reported["mean_ttft_s"] == pytest.approx(np.nanmean(log.first_token_s - log.arrival_s), rel=1e-12)
+    # E2E runs from arrival (not from the first token); the KV capacity is in tokens (not blocks).
+    assert reported["mean_e2e_s"] == pytest.approx(np.nanmean(log.finish_s - log.arrival_s), rel=1e-12)
+    assert reported["mean_e2e_s"] > reported["mean_ttft_s"] > 0
+    assert log.block_size == 16 and reported["kv_tokens"] == log.num_kv_blocks * 16 > 0
     refused = subprocess.run([sys.executable, str(vs_vidur.SERVEGYM_SIDE), str(trace), "sarathi", vs_vidur.PROFILE,
                               "4", "96"], capture_output=True, text=True, timeout=300, check=False)
     assert refused.returncode != 0 and "change the benchmark's limits" in refused.stderr
