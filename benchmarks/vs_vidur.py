@@ -69,6 +69,8 @@ RELEASE_DATE = "2023-08-21"
 """The release's trace replay keeps the rows of one ``Date``; every row gets this one."""
 PROFILE = "a100-llama2-7b"
 SERVEGYM_SIDE = Path(__file__).with_name("vs_vidur_servegym.py")
+LIMITS = ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk_tokens")
+"""The engine settings servegym's side reports it ran with (printed once per policy)."""
 """servegym's side: a script that loads only what its episode needs (this one's imports are the harness's)."""
 BATCH_CAP, TOKEN_BUDGET, BLOCK = 128, 4096, 16
 
@@ -293,6 +295,7 @@ def main() -> None:
     print(f"{'rate':>6} {'pair':>4} {'side':<18} {'wall s':>7} {'iterations':>10} {'makespan s':>10} "
           f"{'mean E2E s':>10} {'mean TTFT s':>11} ratio per Vidur")
     ratios: dict[tuple[str, str, str], list[float]] = {}
+    shown: set[str] = set()
     for rate in args.rates:
         batches = {}
         for kind in vidurs:
@@ -318,6 +321,9 @@ def main() -> None:
                 wall, stdout = timed([sys.executable, str(SERVEGYM_SIDE), str(inputs[rate].servegym), policy, PROFILE,
                                       str(BATCH_CAP), str(TOKEN_BUDGET)])
                 s = json.loads(stdout.strip().splitlines()[-1])
+                if policy not in shown:  # what servegym's engine ran with, once per policy
+                    shown.add(policy)
+                    print(f"servegym {policy}: " + ", ".join(f"{k} {s[k]}" for k in LIMITS), flush=True)
                 for kind, vidur_wall in walls.items():
                     ratios.setdefault((rate, policy, kind), []).append(wall / vidur_wall)
                 print(f"{rate:>6} {pair:>4} {'servegym ' + policy:<18} {wall:>7.2f} {s['iterations']:>10} "
