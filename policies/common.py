@@ -5,30 +5,42 @@ from __future__ import annotations
 import numpy as np
 
 from servegym.engine.kv import num_blocks
-from servegym.envs.observation import QUEUE_INDEX, RUNNING_INDEX, length_mode_of, queue_matrix, running_matrix
+from servegym.envs.observation import ENGINE_INDEX, QUEUE_INDEX, RUNNING_INDEX, length_mode_of, running_matrix
 from servegym.policies.base import Observation, engine_feature, output_estimate, ranks_action
 
-_PROMPT, _GENERATED = QUEUE_INDEX["num_prompt_tokens"], QUEUE_INDEX["num_generated"]
+_PROMPT, _GENERATED, _WIDTH = QUEUE_INDEX["num_prompt_tokens"], QUEUE_INDEX["num_generated"], len(QUEUE_INDEX)
+_STRIDE = len(RUNNING_INDEX)
+_RUNNING, _WAITING, _BLOCK, _FREE, _CAPACITY = (ENGINE_INDEX[name] for name in (
+    "num_running", "num_waiting", "kv_block_size", "kv_free_frac", "kv_capacity_tokens"))
 
 
-def visible_queue(obs: Observation) -> np.ndarray:
-    """The rows of the visible waiting requests (queue head first)."""
-    queue = queue_matrix(obs)
-    return queue[: min(int(engine_feature(obs, "num_waiting")), queue.shape[0])]
+def engine_values(obs: Observation) -> list[float]:
+    """``obs["engine"]`` as plain floats, read once (index it with ``ENGINE_INDEX``): the per-step path of the
+    policies that read several features."""
+    return obs["engine"].tolist()
+
+
+def visible_queue(obs: Observation, engine: list[float] | None = None) -> np.ndarray:
+    """The rows of the visible waiting requests (queue head first); ``engine``: :func:`engine_values`, if read."""
+    engine = engine_values(obs) if engine is None else engine
+    queue = obs["queue"]
+    visible = min(int(engine[_WAITING]), queue.shape[0] // _WIDTH)
+    return queue[: visible * _WIDTH].reshape(-1, _WIDTH)
 
 
 def running_rows(obs: Observation) -> np.ndarray:
     return running_matrix(obs)[: int(engine_feature(obs, "num_running"))]
 
 
-def free_slots(obs: Observation) -> int:
+def free_slots(obs: Observation, engine: list[float] | None = None) -> int:
     """How many more requests the engine can run (``max_num_seqs`` minus the batch)."""
-    return max(0, obs["running"].shape[0] // len(RUNNING_INDEX) - int(engine_feature(obs, "num_running")))
+    engine = engine_values(obs) if engine is None else engine
+    return max(0, obs["running"].shape[0] // _STRIDE - int(engine[_RUNNING]))
 
 
-def free_blocks(obs: Observation) -> int:
-    block = engine_feature(obs, "kv_block_size")
-    return round(engine_feature(obs, "kv_free_frac") * engine_feature(obs, "kv_capacity_tokens") / block)
+def free_blocks(obs: Observation, engine: list[float] | None = None) -> int:
+    engine = engine_values(obs) if engine is None else engine
+    return round(engine[_FREE] * engine[_CAPACITY] / engine[_BLOCK])
 
 
 def total_blocks(obs: Observation) -> int:
@@ -78,13 +90,14 @@ def fcfs_count(obs: Observation, order: np.ndarray | None = None, budget_blocks:
     ``prefix_that_fits(admission_blocks(obs, rows), budget)`` capped at the free slots, counted row by row in
     plain Python: it stops at the first request that does not fit, and the queue window is small.
     """
-    rows = visible_queue(obs)
+    engine = engine_values(obs)
+    rows = visible_queue(obs, engine)
     if not rows.shape[0]:
         return 0
     if order is not None:
         rows = rows[order]
-    budget = free_blocks(obs) if budget_blocks is None else budget_blocks
-    slots, block = free_slots(obs), engine_feature(obs, "kv_block_size")
+    budget = free_blocks(obs, engine) if budget_blocks is None else budget_blocks
+    slots, block = free_slots(obs, engine), engine[_BLOCK]
     count, used = 0, 0.0
     for prompt, generated in zip(rows[:, _PROMPT].tolist(), rows[:, _GENERATED].tolist(), strict=True):
         used += num_blocks(prompt + generated + 1, block)

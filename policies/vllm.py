@@ -10,6 +10,7 @@ import numpy as np
 from servegym.engine.kv import num_blocks
 from servegym.envs.observation import ENGINE_INDEX, QUEUE_INDEX, RUNNING_INDEX
 from servegym.policies.base import Observation, Policy, admit_first, engine_feature, register_policy
+from servegym.policies.common import engine_values, free_blocks, free_slots, visible_queue
 from servegym.policies.params import PolicyParams, param, positive_int
 
 if TYPE_CHECKING:
@@ -26,14 +27,13 @@ class VLLMParams(PolicyParams):
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
 
 _LEFT, _STRIDE = RUNNING_INDEX["num_prefill_left"], len(RUNNING_INDEX)
-_PROMPT, _GENERATED, _WIDTH = QUEUE_INDEX["num_prompt_tokens"], QUEUE_INDEX["num_generated"], len(QUEUE_INDEX)
-_RUNNING, _WAITING, _CHUNK, _BLOCK, _FREE, _CAPACITY = (ENGINE_INDEX[name] for name in (
-    "num_running", "num_waiting", "prefill_chunk_tokens", "kv_block_size", "kv_free_frac", "kv_capacity_tokens"))
+_PROMPT, _GENERATED = QUEUE_INDEX["num_prompt_tokens"], QUEUE_INDEX["num_generated"]
+_RUNNING, _CHUNK, _BLOCK = (ENGINE_INDEX[name] for name in ("num_running", "prefill_chunk_tokens", "kv_block_size"))
 
 
 def budget_after_running(obs: Observation, budget: int) -> int:
     """Tokens left in the step budget after every decode and every ongoing prefill chunk."""
-    engine = obs["engine"].tolist()  # read once, as plain floats (the per-step path)
+    engine = engine_values(obs)
     num_running = int(engine[_RUNNING])
     left = obs["running"][_LEFT : num_running * _STRIDE : _STRIDE]  # the running rows' prefill left
     prefilling = left[left > 0]
@@ -43,13 +43,10 @@ def budget_after_running(obs: Observation, budget: int) -> int:
 
 def admit_within_budget(obs: Observation, budget_left: int) -> int:
     """FCFS admissions while step tokens remain and each request's first chunk gets its KV blocks."""
-    engine = obs["engine"].tolist()
-    queue = obs["queue"]
-    slots = max(0, obs["running"].shape[0] // _STRIDE - int(engine[_RUNNING]))  # free_slots
-    visible = min(int(engine[_WAITING]), queue.shape[0] // _WIDTH, slots)
+    engine = engine_values(obs)
+    rows = visible_queue(obs, engine)[: free_slots(obs, engine)]
     block, chunk = engine[_BLOCK], engine[_CHUNK]
-    blocks, count = round(engine[_FREE] * engine[_CAPACITY] / block), 0  # free_blocks
-    rows = queue[: visible * _WIDTH].reshape(-1, _WIDTH)
+    blocks, count = free_blocks(obs, engine), 0
     for prompt, generated in zip(rows[:, _PROMPT].tolist(), rows[:, _GENERATED].tolist(), strict=True):
         target = prompt + generated
         first = min(chunk, target, budget_left)
