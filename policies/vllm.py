@@ -26,6 +26,7 @@ class VLLMParams(PolicyParams):
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
 
+
 _LEFT, _STRIDE = RUNNING_INDEX["num_prefill_left"], len(RUNNING_INDEX)
 _PROMPT, _GENERATED = QUEUE_INDEX["num_prompt_tokens"], QUEUE_INDEX["num_generated"]
 _RUNNING, _CHUNK, _BLOCK = (ENGINE_INDEX[name] for name in ("num_running", "prefill_chunk_tokens", "kv_block_size"))
