@@ -292,7 +292,7 @@ class ServingEnv(gym.Env):
         values = self._rewards(outcomes, run.latency_accrued_s[:-1], run.finished_ids)
         if self.reward_half_life_s is not None:
             values = [value * self._discount(started_s)
-                      for value, started_s in zip(values, run.started_s, strict=False)]
+                      for value, started_s in zip(values, run.started_s[:-1], strict=True)]
         for value in values:
             reward += value
         rewards.extend(values)
