@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,8 @@ from servegym.backends.profile_limits import (
 from servegym.backends.runtimes import LEGACY_RUNTIME, RUNTIMES
 from servegym.backends.token_model import TokenLatencyModel
 
+PROFILES_DIR = Path(__file__).parent / "profiles"
+"""The profiles bundled with the package (a folder on disk: the package installs unzipped)."""
 SCHEMA_VERSIONS = (1, 2)
 """Schema 1: the batch-keyed model (:class:`LatencyModel`); schema 2: the token-keyed
 :class:`~servegym.backends.token_model.TokenLatencyModel`. Both load."""
@@ -217,7 +218,7 @@ def profile_from_dict(data: Any, source: str = "<dict>") -> Profile:
 
 def shipped_profiles() -> list[str]:
     """Names of the profiles bundled with the package."""
-    folder = resources.files("servegym.backends") / "profiles"
+    folder = PROFILES_DIR
     return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
 
 
@@ -233,7 +234,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
             raise ProfileError(f"profile file {path} does not exist")
         text, source = path.read_text(), str(path)
     else:
-        resource = resources.files("servegym.backends") / "profiles" / f"{name_or_path}.json"
+        resource = PROFILES_DIR / f"{name_or_path}.json"
         if not resource.is_file():
             raise ProfileError(f"unknown profile {name_or_path!r}; shipped: {shipped_profiles()}")
         text, source = resource.read_text(), f"profile {name_or_path!r}"

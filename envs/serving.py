@@ -296,9 +296,11 @@ class ServingEnv(gym.Env):
         for value in values:
             reward += value
         rewards.extend(values)
-        for k, column in enumerate(zip(*outcomes, strict=True)):
-            for value in column:
-                sums[k] += value
+        columns = zip(*outcomes, strict=True)
+        for value in next(columns):  # the step times, a float column: added one by one, as single steps add them
+            sums[0] += value
+        for k, column in enumerate(columns, 1):  # the counts: integers, whose sum is exact in any order
+            sums[k] += sum(column)
         self._book_preemptions(sum(outcome.num_preemptions for outcome in outcomes))
         return reward
 
@@ -409,20 +411,23 @@ class ServingEnv(gym.Env):
             if a.dtype.kind == "f" and np.isnan(a).any():
                 raise ValueError("action contains NaN")
             raise TypeError(f"action must be an integer array (MultiDiscrete), got dtype {a.dtype}")
-        if not np.count_nonzero(a):
-            return a[:0]
-        # The ufuncs' own reductions and methods: numpy's Python wrappers cost more than the work on 32 slots.
-        if np.minimum.reduce(a) < 0 or np.maximum.reduce(a) > w:
-            raise ValueError(f"action values must be in [0, {w}], got min {a.min()} max {a.max()}")
         slots = a.nonzero()[0]
+        if not slots.size:
+            return slots
+        values = a[slots]  # zeros are in range: only the admitted slots' values are checked and ordered
+        listed = values.tolist()  # Python's min and max: numpy's cost more than the work on a few values
+        lo, hi = min(listed), max(listed)
+        if lo < 0 or hi > w:
+            raise ValueError(f"action values must be in [0, {w}], got min {a.min()} max {a.max()}")
         visible = self.num_visible
         if slots[-1] >= visible:
             empty = slots[slots >= visible]
             if self.strict_actions:
                 raise ValueError(f"action admits empty queue slot(s) {empty.tolist()}; only {visible} visible")
             self._invalid += empty.size
-            slots = slots[slots < visible]
-        return slots[a[slots].argsort(kind="stable")]
+            kept = slots < visible
+            slots, values = slots[kept], values[kept]
+        return slots if lo == hi else slots[values.argsort(kind="stable")]  # equal ranks keep queue order
 
     @property
     def num_visible(self) -> int:

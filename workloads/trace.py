@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -136,7 +135,7 @@ def _read(path: str) -> RequestSpec:
 
 def bundled_trace(name: str = "azure_llm_2023_code.csv") -> Path:
     """Path of a trace shipped in ``servegym/workloads/data`` (CC-BY-4.0, see its README)."""
-    return Path(str(resources.files("servegym.workloads") / "data" / name))
+    return Path(__file__).parent / "data" / name
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ MUTATIONS = [
      ITERATION, "engine"),
     ("core-kv-rate-observed-unsigned", CORE,
      "self.kv_free_delta, capacity,", "abs(self.kv_free_delta), capacity,", ITERATION, "engine"),
-    ("core-evict-takes-a-row-twice", CORE, "ascending.size != rows.size or ", "", ITERATION, "engine"),
+    ("core-evict-takes-a-row-twice", CORE, "if duplicated or (rows.size", "if (rows.size", ITERATION, "engine"),
     ("core-evict-takes-a-negative-row", CORE, "not 0 <= ascending[0] <= ascending[-1]",
      "not -1 <= ascending[0] <= ascending[-1]", ITERATION, "engine"),
 ]
