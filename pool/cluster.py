@@ -117,6 +117,8 @@ class Cluster:
         self._num_requests = 0
         self._next_arrival = 0
         """Index of the next request to arrive (requests are sorted by arrival time)."""
+        self._arrival_times: list[float] = []
+        """The log's arrival times as plain floats, read one at a time on the per-step path."""
         self._num_in_system = 0
         """Requests in the system up to ``time`` (for the latency reward)."""
         self._route_turn = 0
@@ -141,6 +143,7 @@ class Cluster:
             engine.reset(self.log, rng, self.time, ready_at=ready)
         self._next_arrival = 0
         self._num_requests = self.log.num_requests
+        self._arrival_times = self.log.arrival_s.tolist()
         self._route_turn = 0
         self._num_in_system = 0
         self._pending_ends = []
@@ -175,7 +178,7 @@ class Cluster:
 
     @property
     def next_arrival_s(self) -> float:
-        return float(self.log.arrival_s[self._next_arrival]) if self._next_arrival < self._num_requests else math.inf
+        return self._arrival_times[self._next_arrival] if self._next_arrival < self._num_requests else math.inf
 
     # ------------------------------------------------------------------ step
     def step(self, admit: np.ndarray) -> ClusterStep:
@@ -240,10 +243,12 @@ class Cluster:
 
     def _route_arrivals(self) -> tuple[int, int, float]:
         """Route every request that arrived by ``self.time``; return (arrived, rejected, summed lag)."""
-        log = self.log
-        if self._next_arrival >= self._num_requests or log.arrival_s[self._next_arrival] > self.time:
+        log, times, now, n = self.log, self._arrival_times, self.time, self._num_requests
+        stop = self._next_arrival
+        while stop < n and times[stop] <= now:  # arrivals come a few at a time: a scan beats a search
+            stop += 1
+        if stop == self._next_arrival:
             return 0, 0, 0.0
-        stop = int(log.arrival_s.searchsorted(self.time, side="right"))
         ids = np.arange(self._next_arrival, stop)
         if len(self.engines) == 1:  # the common case: no routing decision to make
             self._load_if_cold(self.engines[0])

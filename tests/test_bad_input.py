@@ -52,6 +52,32 @@ def test_admitting_an_empty_slot_is_counted_or_refused():
     assert strict.unwrapped.engine.waiting.size == 1
 
 
+
+def _admitted_in_order(ranks: dict[int, int]) -> tuple[list[int], dict]:
+    """The running requests' ids, in activation order, after one step whose action gives ``ranks`` (slot: rank) to
+    three waiting requests (ids 0, 1, 2 in queue order)."""
+    env = make(fixed([0.0, 0.0, 0.0], [10, 20, 30], [5, 5, 5]))
+    env.reset(seed=0)
+    action = np.zeros(env.unwrapped.queue_window, dtype=np.int64)
+    action[list(ranks)] = list(ranks.values())
+    _, _, _, _, info = env.step(action)
+    return env.unwrapped.engine.running_ids.tolist(), info
+
+
+@pytest.mark.parametrize(
+    ("ranks", "order"),
+    [
+        ({0: 3, 1: 1, 2: 2, 4: 1}, [1, 2, 0]),  # by rank; the empty slot 4 is counted and dropped
+        ({0: 2, 1: 1, 2: 2}, [1, 0, 2]),  # a tie keeps queue order
+        ({0: 2, 1: 2, 2: 2, 4: 2}, [0, 1, 2]),  # all tied: queue order
+    ],
+)
+def test_ranked_admission_orders_by_rank_and_drops_empty_slots(ranks, order):
+    admitted, info = _admitted_in_order(ranks)
+    assert admitted == order
+    assert info["num_invalid_admissions"] == sum(slot >= 3 for slot in ranks) and info["num_admitted"] == 3
+
+
 @pytest.mark.parametrize(
     ("arrival", "prompt", "output", "match"),
     [
