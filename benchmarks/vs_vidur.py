@@ -30,7 +30,8 @@ timing; a number stretches the arrival times to that mean rate (requests per sec
 scheduler (128 requests, 4,096 tokens a batch, 16-token blocks; CPU overhead modelling off, its default);
 servegym runs each ``--policies`` policy with the same limits on the ``a100-llama2-7b`` profile. Each pair
 is each Vidur then servegym (A B A B ...), each a fresh ``python`` process timed from launch to exit (imports,
-trace parse and writing its results included); Vidur writes no plots or chrome trace, and servegym's side is
+trace parse and writing its results included, after an untimed ``sync`` flushes what the runs before it wrote);
+Vidur writes no plots or chrome trace, and servegym's side is
 ``vs_vidur_servegym.py``, which loads only what its episode needs. One untimed run of each
 Vidur first trains and caches its execution-time predictor (``--workdir``), as Vidur's own cache does for a user.
 
@@ -236,7 +237,9 @@ def vidur_iterations(out: Path) -> int:
 
 
 def timed(command: list[str], cwd: str | None = None) -> tuple[float, str]:
-    """Wall time of ``command`` as a whole process, and its output (stdout then stderr)."""
+    """Wall time of ``command`` as a whole process, and its output (stdout then stderr). The files earlier runs
+    wrote are flushed to disk first, untimed, so that their write-back does not land in this process's time."""
+    os.sync()
     start = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False,
                           env={**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"})
