@@ -239,7 +239,8 @@ def vidur_iterations(out: Path) -> int:
 def timed(command: list[str], cwd: str | None = None) -> tuple[float, str]:
     """Wall time of ``command`` as a whole process, and its output (stdout then stderr). The files earlier runs
     wrote are flushed to disk first, untimed, so that their write-back does not land in this process's time."""
-    os.sync()
+    if hasattr(os, "sync"):  # POSIX only
+        os.sync()
     start = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False,
                           env={**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"})
