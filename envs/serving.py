@@ -178,6 +178,8 @@ class ServingEnv(gym.Env):
         backends, cold_start = make_backends(backend, profile, self.engine_config, n, backend_options, latency_noise_cv)
         self.workload = make_workload(workload) if isinstance(workload, str) else workload
         self.cluster = Cluster(self.engine_config, self.pool_config, backends, self.workload, cold_start)
+        self._engine_loop = n == 1 and not self.engine_config.check_invariants
+        """Iterations without a decision run in the engine's own loop (one container, no invariant checks)."""
         self.queue_window, self.reward_name, self.render_mode = queue_window, reward, render_mode
         self.strict_actions, self.decision_steps = strict_actions, decision_steps
         self.ttft_slo_s, self.itl_slo_s = float(ttft_slo_s), float(itl_slo_s)
@@ -254,8 +256,7 @@ class ServingEnv(gym.Env):
                 break
             order = order[:0]
             # The iterations up to the next one that ends the step, in the engine's own loop: the same steps.
-            single = len(self.cluster.engines) > 1 or self.engine_config.check_invariants
-            run = None if single else self.cluster.skip(self._iterations_left())
+            run = self.cluster.skip(self._iterations_left()) if self._engine_loop else None
         obs = self._encoder.encode(self.cluster)
         info = self._info(step.outcome, step.container, step.arrived, step.rejected)
         info["num_iterations"] = len(rewards)
