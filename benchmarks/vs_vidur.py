@@ -30,7 +30,8 @@ timing; a number stretches the arrival times to that mean rate (requests per sec
 scheduler (128 requests, 4,096 tokens a batch, 16-token blocks; CPU overhead modelling off, its default);
 servegym runs each ``--policies`` policy with the same limits on the ``a100-llama2-7b`` profile. Each pair
 is each Vidur then servegym (A B A B ...), each a fresh ``python`` process timed from launch to exit (imports,
-trace parse and writing its results included, after an untimed ``sync`` flushes what the runs before it wrote);
+trace parse and writing its results included, after an untimed ``sync`` flushes what the runs before it wrote),
+with Python's bytecode caches written by an untimed first run of each side, as a user's second run has them;
 Vidur writes no plots or chrome trace, and servegym's side is
 ``vs_vidur_servegym.py``, which loads only what its episode needs. One untimed run of each
 Vidur first trains and caches its execution-time predictor (``--workdir``), as Vidur's own cache does for a user.
@@ -236,14 +237,21 @@ def vidur_iterations(out: Path) -> int:
         return sum(1 for _ in f) - 1
 
 
+def servegym_command(trace: Path, policy: str) -> list[str]:
+    return [sys.executable, str(SERVEGYM_SIDE), str(trace), policy, PROFILE, str(BATCH_CAP), str(TOKEN_BUDGET)]
+
+
 def timed(command: list[str], cwd: str | None = None) -> tuple[float, str]:
     """Wall time of ``command`` as a whole process, and its output (stdout then stderr). The files earlier runs
     wrote are flushed to disk first, untimed, so that their write-back does not land in this process's time."""
     if hasattr(os, "sync"):  # POSIX only
         os.sync()
+    # Bytecode is cached as for any user (an inherited PYTHONDONTWRITEBYTECODE would make each side recompile its
+    # own sources in every timed run); the untimed first runs write the caches.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     start = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False,
-                          env={**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"})
+                          env={**env, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"})
     wall = time.perf_counter() - start
     if done.returncode:
         raise RuntimeError(f"{command[:3]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -293,6 +301,8 @@ def main() -> None:
             print(f"  {timed(cmd, cwd=cwd)[0]:.1f} s", flush=True)
         except RuntimeError as error:  # it trains before it simulates: the cache is warm even so
             print(f"  it failed after training: {str(error).strip().splitlines()[-1]}", flush=True)
+    for policy in args.policies:  # untimed, as Vidur's first run: its bytecode caches are written
+        timed(servegym_command(inputs[args.rates[-1]].servegym, policy))
     print(f"{args.requests} requests of the bundled Azure code trace, clipped to {MAX_TOKENS} tokens; Llama-2-7B, "
           f"one A100; {BATCH_CAP} requests and {TOKEN_BUDGET} tokens a batch; {time.strftime('%Y-%m-%d')}, "
           f"{os.cpu_count()} CPUs")
@@ -322,8 +332,7 @@ def main() -> None:
                 print(f"{rate:>6} {pair:>4} {kind:<18} {walls[kind]:>7.2f} {batches[kind]:>10} "
                       f"{v['makespan_s']:>10.1f} {v['mean_e2e_s']:>10.2f} {v['mean_ttft_s']:>11.3f}", flush=True)
             for policy in args.policies:
-                wall, stdout = timed([sys.executable, str(SERVEGYM_SIDE), str(inputs[rate].servegym), policy, PROFILE,
-                                      str(BATCH_CAP), str(TOKEN_BUDGET)])
+                wall, stdout = timed(servegym_command(inputs[rate].servegym, policy))
                 s = json.loads(stdout.strip().splitlines()[-1])
                 if policy not in shown:  # what servegym's engine ran with, once per policy
                     shown.add(policy)

@@ -16,6 +16,7 @@ from dataclasses import fields
 
 import numpy as np
 
+from servegym.engine import STEP_INDEX
 from servegym.policies import POLICIES, make_policy
 from servegym.runner import make_env
 from servegym.workloads import TraceWorkload
@@ -40,7 +41,8 @@ def main(trace: str, policy_name: str, profile: str, max_num_seqs: int, max_num_
         obs, _, terminated, truncated, _ = env.step(policy.act(obs))
         done = terminated or truncated
     log = env.unwrapped.cluster.log
-    busy = sum(1 for row in log.step_rows[0] if row.num_decode_tokens or row.num_prefill_tokens)
+    steps = log.steps(0)
+    busy = int(np.count_nonzero(steps[:, STEP_INDEX["num_decode_tokens"]] + steps[:, STEP_INDEX["num_prefill_tokens"]]))
     e2e = log.finish_s - log.arrival_s
     print(json.dumps({"requests": int(log.num_requests), "finished": int(np.isfinite(log.finish_s).sum()),
                       "iterations": busy, "makespan_s": float(np.nanmax(log.finish_s) - log.arrival_s.min()),

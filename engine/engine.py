@@ -23,7 +23,7 @@ import numpy as np
 from servegym.backends.base import EMPTY, Backend, BatchTotals, StepBatch
 from servegym.engine.config import EngineConfig, Recompute
 from servegym.engine.kv import num_blocks
-from servegym.engine.log import EpisodeLog, RejectReason, State, StepRow
+from servegym.engine.log import EpisodeLog, RejectReason, State
 from servegym.engine.preemption import pick_victims
 from servegym.engine.table import ENGINE_FEATURES, IDLE, QUEUE_FEATURES, RUNNING_OBS_COLUMNS, Col, StepOutcome
 
@@ -409,9 +409,9 @@ class Engine:
         kv_free: cython.double = 1.0 - cython.cast(cython.double, self.num_used_blocks) / self.num_kv_blocks
         self.kv_free_delta += self.smoothing * ((kv_free - self._kv_free_prev) - self.kv_free_delta)
         self._kv_free_prev = kv_free
-        self._log.step_rows[self.container].append(tuple.__new__(StepRow, (  # as StepRow(...), without its frame
+        self._log.step_rows[self.container].append((
             self.clock, self.last_dt, decode_tokens, self._num_prefill_seqs, prefill_tokens, self.num_running,
-            len(self.waiting), self.num_used_blocks, admitted, preempted, finished)))
+            len(self.waiting), self.num_used_blocks, admitted, preempted, finished))
         self.step_index += 1
         self.last = tuple.__new__(StepOutcome, (self.last_dt, decode_tokens, prefill_tokens, admitted, refused,
                                                 preempted, finished))

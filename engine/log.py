@@ -28,10 +28,10 @@ class RejectReason(IntEnum):
 
 
 class StepRow(NamedTuple):
-    """One iteration of one container, as the engine appends it to :attr:`EpisodeLog.step_rows`.
-
-    The step log's columns (:data:`STEP_FIELDS`) are these fields plus ``container``; ``num_running``,
-    ``num_waiting`` and ``num_used_blocks`` are that container's after the iteration.
+    """One iteration of one container: the fields, in order, of the plain tuples in :attr:`EpisodeLog.step_rows`
+    (``StepRow._make(row)`` names them; the garbage collector stops tracking a plain tuple of numbers). The step
+    log's columns (:data:`STEP_FIELDS`) are these and ``container``; ``num_running``, ``num_waiting`` and
+    ``num_used_blocks`` are that container's after the iteration.
     """
 
     end_s: float
@@ -62,7 +62,7 @@ class EpisodeLog:
 
     Token times are stored as decode segments: request ``seg_req[k]`` emitted one token at the end of every
     step ``seg_first[k] .. seg_last[k]`` (inclusive) of its container. A request has one segment, plus one
-    per preemption. ``step_rows[c]`` holds container ``c``'s iterations.
+    per preemption. ``step_rows[c]`` holds container ``c``'s iterations, each a tuple of :class:`StepRow`'s fields.
     """
 
     arrival_s: np.ndarray
@@ -90,7 +90,7 @@ class EpisodeLog:
     seg_req: list[int] = field(default_factory=list)
     seg_first: list[int] = field(default_factory=list)
     seg_last: list[int] = field(default_factory=list)
-    step_rows: list[list[StepRow]] = field(init=False)
+    step_rows: list[list[tuple]] = field(init=False)
 
     def __post_init__(self) -> None:
         n = self.arrival_s.size

@@ -220,7 +220,7 @@ class Cluster:
         # With one container every finish is at the pool's clock, so none is pending past a step (see _advance).
         time, in_system, started, accrued = self.time, self._num_in_system, [], []
         for outcome, row in zip(outcomes, rows[start:], strict=True):
-            end = max(time, row.end_s)
+            end = max(time, row[0])  # the row's end_s
             started.append(time)
             accrued.append(in_system * (end - time))
             in_system -= outcome.num_finished

@@ -282,3 +282,21 @@ def test_shortest_predicted_evicts_the_smallest_amin_estimate_not_the_fewest_gen
     assert pick_victims(PreemptionRule.FEWEST_GENERATED, gen, lo, hi).tolist() == [0]
     # Ties go to the most recently activated row.
     assert pick_victims(PreemptionRule.SHORTEST_PREDICTED, np.zeros(3), np.full(3, 10), hi).tolist() == [2]
+
+
+@pytest.mark.parametrize("engine", ["python", "compiled"])
+def test_step_rows_are_plain_tuples_of_numbers_the_collector_lets_go(monkeypatch, engine):
+    """The step log grows by a row an iteration for the whole episode: rows the cyclic collector kept tracking
+    (a NamedTuple, a list, an object inside) would be traversed by every full collection."""
+    import gc
+
+    if engine == "compiled" and not compiled_available():
+        pytest.skip("the compiled engine is not built")
+    monkeypatch.setenv("SERVEGYM_ENGINE", engine)
+    env = make(fixed([0.0, 0.1, 0.2], [30, 50, 70], [4, 3, 6]), engine={"prefill_chunk_tokens": 16})
+    env.reset(seed=0)
+    run_to_end(env)
+    rows = env.unwrapped.cluster.log.step_rows[0]
+    gc.collect()
+    assert len(rows) > 5 and all(type(row) is tuple for row in rows)
+    assert not any(gc.is_tracked(row) for row in rows)

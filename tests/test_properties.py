@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from servegym.engine import State
-from servegym.engine.log import STEP_INDEX
+from servegym.engine.log import STEP_INDEX, StepRow
 from servegym.runner import make_env
 from tests.conftest import fixed, flat_profile
 
@@ -219,8 +219,9 @@ def check_final_log(env, spec):
     for c in range(log.num_containers):
         rows = log.step_rows[c]
         if rows:
-            assert (rows[-1].num_running, rows[-1].num_waiting, rows[-1].num_used_blocks) == (0, 0, 0)
-            ends = np.array([row.end_s for row in rows])
+            last = StepRow._make(rows[-1])
+            assert (last.num_running, last.num_waiting, last.num_used_blocks) == (0, 0, 0)
+            ends = np.array([StepRow._make(row).end_s for row in rows])
             assert np.all(np.diff(ends) >= 0)
 
 

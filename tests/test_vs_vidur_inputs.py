@@ -8,6 +8,7 @@ import importlib.util
 import itertools
 import json
 import lzma
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -139,3 +140,12 @@ def test_servegyms_side_reports_its_episode(vs_vidur, tmp_path):
     refused = subprocess.run([sys.executable, str(vs_vidur.SERVEGYM_SIDE), str(trace), "sarathi", vs_vidur.PROFILE,
                               "4", "96"], capture_output=True, text=True, timeout=300, check=False)
     assert refused.returncode != 0 and "change the benchmark's limits" in refused.stderr
+
+
+def test_every_timed_process_caches_its_bytecode_whatever_the_callers_environment(vs_vidur, monkeypatch):
+    """An inherited PYTHONDONTWRITEBYTECODE would make each side recompile its own sources in every timed run: the
+    sides would be timed on a condition no user has, each paying in proportion to its source, not its work."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    probe = "import os, sys; print(os.environ.get('PYTHONDONTWRITEBYTECODE'), sys.dont_write_bytecode)"
+    wall, out = vs_vidur.timed([sys.executable, "-c", probe])
+    assert out.split() == ["None", "False"] and wall > 0
