@@ -218,8 +218,7 @@ def profile_from_dict(data: Any, source: str = "<dict>") -> Profile:
 
 def shipped_profiles() -> list[str]:
     """Names of the profiles bundled with the package."""
-    folder = PROFILES_DIR
-    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+    return sorted(p.name.removesuffix(".json") for p in PROFILES_DIR.iterdir() if p.name.endswith(".json"))
 
 
 def load_profile(name_or_path: str | Path) -> Profile:

@@ -570,7 +570,7 @@ MUTATIONS: list[Mutation] = [
       "if budget_left <= 0 or need > blocks:", "if budget_left < 0 or need > blocks:",
       "tests/test_pins_policies.py", "-k", "vllm", kind="policy"),
     m("vllm-admits-after-one-preemption", "policies/vllm.py",
-      'if engine_feature(obs, "last_num_preemptions") > 0:', 'if engine_feature(obs, "last_num_preemptions") > 1:',
+      "if engine[_PREEMPTIONS] > 0:", "if engine[_PREEMPTIONS] > 1:",
       "tests/test_baselines.py", "-k", "vllm", kind="policy"),
     m("alpha-protection-ceiling-ignores-usage", "policies/alpha_protection.py",
       "ceiling = (1.0 - self.params.alpha) * total - used", "ceiling = (1.0 - self.params.alpha) * total",

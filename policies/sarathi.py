@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from servegym.policies.base import Observation, Policy, admit_first, register_policy
+from servegym.policies.common import engine_values
 from servegym.policies.params import PolicyParams, param, positive_int
 from servegym.policies.vllm import admit_within_budget, budget_after_running
 
@@ -32,4 +33,6 @@ class SarathiServe(Policy):
         return {"max_num_batched_tokens": budget, "prefill_chunk_tokens": budget, "max_num_seqs": min(128, budget)}
 
     def act(self, obs: Observation) -> np.ndarray:
-        return admit_first(obs, admit_within_budget(obs, budget_after_running(obs, self.params.token_budget)))
+        engine = engine_values(obs)  # read once for both rules
+        return admit_first(obs, admit_within_budget(obs, budget_after_running(obs, self.params.token_budget, engine),
+                                                     engine))

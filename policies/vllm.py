@@ -9,7 +9,7 @@ import numpy as np
 
 from servegym.engine.kv import num_blocks
 from servegym.envs.observation import ENGINE_INDEX, QUEUE_INDEX, RUNNING_INDEX
-from servegym.policies.base import Observation, Policy, admit_first, engine_feature, register_policy
+from servegym.policies.base import Observation, Policy, admit_first, register_policy
 from servegym.policies.common import engine_values, free_blocks, free_slots, visible_queue
 from servegym.policies.params import PolicyParams, param, positive_int
 
@@ -29,12 +29,14 @@ class VLLMParams(PolicyParams):
 
 _LEFT, _STRIDE = RUNNING_INDEX["num_prefill_left"], len(RUNNING_INDEX)
 _PROMPT, _GENERATED = QUEUE_INDEX["num_prompt_tokens"], QUEUE_INDEX["num_generated"]
-_RUNNING, _CHUNK, _BLOCK = (ENGINE_INDEX[name] for name in ("num_running", "prefill_chunk_tokens", "kv_block_size"))
+_RUNNING, _CHUNK, _BLOCK, _PREEMPTIONS = (ENGINE_INDEX[name] for name in (
+    "num_running", "prefill_chunk_tokens", "kv_block_size", "last_num_preemptions"))
 
 
-def budget_after_running(obs: Observation, budget: int) -> int:
-    """Tokens left in the step budget after every decode and every ongoing prefill chunk."""
-    engine = engine_values(obs)
+def budget_after_running(obs: Observation, budget: int, engine: list[float] | None = None) -> int:
+    """Tokens left in the step budget after every decode and every ongoing prefill chunk (``engine``:
+    :func:`~servegym.policies.common.engine_values`, if read)."""
+    engine = engine_values(obs) if engine is None else engine
     num_running = int(engine[_RUNNING])
     left = obs["running"][_LEFT : num_running * _STRIDE : _STRIDE]  # the running rows' prefill left
     prefilling = left[left > 0]
@@ -42,9 +44,10 @@ def budget_after_running(obs: Observation, budget: int) -> int:
     return max(0, budget - (num_running - prefilling.size) - chunks)
 
 
-def admit_within_budget(obs: Observation, budget_left: int) -> int:
-    """FCFS admissions while step tokens remain and each request's first chunk gets its KV blocks."""
-    engine = engine_values(obs)
+def admit_within_budget(obs: Observation, budget_left: int, engine: list[float] | None = None) -> int:
+    """FCFS admissions while step tokens remain and each request's first chunk gets its KV blocks (``engine``:
+    :func:`~servegym.policies.common.engine_values`, if read)."""
+    engine = engine_values(obs) if engine is None else engine
     rows = visible_queue(obs, engine)[: free_slots(obs, engine)]
     block, chunk = engine[_BLOCK], engine[_CHUNK]
     blocks, count = free_blocks(obs, engine), 0
@@ -81,6 +84,8 @@ class VLLMV1(Policy):
                 "prefill_chunk_tokens": p.max_num_batched_tokens, "preemption": "lifo"}
 
     def act(self, obs: Observation) -> np.ndarray:
-        if engine_feature(obs, "last_num_preemptions") > 0:
+        engine = engine_values(obs)  # read once for the three rules below
+        if engine[_PREEMPTIONS] > 0:
             return admit_first(obs, 0)
-        return admit_first(obs, admit_within_budget(obs, budget_after_running(obs, self.params.max_num_batched_tokens)))
+        budget_left = budget_after_running(obs, self.params.max_num_batched_tokens, engine)
+        return admit_first(obs, admit_within_budget(obs, budget_left, engine))
