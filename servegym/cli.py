@@ -12,11 +12,8 @@ from pathlib import Path
 
 from servegym.backends import load_profile, shipped_profiles
 from servegym.cli_args import (
-    add_config_args,
     add_executor_args,
-    config_args,
     executor_from_args,
-    json_object,
     non_negative_int,
     positive_int,
     writable_dir,
@@ -25,9 +22,10 @@ from servegym.cli_bench import add_bench_parser
 from servegym.cli_profile import add_profile_parser
 from servegym.cli_real import add_real_backend_parsers
 from servegym.cli_tasks import add_tasks_parser
+from servegym.cli_train import add_train_parser
+from servegym.cli_tune import add_tune_parser
 from servegym.engine import EngineConfig
 from servegym.engine.config import LENGTH_MODES
-from servegym.envs.tasks import TASKS
 from servegym.evaluation.executor import (
     FolderLock,
     Interrupted,
@@ -41,18 +39,11 @@ from servegym.experiments import FOLDER as SHIPPED_EXPERIMENTS
 from servegym.experiments import find_experiment, shipped_experiments
 from servegym.metrics import metric
 from servegym.policies import POLICIES, make_policy, policies_table
-from servegym.rl.config import TrainConfig
 from servegym.runner import make_env, run_episode, write_csvs
 from servegym.stability import workload_stability
-from servegym.tuning.study import TuneConfig
 from servegym.workloads import WORKLOADS, make_workload
 from servegym.workloads.scenarios import profile_for
 
-TRAIN_FLAGS = ("timesteps", "seed", "n_envs", "max_episode_steps", "eval_freq", "eval_episodes", "checkpoint_freq",
-               "reward_scale", "observation", "out")
-"""``servegym train``'s flags that mirror ``TrainConfig`` fields (type, default and help from the field)."""
-TUNE_FLAGS = ("objective", "trials", "seeds", "eval_seeds", "storage", "pruner", "sampler", "sampler_seed", "max_steps")
-"""``servegym tune``'s flags that mirror ``TuneConfig`` fields (type, default and help from the field)."""
 SUMMARY_METRICS = ("num_requests", "num_finished", "num_rejected", "num_unfinished", "makespan_s", "throughput_rps",
                    "throughput_tps", "goodput_rps", "ttft_p50", "ttft_p95", "ttft_p99", "e2e_p50", "e2e_p99",
                    "itl_mean", "itl_p50", "itl_p99", "itl_cv", "kv_util_mean", "kv_util_max", "num_preemptions",
@@ -218,86 +209,6 @@ def _saved_results(results_dir: Path, name: str) -> tuple[list, int]:
     return results, seeds
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    from servegym.tuning import TuneConfig, TuningInterrupted, fresh_seed, tune
-    from servegym.tuning.report import report
-
-    if args.trials == 0 and args.no_report:
-        raise ValueError("--trials 0 only reports on a study; with --no-report there is nothing to do")
-    engine = {"length_mode": args.length_mode} if args.length_mode else {}
-    env: dict = {"engine": engine} if engine else {}
-    workload, study = args.workload, args.study
-    if args.task:
-        from servegym.envs.tasks import get_task
-
-        task = get_task(args.task)
-        # A mixture's episodes draw their component, and with it the workload, from the seed.
-        env["task"], workload = task.name, (None if task.is_mixture else task.workload)
-        study = study or f"{args.policy}-{task.name}-{args.objective}"
-    seed = args.sampler_seed if args.sampler_seed is not None else fresh_seed()
-    cfg = TuneConfig(policy=args.policy, workload=workload, study_name=study, env=env,
-                     **{**config_args(args, TUNE_FLAGS), "sampler_seed": seed})
-    print(f"servegym tune: study {cfg.name} at {cfg.storage_label()}: {cfg.trials} trials of {cfg.seeds} episodes, "
-          f"sampler seed {seed}", flush=True)
-    try:
-        study = tune(cfg, progress=not args.quiet)
-    except TuningInterrupted as stop:
-        print(f"servegym tune: stopped by {stop}; the finished trials are kept in study {cfg.name} at "
-              f"{cfg.storage_label()} (run again to resume, --trials 0 to report)", file=sys.stderr)
-        return stop.exit_status
-    if args.no_report:
-        return 0
-    out = Path(args.out or f"studies/{cfg.name}")
-    summary = report(cfg, study, out)
-    print((out / "report.md").read_text())
-    print(f"wrote {out}/best_params.json (use with servegym run/compare --params) and {out}/report.md")
-    print(f"wall time per trial: {summary['wall_s_per_trial']:.2f} s")
-    return 0
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    import json
-
-    from servegym.rl.stopping import TrainingInterrupted
-    from servegym.rl.train import resume, train
-
-    try:
-        if args.resume:
-            print(f"servegym train: resuming {args.resume}")
-            run = resume(args.resume, progress=not args.quiet)
-        else:
-            engine = {"length_mode": args.length_mode or "predicted"}
-            engine.update(json_object("--engine", args.engine))
-            hyper = json_object("--hyperparams", args.hyperparams)
-            fields = {**config_args(args, TRAIN_FLAGS), "mode": args.mode, "env": json_object("--env", args.env),
-                      "normalize": not args.no_normalize}
-            if args.zoo:
-                if not args.task:
-                    raise ValueError("--zoo reads the entry of a task: give --task")
-                from servegym.rl.zoo import read_zoo
-
-                zoo = read_zoo(args.zoo, args.task)
-                fields.update({k: v for k, v in zoo.items() if k != "hyperparams"})
-                hyper = {**zoo["hyperparams"], **hyper}
-            cfg = TrainConfig(algo=args.algo, task=args.task, workload=args.workload,
-                              profile=args.profile, engine=engine, pool=json_object("--pool", args.pool),
-                              hyperparams=hyper, **fields, reward_reference=args.reward_reference,
-                              imitate=args.imitate, score_base=args.score_base,
-                              discount_half_life_s=args.discount_half_life,
-                              **({} if args.residual_scale is None else {"residual_scale": args.residual_scale}))
-            print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
-            run = train(cfg, progress=not args.quiet)
-    except TrainingInterrupted as stop:  # SIGINT 130, SIGTERM 143
-        print(f"\nservegym train: {stop.message()}", file=sys.stderr)
-        return stop.exit_status
-    info = json.loads((run / "config.json").read_text())
-    best = info["best_mean_reward"]
-    print(f"trained in {info['wall_s']:.0f} s; best validation return "
-          f"{'n/a' if best is None else f'{best:.1f}'} at {info['best_timesteps']} steps; run: {run}")
-    print(f"use it as a policy: servegym run --policy rl:{run}   or in servegym bench --rl {run}")
-    return 0
-
-
 def cmd_scenarios(args: argparse.Namespace) -> int:
     from servegym.evaluation.headroom import SCENARIOS, markdown, measure
 
@@ -398,58 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--quiet", action="store_true")
     rep.set_defaults(func=cmd_reproduce)
     add_real_backend_parsers(sub)
-    tun = sub.add_parser("tune", help="Optuna study over a policy's search space")
-    tun.add_argument("--policy", required=True, choices=sorted(n for n, c in POLICIES.items() if c.search_space))
-    tun.add_argument("--workload", default="burst", choices=sorted(WORKLOADS))
-    tun.add_argument("--task", default=None, choices=sorted(TASKS),
-                     help="tune on a benchmark task's env (its workload, profile, engine, pool and reward); with "
-                          "--objective return this is the leaderboard's ranking")
-    add_config_args(tun, TuneConfig, TUNE_FLAGS)
-    tun.add_argument("--study", default=None,
-                     help="study name (default <policy>-<workload or task>-<objective>)")
-    tun.add_argument("--length-mode", choices=LENGTH_MODES, default=None)
-    tun.add_argument("--out", default=None, help="report folder (default studies/<study>)")
-    tun.add_argument("--no-report", action="store_true", help="only add trials (for extra workers)")
-    tun.add_argument("--quiet", action="store_true")
-    tun.set_defaults(func=cmd_tune)
-    trn = sub.add_parser("train", help="train a stable-baselines3 agent (PPO by default)")
-    trn.add_argument("--algo", default="ppo", choices=["ppo", "a2c", "dqn", "sac", "maskable-ppo"])
-    trn.add_argument("--mode", default=None, choices=["admit", "window", "count", "rank", "score", "params"],
-                     help="action mode (default per algorithm)")
-    trn.add_argument("--task", default=None, choices=sorted(TASKS),
-                     help="benchmark task (servegym tasks); the options below override its settings")
-    trn.add_argument("--workload", default=None, choices=sorted(WORKLOADS),
-                     help="workload (default: the task's, else burst)")
-    trn.add_argument("--profile", default=None, help="GPU profile (default: the task's or the workload's)")
-    trn.add_argument("--engine", default=None, help='engine settings as JSON, e.g. \'{"num_kv_blocks": 500}\'')
-    trn.add_argument("--pool", default=None, help='pool settings as JSON, e.g. \'{"num_containers": 4}\'')
-    trn.add_argument("--env", default=None,
-                     help='other gym.make arguments as JSON, e.g. \'{"decision_steps": true}\'')
-    add_config_args(trn, TrainConfig, TRAIN_FLAGS)
-    trn.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None,
-                     help="default: predicted (every task uses predicted lengths)")
-    trn.add_argument("--hyperparams", default=None, help='JSON, e.g. \'{"learning_rate": 3e-4, "n_steps": 512}\'')
-    trn.add_argument("--no-normalize", action="store_true",
-                     help="no VecNormalize (the score mode's network reads raw features on a log scale)")
-    trn.add_argument("--zoo", default=None, metavar="FILE",
-                     help="hyperparameters in the RL Zoo's format (docs/rl/hyperparams/ppo.yml): the entry for the "
-                          "task's id replaces --timesteps, --n-envs, --no-normalize, --mode and --env where it has "
-                          "them, and gives the algorithm's arguments (--hyperparams JSON merges on top)")
-    trn.add_argument("--reward-reference", default=None, metavar="PARAMS",
-                     help="train on rewards relative to this policy's episode on the same seed (a params file)")
-    trn.add_argument("--imitate", default=None, metavar="PARAMS",
-                     help="score mode: first fit the policy to a tuned scorer (servegym tune's best_params.json)")
-    trn.add_argument("--score-base", default=None, metavar="PARAMS",
-                     help="score mode: act as a residual on this tuned scorer (action 0 is the scorer); params "
-                          "mode: the scorer whose parameters the agent moves")
-    trn.add_argument("--residual-scale", type=float, default=None,
-                     help="score mode with --score-base: an action of 1 multiplies a score by exp(scale) and moves "
-                          "the memory target by 0.6 x scale of the cache (default 0.2)")
-    trn.add_argument("--discount-half-life", type=float, default=None, metavar="SECONDS",
-                     help="PPO/A2C: discount each step by the simulated seconds it took (half-life), not per step")
-    trn.add_argument("--resume", default=None, metavar="RUN", help="continue RUN from its latest checkpoint")
-    trn.add_argument("--quiet", action="store_true")
-    trn.set_defaults(func=cmd_train)
+    add_tune_parser(sub)
+    add_train_parser(sub)
     stab = sub.add_parser("stability", help="flow-control stability conditions of a workload on a profile")
     stab.add_argument("--workload", default="medium", choices=sorted(WORKLOADS))
     stab.add_argument("--profile", default=None, help="default: the workload's own (servegym workloads)")

@@ -7,8 +7,9 @@ import dataclasses
 
 import pytest
 
-from servegym.cli import TUNE_FLAGS, build_parser
+from servegym.cli import build_parser
 from servegym.cli_args import add_config_args, config_args
+from servegym.cli_tune import TUNE_FLAGS
 from servegym.tuning.study import TuneConfig
 
 
@@ -44,7 +45,7 @@ def test_a_field_without_help_cannot_become_a_flag() -> None:
 
 
 def test_train_flags_carry_the_config_fields_defaults_and_help() -> None:
-    from servegym.cli import TRAIN_FLAGS
+    from servegym.cli_train import TRAIN_FLAGS
     from servegym.rl.config import TrainConfig
 
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices
