@@ -21,7 +21,7 @@ from servegym.envs.observation import SCHEMA, ObservationEncoder, observation_sp
 from servegym.metrics.core import censored_latency, num_met_slo
 from servegym.pool import Cluster, PoolConfig
 from servegym.pool.cluster import ClusterStep, SkipRun
-from servegym.validation import boolean, non_negative_number, optional, positive_int, positive_number
+from servegym.validation import boolean, count, non_negative_number, optional, positive_int, positive_number
 from servegym.workloads import Workload, make_workload
 from servegym.workloads.scenarios import profile_for
 
@@ -490,7 +490,7 @@ def _check_arguments(workload: Any, profile: Any, reward: Any, render_mode: Any,
         boolean(name, value)
     if not isinstance(reward, str):
         raise TypeError(f"reward must be a string, one of {sorted(REWARDS)}, got {reward!r}")
-    positive_int("queue_window", queue_window)
+    count("queue_window", queue_window, "slots")
     for name, value in (("ttft_slo_s", ttft_slo_s), ("itl_slo_s", itl_slo_s)):
         positive_number(name, value)
     optional(positive_number)("reward_half_life_s", reward_half_life_s)

@@ -14,6 +14,7 @@ from servegym.engine import EngineConfig
 from servegym.engine.config import LENGTH_MODES
 from servegym.policies import POLICIES, make_policy
 from servegym.pool import PoolConfig
+from servegym.validation import COUNT_LIMITS, count
 from servegym.workloads import (
     WORKLOADS,
     Choice,
@@ -34,16 +35,13 @@ class ExperimentError(ValueError):
     """An experiment file is malformed; the message names the file and the key."""
 
 
-MAX_SEEDS = 10_000
-"""Most seeds one experiment may run: each seed is one run per policy and workload, and a count beyond this is
-a typo (``seeds: 1000000000000`` would otherwise exhaust memory building the list)."""
+MAX_SEEDS = COUNT_LIMITS["seeds"][0]
+"""Most seeds one experiment may run (``servegym.validation``'s rule for every seed count)."""
 
 
-def check_seed_count(count: int) -> None:
-    """The one rule for how many seeds a grid runs: at least one, at most :data:`MAX_SEEDS`."""
-    if not 1 <= count <= MAX_SEEDS:
-        raise ValueError(f"seeds: {count:,} seeds is outside [1, {MAX_SEEDS:,}] (each seed is one run per policy "
-                         "and workload)")
+def check_seed_count(number: int) -> None:
+    """How many seeds a grid runs: the shared count rule (at least one, at most :data:`MAX_SEEDS`)."""
+    count("seeds", number, "seeds")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from servegym.engine.engine import Engine
 from servegym.engine.log import EpisodeLog
 from servegym.engine.table import StepOutcome
 from servegym.pool.routing import ROUTERS, Router
-from servegym.validation import boolean, in_range, optional, positive_int, positive_number
+from servegym.validation import boolean, count, in_range, optional, positive_number
 from servegym.workloads.base import Workload
 
 MAX_POOL_SECONDS = 1e6
@@ -47,7 +47,7 @@ class PoolConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "router", as_enum(Router, "router", self.router))
-        positive_int("num_containers", self.num_containers)
+        count("num_containers", self.num_containers, "containers")
         for name in ("keep_alive_s", "cold_start_s"):
             optional(in_range(0.0, MAX_POOL_SECONDS))(name, getattr(self, name))
         positive_number("cold_start_scale", self.cold_start_scale)

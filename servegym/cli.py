@@ -41,6 +41,7 @@ from servegym.metrics import metric
 from servegym.policies import POLICIES, make_policy, policies_table
 from servegym.runner import make_env, run_episode, write_csvs
 from servegym.stability import workload_stability
+from servegym.validation import count_arg
 from servegym.workloads import WORKLOADS, make_workload
 from servegym.workloads.scenarios import profile_for
 
@@ -276,8 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("experiment", nargs="?", default=None,
                       help="experiment YAML file, or the name of a shipped one "
                            f"({', '.join(shipped_experiments())}); default: the built-in default experiment")
-    comp.add_argument("--seeds", type=positive_int, default=None, help="override the number of seeds")
-    comp.add_argument("--workers", type=positive_int, default=None,
+    comp.add_argument("--seeds", type=count_arg("seeds"), default=None, help="override the number of seeds")
+    comp.add_argument("--workers", type=count_arg("workers"), default=None,
                       help="runs at once (default: all cores; with --executor ray, all the cluster's)")
     add_executor_args(comp)
     comp.add_argument("--out", default=None, help="output folder (default: results/<experiment name>)")
@@ -302,8 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="re-derive the verdicts from saved results.csv files without running anything")
     rep.add_argument("--results", default=None,
                      help="with --from-results: the folder holding <experiment>/results.csv (default: the output's)")
-    rep.add_argument("--seeds", type=positive_int, default=None, help="override every experiment's seed count")
-    rep.add_argument("--workers", type=positive_int, default=None,
+    rep.add_argument("--seeds", type=count_arg("seeds"), default=None, help="override every experiment's seed count")
+    rep.add_argument("--workers", type=count_arg("workers"), default=None,
                      help="runs at once (default: all cores; with --executor ray, all the cluster's)")
     add_executor_args(rep)
     rep.add_argument("--quiet", action="store_true")
@@ -322,15 +323,15 @@ def build_parser() -> argparse.ArgumentParser:
     pol.set_defaults(func=cmd_policies)
     sub.add_parser("workloads", help="list the named workloads").set_defaults(func=cmd_workloads)
     scen = sub.add_parser("scenarios", help="each scenario's headroom: random, FCFS, best policy, clairvoyant greedy")
-    scen.add_argument("--seeds", type=int, default=10)
-    scen.add_argument("--workers", type=int, default=None)
+    scen.add_argument("--seeds", type=count_arg("seeds"), default=10)
+    scen.add_argument("--workers", type=count_arg("workers"), default=None)
     scen.add_argument("--only", nargs="+", default=None, choices=sorted(WORKLOADS), help="these scenarios only")
     scen.add_argument("--out", default=None, help="write the Markdown report here (docs/SCENARIOS.md)")
     scen.add_argument("--quiet", action="store_true")
     scen.set_defaults(func=cmd_scenarios)
     reg = sub.add_parser("flow-regime", help="where flow control's throttle pays: load x memory x eviction cost")
-    reg.add_argument("--seeds", type=int, default=5)
-    reg.add_argument("--workers", type=int, default=None)
+    reg.add_argument("--seeds", type=count_arg("seeds"), default=5)
+    reg.add_argument("--workers", type=count_arg("workers"), default=None)
     reg.add_argument("--out", default=None, help="write the Markdown report here (docs/FLOW_REGIME.md)")
     reg.add_argument("--quiet", action="store_true")
     reg.set_defaults(func=cmd_flow_regime)

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from servegym.cli_args import add_executor_args, executor_from_args, positive_int, writable_dir
+from servegym.cli_args import add_executor_args, executor_from_args, writable_dir
 from servegym.envs.tasks import TASKS, TEST_SEEDS
 from servegym.evaluation.bench import (
     DEFAULT_POLICIES,
@@ -21,6 +21,7 @@ from servegym.evaluation.bench import (
 )
 from servegym.evaluation.executor import Executor, FolderLock, Interrupted, JobFailed, RunStore
 from servegym.evaluation.stats import MIN_VERDICT_SEEDS
+from servegym.validation import count_arg
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -128,9 +129,9 @@ def add_bench_parser(sub: Any) -> None:
                             "on that task (servegym tune --task T --out DIR/<policy>-<task>)")
     bench.add_argument("--rl", nargs="+", default=None, metavar="RUN",
                        help="servegym train run folders: each adds 'rl:<run name>'")
-    bench.add_argument("--seeds", type=positive_int, default=None,
+    bench.add_argument("--seeds", type=count_arg("seeds"), default=None,
                        help=f"use the first N test seeds (default: all {len(TEST_SEEDS)})")
-    bench.add_argument("--workers", type=positive_int, default=None,
+    bench.add_argument("--workers", type=count_arg("workers"), default=None,
                        help="episodes at once (default: all cores; with --executor ray, all the cluster's)")
     add_executor_args(bench)
     bench.add_argument("--out", default="bench", help="folder for leaderboard.csv and leaderboard.md")

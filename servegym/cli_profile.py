@@ -11,6 +11,7 @@ from typing import Any
 from servegym.backends import Profile, TokenLatencyModel, load_profile, shipped_profiles
 from servegym.backends.profile import measured_range
 from servegym.backends.runtimes import DEFAULT_RUNTIME, LEGACY_RUNTIME, RUNTIMES
+from servegym.cli_args import non_negative_int, positive_int
 
 
 def _summary(profile: Profile) -> tuple[str, ...]:
@@ -175,20 +176,6 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def add_profile_parser(sub: Any) -> None:
     """Add ``servegym profile`` to ``sub`` (the parser's ``add_subparsers()`` result)."""
     prof = sub.add_parser("profile", help="list, show, predict with or build calibrated-backend profiles")
@@ -213,14 +200,14 @@ def add_profile_parser(sub: Any) -> None:
                     "Warns on stderr when the shape exceeds the profile's KV capacity or its measured range.")
     pred.add_argument("name", help="shipped name or JSON path")
     pred.add_argument("--runtime", choices=sorted(RUNTIMES), default=None, help=runtime_help)
-    pred.add_argument("--batch", type=_positive, default=1, help="decoding requests (or prompts with --prefill)")
-    pred.add_argument("--context", type=_non_negative, default=0, help="KV tokens each decoding request holds")
-    pred.add_argument("--prefill", type=_positive, default=None, help="prefill --batch prompts of this many tokens")
+    pred.add_argument("--batch", type=positive_int, default=1, help="decoding requests (or prompts with --prefill)")
+    pred.add_argument("--context", type=non_negative_int, default=0, help="KV tokens each decoding request holds")
+    pred.add_argument("--prefill", type=positive_int, default=None, help="prefill --batch prompts of this many tokens")
     pred.set_defaults(func=cmd_predict)
     build = verbs.add_parser("build", help="build schema-2 profiles from Vidur-format tables")
     build.add_argument("--gpu", help="a100, h100 or a40")
     build.add_argument("--model", help="llama3-8b, llama2-7b or llama2-70b")
-    build.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree")
+    build.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
     build.add_argument("--all", action="store_true", help="rebuild every shipped profile")
     build.add_argument("--tables", default=None, help="folder of Vidur-format tables (default: the bundled copy)")
     build.add_argument("--out", default="profiles", help="output folder")

@@ -23,7 +23,7 @@ from servegym.backends.calibration_sweep import (
     SweepPlan,
 )
 from servegym.backends.speed_probe import KINDS, describe_plan, drift, drift_advice, kind_medians, probe_plan
-from servegym.cli_args import positive_int, writable_dir
+from servegym.cli_args import non_negative_int, positive_int, writable_dir
 from servegym.engine import EngineConfig
 from servegym.workloads import WORKLOADS, make_workload
 
@@ -242,7 +242,8 @@ def add_real_backend_parsers(sub: Any) -> None:
                      help="only the workload's first N requests (a short run)")
     fid.add_argument("--policy", nargs="+", default=["fcfs", "twp", "flow-control"],
                      help="policies to run on both backends (default: fcfs twp flow-control)")
-    fid.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="episode seeds (default: 0 1 2)")
+    fid.add_argument("--seeds", type=non_negative_int, nargs="+", default=[0, 1, 2],
+                     help="episode seeds (default: 0 1 2)")
     fid.add_argument("--repeats", type=positive_int, default=2,
                      help="real runs per seed, whose spread is the noise beside each error (default: 2)")
     fid.add_argument("--quiet", action="store_true")

@@ -23,7 +23,7 @@ BAD_TRACES = {
     "empty": ("", "line 1: empty file"),
     "header-only": (HEADER, "no requests after the header"),
     "unsorted": (HEADER + "2023-11-16 18:17:04,10,5\n" + ROW, "line 3: TIMESTAMP goes back in time"),
-    "negative": (HEADER + ROW + "2023-11-16 18:17:04,-10,5\n", "line 3: token counts must be >= 1"),
+    "negative": (HEADER + ROW + "2023-11-16 18:17:04,-10,5\n", "line 3: ContextTokens must be in "),
     "nan": (HEADER + ROW + "2023-11-16 18:17:04,nan,5\n", "line 3: ContextTokens 'nan' is not a whole number"),
     "malformed": (HEADER + ROW + "2023-11-16 18:17:04;10;5\n", "line 3"),
 }
@@ -102,31 +102,34 @@ def test_a_good_trace_still_runs(tmp_path):
 def test_a_huge_seed_count_is_refused_with_the_limit_not_a_memory_error(tmp_path, capsys):
     rc, err = compare_cli(experiment_file(tmp_path, "  - low\n", seeds="1000000000000"), tmp_path, capsys)
     assert rc == 2 and len(err.splitlines()) == 1
-    assert "exp.yaml: seeds: 1,000,000,000,000 seeds is outside [1, 10,000]" in err
+    assert ("exp.yaml: seeds must be a whole number in [1, 10,000] (each seed is one episode per policy and workload), "
+            "got 1,000,000,000,000") in err
 
 
 def test_the_seed_limit_is_inclusive(tmp_path):
     # Rule: 1 <= number of seeds <= MAX_SEEDS, for a count, a list, --seeds and Experiment objects alike.
     assert len(load_experiment(experiment_file(tmp_path, "  - low\n", seeds=str(MAX_SEEDS))).seeds) == MAX_SEEDS
-    with pytest.raises(ExperimentError, match="10,001 seeds is outside"):
+    with pytest.raises(ExperimentError, match=r"seeds must be a whole number in \[1, 10,000\] .* got 10,001"):
         load_experiment(experiment_file(tmp_path, "  - low\n", seeds=str(MAX_SEEDS + 1)))
-    with pytest.raises(ExperimentError, match="10,001 seeds is outside"):
+    with pytest.raises(ExperimentError, match=r"seeds must be a whole number in \[1, 10,000\] .* got 10,001"):
         load_experiment(experiment_file(tmp_path, "  - low\n", seeds=str(list(range(MAX_SEEDS + 1)))))
     experiment = load_experiment(experiment_file(tmp_path, "  - low\n"))
     assert len(experiment.with_seeds(MAX_SEEDS).seeds) == MAX_SEEDS
     for bad in (0, MAX_SEEDS + 1, 10**12):
-        with pytest.raises(ValueError, match="seeds is outside"):
+        with pytest.raises(ValueError, match=rf"seeds must be a whole number in \[1, 10,000\] .* got {bad:,}$"):
             experiment.with_seeds(bad)
-    with pytest.raises(ValueError, match="0 seeds is outside"):
+    with pytest.raises(ValueError, match=r"seeds must be a whole number in \[1, 10,000\] .* got 0$"):
         Experiment("code", (PolicySpec("fcfs"),), (WorkloadSpec("low", "low"),), seeds=())
 
 
 def test_scenarios_with_zero_seeds_exits_2_instead_of_a_report_of_nan(tmp_path, capsys, no_runs):
     out = tmp_path / "SCENARIOS.md"
-    assert main(["scenarios", "--seeds", "0", "--only", "low", "--quiet", "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == "servegym: error: seeds: 0 seeds is outside [1, 10,000] (each seed is one run per policy and " \
-                  "workload)"
+    with pytest.raises(SystemExit) as stop:  # a usage error from the flag's type, before anything runs
+        main(["scenarios", "--seeds", "0", "--only", "low", "--quiet", "--out", str(out)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("error: argument --seeds: must be a whole number in [1, 10,000] (each seed is one episode "
+                        "per policy and workload), got 0")
     assert not out.exists()
 
 
@@ -136,7 +139,7 @@ def test_a_fractional_fixed_length_is_refused_not_truncated(tmp_path, capsys):
                 "    prompt: {kind: fixed, value: 50.7}\n    output: {kind: fixed, value: 5}\n")
     rc, err = compare_cli(experiment_file(tmp_path, workload), tmp_path, capsys)
     assert rc == 2 and len(err.splitlines()) == 1
-    assert "workload 'x': prompt: values must be whole token counts >= 1 (integers), got 50.7" in err
+    assert "workload 'x': prompt: values must be whole token counts in [1, 100,000,000] (integers), got 50.7" in err
 
 
 def test_whole_token_counts_are_kept_exactly(tmp_path):

@@ -7,6 +7,11 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from servegym.validation import COUNT_LIMITS
+
+MAX_TOKENS = COUNT_LIMITS["tokens"][0]
+"""The most tokens a request's prompt or output may hold (a larger count is a corrupt file, and would overflow)."""
+
 
 @dataclass(frozen=True)
 class RequestSpec:
@@ -35,6 +40,9 @@ class RequestSpec:
                 raise ValueError(f"{name} must be whole numbers (first bad index {_first_bad(values)})")
             if values.size and values.min() <= 0:
                 raise ValueError(f"{name} must be >= 1; index {int(np.argmin(values))} is {values.min()}")
+            if values.size and values.max() > MAX_TOKENS:
+                raise ValueError(f"{name} must be at most {MAX_TOKENS:,} ({COUNT_LIMITS['tokens'][1]}); index "
+                                 f"{int(np.argmax(values))} is {values.max():g}")
         if arrival.size:
             if not np.all(np.isfinite(arrival)):
                 raise ValueError(f"arrival_s must be finite; index {_first_bad(arrival)} is not")

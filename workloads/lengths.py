@@ -8,6 +8,8 @@ from typing import Protocol
 
 import numpy as np
 
+from servegym.workloads.base import MAX_TOKENS
+
 
 class LengthDist(Protocol):
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray: ...
@@ -17,8 +19,9 @@ class LengthDist(Protocol):
 
 def check_token_count(name: str, value: object) -> None:
     """A token count is a whole number >= 1 given as an integer (``50.7`` is not silently cut to 50)."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be whole token counts >= 1 (integers), got {value!r}")
+    if (isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral)
+            or not 1 <= value <= MAX_TOKENS):
+        raise ValueError(f"{name} must be whole token counts in [1, {MAX_TOKENS:,}] (integers), got {value!r}")
 
 
 def _check_probs(probs: tuple[float, ...], n: int) -> np.ndarray:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servegym.validation import optional, positive_int, positive_number
+from servegym.validation import count, expected_requests, positive_number
 from servegym.workloads.arrivals import ArrivalProcess
 from servegym.workloads.base import RequestSpec
 from servegym.workloads.lengths import LengthDist, PairedEmpirical
@@ -31,7 +31,9 @@ class SyntheticWorkload:
         positive_number("duration_s", self.duration_s)
         if (self.paired is None) == (self.prompt is None or self.output is None):
             raise ValueError("give either both prompt and output distributions, or paired")
-        optional(positive_int)("max_requests", self.max_requests)
+        if self.max_requests is not None:
+            count("max_requests", self.max_requests, "requests")
+        expected_requests("arrivals", self.arrivals.mean_rate(), self.duration_s)  # before any time is drawn
 
     def sample(self, rng: np.random.Generator) -> RequestSpec:
         arrival = self.arrivals.sample(rng, self.duration_s)

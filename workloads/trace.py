@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from servegym.validation import boolean, non_negative_int, optional, positive_int, positive_number
-from servegym.workloads.base import RequestSpec
+from servegym.workloads.base import MAX_TOKENS, RequestSpec
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _STAMP = re.compile(r"(?:19|20|21)\d\d-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})?")
@@ -46,6 +46,8 @@ def _parse_count(text: str, column: str) -> int:
         raise ValueError(f"{column} {text!r} is not a number") from None
     if not math.isfinite(value) or value != int(value):
         raise ValueError(f"{column} {text!r} is not a whole number")
+    if not 1 <= value <= MAX_TOKENS:
+        raise ValueError(f"{column} must be in [1, {MAX_TOKENS:,}], got {text.strip()}")
     return int(value)
 
 
@@ -75,6 +77,9 @@ def _rows(path: str, text: str) -> Iterator[tuple[int, list[str]]]:
         raise TraceError(f"{path}: line 1: header {header} does not start with {list(COLUMNS)}")
     for row in reader:
         if row and (row[0].strip() or any(cell.strip() for cell in row[1:])):  # the first cell decides most rows
+            if len(row) > len(header):
+                raise TraceError(f"{path}: line {reader.line_num}: {len(row)} fields, more than the header's "
+                                 f"{len(header)} (an unquoted comma?)")
             yield reader.line_num, row
 
 
@@ -96,7 +101,7 @@ def _parse_fast(rows: list[list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarr
         return None
     times = (ns // 10**9).astype(np.float64) + (ns % 10**9) / 1e9
     if (not np.all(np.isfinite(counts)) or np.any(counts != np.round(counts)) or np.any(counts < 1)
-            or np.any(np.diff(times) < 0)):
+            or np.any(counts > MAX_TOKENS) or np.any(np.diff(times) < 0)):
         return None
     prompts, outputs = counts.astype(np.int64)
     return times, prompts, outputs
@@ -114,8 +119,6 @@ def _parse_rows(path: str, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarra
             output = _parse_count(row[2], "GeneratedTokens")
         except ValueError as err:
             raise TraceError(f"{path}: line {line}: {err}") from None
-        if prompt < 1 or output < 1:
-            raise TraceError(f"{path}: line {line}: token counts must be >= 1, got {prompt}, {output}")
         if times and t < times[-1]:
             raise TraceError(f"{path}: line {line}: TIMESTAMP goes back in time ({row[0].strip()})")
         times.append(t)

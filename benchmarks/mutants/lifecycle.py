@@ -25,7 +25,7 @@ MUTATIONS = [
      "        elif False:\n", (CRASH, RESUME), "lifecycle"),
     ("lifecycle-sigterm-exit-status-130", "servegym/signals.py", "        return exit_status(self.signum)\n",
      "        return 130\n", (CHECKPOINT, SAVING), "lifecycle"),
-    ("lifecycle-cli-sigterm-exits-130", "servegym/cli.py", "        return stop.exit_status\n    info =",
+    ("lifecycle-cli-sigterm-exits-130", "servegym/cli_train.py", "        return stop.exit_status\n    info =",
      "        return 130\n    info =", (CLI_SETUP,), "lifecycle"),
     ("lifecycle-checkpoint-torn-by-signal", "rl/train.py",
      "            with session.stop.saving():\n                return super()._on_step()",
