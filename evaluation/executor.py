@@ -55,6 +55,8 @@ class Interrupted(Exception):
         super().__init__(f"interrupted after {len(results)} finished jobs")
         self.results = results
         self.signum = int(signum)
+        self.kept: int | None = None
+        """Finished runs kept on disk, where a command's store holds more than these jobs (earlier grids')."""
 
     @property
     def exit_status(self) -> int:

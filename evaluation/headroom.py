@@ -16,10 +16,12 @@ import numpy as np
 
 from servegym.backends import load_profile
 from servegym.engine import EngineConfig
+from servegym.evaluation.executor import RunStore
 from servegym.evaluation.grid import run_grid
 from servegym.evaluation.spec import Experiment, PolicySpec, WorkloadSpec
 from servegym.evaluation.stats import MIN_VERDICT_SEEDS, mean_ci
 from servegym.stability import workload_stability
+from servegym.validation import count
 from servegym.workloads import WORKLOADS, make_workload
 from servegym.workloads.scenarios import profile_for
 
@@ -72,12 +74,14 @@ class Headroom:
 
 
 def measure(scenario: str, seeds: int = 10, workers: int | None = None, progress: bool = False,
-            max_steps: int = 30_000) -> Headroom:
+            max_steps: int = 30_000, store: RunStore | None = None) -> Headroom:
     """Run the reference and hand-coded policies on ``scenario`` (its own profile, predicted lengths).
 
     Episodes stop after ``max_steps`` iterations; a policy that leaves requests unfinished by then cannot be
-    the best (its mean covers only the requests it finished).
+    the best (its mean covers only the requests it finished). With a ``store``, runs it holds are not run again
+    and each new one is kept as it finishes.
     """
+    count("seeds", seeds, "seeds")
     if scenario not in WORKLOADS:
         raise ValueError(f"unknown scenario {scenario!r}; known: {sorted(WORKLOADS)}")
     profile = profile_for(scenario)
@@ -86,7 +90,7 @@ def measure(scenario: str, seeds: int = 10, workers: int | None = None, progress
         workloads=(WorkloadSpec(scenario, scenario),), seeds=tuple(range(seeds)), profile=profile,
         engine={"length_mode": "predicted"}, max_steps=max_steps,
     )
-    results = run_grid(experiment, workers=workers, progress=progress)
+    results = run_grid(experiment, workers=workers, progress=progress, store=store)
     scores = {}
     for policy in (*HAND_CODED, *REFERENCES):
         runs = [r for r in results if r.policy == policy]

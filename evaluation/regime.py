@@ -29,10 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servegym.evaluation.executor import PROCESSES, progress_bar, run_stored
+from servegym.evaluation.executor import PROCESSES, RunStore, progress_bar, run_stored
 from servegym.evaluation.grid import Task, TaskResult, describe, run_task, tasks
 from servegym.evaluation.spec import Experiment, PolicySpec, WorkloadSpec
 from servegym.evaluation.stats import MIN_VERDICT_SEEDS, Interval, paired_difference
+from servegym.validation import count
 
 PROMPT_TOKENS = 10
 OUTPUTS = (20, 40, 60)
@@ -124,12 +125,16 @@ def cells() -> list[Cell]:
 
 
 def sweep(seeds: int = 5, workers: int | None = None, progress: bool = False,
-          only: list[Cell] | None = None) -> list[CellResult]:
-    """Run every cell's FCFS (both rules) and budget grid over ``seeds`` seeds, in parallel worker processes."""
+          only: list[Cell] | None = None, store: RunStore | None = None) -> list[CellResult]:
+    """Run every cell's FCFS (both rules) and budget grid over ``seeds`` seeds, in parallel worker processes.
+
+    With a ``store``, runs it holds are not run again and each new one is kept as it finishes, so a stopped sweep
+    resumes where it stopped."""
+    count("seeds", seeds, "seeds")
     chosen = only if only is not None else cells()
     todo = [task for cell in chosen for task in cell_tasks(cell, seeds)]
     bar = progress_bar(len(todo), "flow-regime", "run") if progress else None
-    results: list[TaskResult] = run_stored(_run_quietly, todo, workers, None, describe, bar, PROCESSES)
+    results: list[TaskResult] = run_stored(_run_quietly, todo, workers, store, describe, bar, PROCESSES)
     by_cell: dict[str, dict[str, dict[int, float]]] = {}
     for r in results:
         by_cell.setdefault(r.workload, {}).setdefault(r.policy, {})[r.seed] = r.metrics[METRIC]

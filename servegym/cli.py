@@ -7,7 +7,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from servegym.backends import load_profile, shipped_profiles
@@ -31,6 +31,7 @@ from servegym.evaluation.executor import (
     Interrupted,
     InterruptOnTerm,
     JobFailed,
+    RunStore,
     exit_status,
     signal_of,
 )
@@ -210,31 +211,64 @@ def _saved_results(results_dir: Path, name: str) -> tuple[list, int]:
     return results, seeds
 
 
+@contextlib.contextmanager
+def _kept_runs(args: argparse.Namespace, command: str) -> Iterator[RunStore]:
+    """The run store of a command that keeps its finished runs (``--runs``, locked for the command's length),
+    with the report file's folder (``--out``) checked before any run starts."""
+    if args.out:
+        writable_dir(Path(args.out).resolve().parent)
+    folder = writable_dir(Path(args.runs))
+    with FolderLock(folder):
+        store = RunStore(folder / "runs")
+        if args.fresh:
+            store.clear()
+        held = len(store)
+        print(f"servegym {command}: finished runs are kept in {folder / 'runs'}"
+              + (f" ({held} from before are not run again)" if held else ""), flush=True)
+        try:
+            yield store
+        except Interrupted as stop:
+            stop.kept = len(store)  # this grid's and the earlier grids' of the same command
+            raise
+
+
+def _write_report(text: str, out: str | None) -> None:
+    print(text)
+    if out:
+        path = Path(out)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        print(f"wrote {out}")
+
+
 def cmd_scenarios(args: argparse.Namespace) -> int:
     from servegym.evaluation.headroom import SCENARIOS, markdown, measure
 
     rows = []
-    for name in args.only or SCENARIOS:
-        print(f"servegym scenarios: {name} ({args.seeds} seeds)", flush=True)
-        rows.append(measure(name, args.seeds, args.workers, progress=not args.quiet))
-    text = markdown(rows, args.seeds)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-        print(f"wrote {args.out}")
+    with _kept_runs(args, "scenarios") as store:
+        for name in args.only or SCENARIOS:
+            print(f"servegym scenarios: {name} ({args.seeds} seeds)", flush=True)
+            rows.append(measure(name, args.seeds, args.workers, progress=not args.quiet, store=store))
+    _write_report(markdown(rows, args.seeds), args.out)
     return 0
 
 
 def cmd_flow_regime(args: argparse.Namespace) -> int:
     from servegym.evaluation.regime import cells, markdown, sweep
 
-    print(f"servegym flow-regime: {len(cells())} cells, {args.seeds} seeds", flush=True)
-    text = markdown(sweep(args.seeds, args.workers, progress=not args.quiet), args.seeds)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-        print(f"wrote {args.out}")
+    with _kept_runs(args, "flow-regime") as store:
+        print(f"servegym flow-regime: {len(cells())} cells, {args.seeds} seeds", flush=True)
+        rows = sweep(args.seeds, args.workers, progress=not args.quiet, store=store)
+    _write_report(markdown(rows, args.seeds), args.out)
     return 0
+
+
+def _add_kept_runs_args(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.add_argument("--runs", default=f"results/{command}",
+                        help="folder that keeps each finished run, so that a stopped command re-run the same way runs "
+                             f"only what is missing (default: results/{command})")
+    parser.add_argument("--fresh", action="store_true", help="forget the runs kept in --runs and run everything")
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
@@ -327,12 +361,14 @@ def build_parser() -> argparse.ArgumentParser:
     scen.add_argument("--workers", type=count_arg("workers"), default=None)
     scen.add_argument("--only", nargs="+", default=None, choices=sorted(WORKLOADS), help="these scenarios only")
     scen.add_argument("--out", default=None, help="write the Markdown report here (docs/SCENARIOS.md)")
+    _add_kept_runs_args(scen, "scenarios")
     scen.add_argument("--quiet", action="store_true")
     scen.set_defaults(func=cmd_scenarios)
     reg = sub.add_parser("flow-regime", help="where flow control's throttle pays: load x memory x eviction cost")
     reg.add_argument("--seeds", type=count_arg("seeds"), default=5)
     reg.add_argument("--workers", type=count_arg("workers"), default=None)
     reg.add_argument("--out", default=None, help="write the Markdown report here (docs/FLOW_REGIME.md)")
+    _add_kept_runs_args(reg, "flow-regime")
     reg.add_argument("--quiet", action="store_true")
     reg.set_defaults(func=cmd_flow_regime)
     add_profile_parser(sub)
@@ -355,8 +391,9 @@ def _run(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Interrupted as stop:
-        print(f"\nservegym: {_stopped_by(stop.signum)}; {len(stop.results)} finished runs kept (re-run the same "
-              "command to finish)", file=sys.stderr)
+        kept = len(stop.results) if stop.kept is None else stop.kept
+        print(f"\nservegym: {_stopped_by(stop.signum)}; {kept} finished runs kept (re-run the same command to "
+              "finish)", file=sys.stderr)
         return stop.exit_status
     except KeyboardInterrupt as stop:
         print(f"\nservegym: {_stopped_by(signal_of(stop))}", file=sys.stderr)
