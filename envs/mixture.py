@@ -84,6 +84,19 @@ class MixtureEnv(gym.Env):
         return self.current.engine
 
 
+def _check_locked(id_task: str, task: str | Task | None, kwargs: dict[str, Any]) -> None:
+    from servegym import task_id
+
+    name = task.name if isinstance(task, Task) else task
+    if name != id_task:
+        raise ValueError(f"{task_id(id_task)} is the task {id_task!r}; it cannot build task={name!r} (use "
+                         f"servegym/Serving-v1 with task={name!r})")
+    changed = sorted(set(kwargs) & set(LOCKED))
+    if changed:
+        raise ValueError(f"{task_id(id_task)} fixes {', '.join(changed)}; to change them, use "
+                         f"gym.make('servegym/Serving-v1', task={id_task!r}, ...)")
+
+
 def _merged(base: dict[str, Any], override: EngineConfig | PoolConfig | dict[str, Any] | None) -> Any:
     """A task's engine or pool settings with the caller's on top (a config object replaces them)."""
     if override is None:
@@ -100,14 +113,27 @@ V1_TRUNCATION_PENALTY_S = 600.0
 idle guard ends an episode never pays (v0's charge let "never admit" tie FCFS on a heavy long-context window)."""
 
 
-def make_serving_env(task: str | Task | None = None, split: str = "train", version: int = VERSIONS[-1],
-                     **kwargs: Any) -> ServingEnv | MixtureEnv:
+LOCKED = ("workload", "profile", "engine", "pool", "reward", "max_steps", "idle_guard_steps", "truncation_penalty_s")
+"""What a task's own id (``servegym/MemoryTight-v1``) fixes: ``gym.make`` may not change it there."""
+
+
+def make_serving_env(task: str | Task | None = None, split: str | None = None, version: int = VERSIONS[-1],
+                     id_task: str | None = None, **kwargs: Any) -> ServingEnv | MixtureEnv:
     """The entry point of ``servegym/Serving-v1`` (and the legacy ``-v0``): a :class:`ServingEnv` from ``kwargs``,
     or, with ``task``, from the task's settings with ``kwargs`` on top (``engine`` and ``pool`` dicts merge key
-    by key). ``split`` picks a trace task's training or held-out test data; v0 ignores it and charges 60 s per
-    unserved request at truncation, v1 600 s."""
+    by key). ``split`` (with a task only; default ``"train"``) picks a trace task's training or held-out test data;
+    v0 ignores it and charges 60 s per unserved request at truncation, v1 600 s.
+
+    ``id_task`` is set by a task's own id: that id builds exactly its task, so another ``task`` or any of the
+    :data:`LOCKED` settings is refused (``servegym/Serving-v1`` with ``task=`` takes overrides)."""
     if version not in VERSIONS:
         raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
+    if id_task is not None:
+        _check_locked(id_task, task, kwargs)
+    if split is not None and task is None:
+        raise ValueError(f"split={split!r} picks a task's data; give task=... (or use a task's id, "
+                         "servegym/LongContext-v1)")
+    split = "train" if split is None else split
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if version >= 1:

@@ -109,7 +109,9 @@ class ServingEnv(gym.Env):
     latency reward of the last step is charged `truncation_penalty_s` per unserved request (waiting, running
     or not yet arrived): steps are iterations of varying length, so without it an agent could end an episode
     cheaply by making iterations short or by stalling. `info["num_stalled_steps"]` counts the current run of
-    stalled steps, with or without the guard; `info["idle_guard"]` marks a guard truncation.
+    stalled steps, with or without the guard; `info["idle_guard"]` marks a guard truncation. After the env ends
+    an episode, terminated or truncated by itself, `step` raises until `reset` (`reset(options=...)` takes no
+    keys yet: any is refused, as is a non-dict).
 
     With `decision_steps=True` one `step` applies the action to one iteration, then keeps iterating while no
     admission decision is possible (no request waits at the deciding container, its model is loading, or it
@@ -137,7 +139,7 @@ class ServingEnv(gym.Env):
     | `pool` | `None` | a `PoolConfig` or a dict of its fields (containers, keep-alive, cold start, router) |
     | `queue_window` | `32` | visible waiting requests `W` |
     | `task` | `None` | a name from `servegym.envs.TASKS`: its workload, profile, engine, pool, reward and limits (other arguments override) |
-    | `split` | `"train"` | with `task`: `"test"` draws a trace task's episodes from its held-out test data (what `servegym bench` reports on) |
+    | `split` | `"train"` | with `task` only: `"test"` draws a trace task's episodes from its held-out test data (what `servegym bench` reports on) |
     | `version` | `1` | set by the id: `servegym/Serving-v1` (current) or `-v0` (legacy; see Version History) |
     | `reward` | `"latency"` | one of `REWARDS` |
     | `ttft_slo_s`, `itl_slo_s` | `2.0`, `0.2` | SLOs of the `slo_goodput` reward and `info["num_slo_good"]` |
@@ -203,6 +205,8 @@ class ServingEnv(gym.Env):
         """Per-episode counters, zeroed by ``reset`` (``num_requests``: the episode's workload size)."""
         self._invalid = 0
         self._stepped = False
+        self._truncated = False
+        """The env truncated this episode (``max_steps`` or the guard): a further ``step`` raises until ``reset``."""
         self._num_steps = 0
         self._num_stalled = 0
         """Consecutive steps after which requests waited, nothing ran and no model was loading."""
@@ -220,6 +224,7 @@ class ServingEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        check_reset_options(options)
         super().reset(seed=seed)
         self.cluster.reset(self.np_random)
         self._encoder.reset(self.cluster.engines[0])
@@ -229,6 +234,8 @@ class ServingEnv(gym.Env):
         return self._encoder.encode(self.cluster), info
 
     def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        if self._truncated:  # as after termination: the truncation charge is never paid twice
+            raise RuntimeError("the episode was truncated (max_steps or the idle guard); call reset()")
         order = self._decode_action(action)
         if self.cluster.done and not self._stepped:
             # Nothing to serve (an empty workload, or every request rejected on arrival): reset() could not say
@@ -266,6 +273,7 @@ class ServingEnv(gym.Env):
             info.update(zip(COUNTED, sums, strict=True))
         if truncated and self._num_stalled >= (self.idle_guard_steps or math.inf):
             info["idle_guard"] = True
+        self._truncated = truncated
         return obs, reward, terminated, truncated, info
 
     def _ends_step(self, terminated: bool, truncated: bool) -> bool:
@@ -473,6 +481,22 @@ COUNTED = ("step_s", "num_decode_tokens", "num_prefill_tokens", "num_admitted", 
            "num_finished", "num_arrived", "num_rejected")
 """Info keys that sum over the iterations of one decision step: ``StepOutcome``'s fields in order, then the
 cluster step's arrivals and rejections."""
+
+
+RESET_OPTIONS: frozenset[str] = frozenset()
+"""The keys ``reset(options=...)`` understands: none yet (Gymnasium's default), so any key is a caller's typo."""
+
+
+def check_reset_options(options: Any) -> None:
+    """``reset``'s ``options``: None or a dict of known keys; anything else is refused rather than ignored."""
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise TypeError(f"reset options must be a dict or None, got {type(options).__name__} {options!r}")
+    unknown = sorted(set(options) - RESET_OPTIONS, key=str)
+    if unknown:
+        known = ", ".join(sorted(RESET_OPTIONS)) or "none"
+        raise ValueError(f"reset options {unknown} are not understood (known: {known})")
 
 
 def _check_arguments(workload: Any, profile: Any, reward: Any, render_mode: Any, queue_window: int,

@@ -33,7 +33,7 @@ def task_id(task: str) -> str:
 
 _ENTRY = "servegym.envs.mixture:make_serving_env"
 for _id, _kwargs in ((ENV_ID, {"version": 1}), (LEGACY_ENV_ID, {"version": 0}),
-                     *((task_id(task), {"version": 1, "task": task}) for task in TASK_IDS)):
+                     *((task_id(task), {"version": 1, "task": task, "id_task": task}) for task in TASK_IDS)):
     if _id not in registry:
         register(id=_id, entry_point=_ENTRY, max_episode_steps=20_000, kwargs=_kwargs)
 
