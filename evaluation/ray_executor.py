@@ -23,6 +23,7 @@ import contextlib
 import os
 import pickle
 import signal
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -116,6 +117,28 @@ def _run_tasks(ray: ModuleType, fn: Callable[[Any], Any], jobs: Sequence[Any], l
         raise JobFailed(f"{len(failed)} of {len(jobs)} jobs failed; the first: {first}", results)
 
 
+PROBE_S = 5.0
+"""How long a cluster's address may take to accept a TCP connection before the run is refused."""
+
+
+def probe_address(address: str, timeout_s: float = PROBE_S) -> None:
+    """Refuse at once a Ray address (``HOST:PORT`` or ``ray://HOST:PORT``) where nothing accepts a connection:
+    ``ray.init`` would retry it for minutes, printing a log line per try. ``auto`` (the local cluster) is left to
+    Ray."""
+    if address == "auto":
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"Ray address {address!r} is not HOST:PORT, ray://HOST:PORT or auto")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as err:
+        reason = "no answer" if isinstance(err, TimeoutError) else (err.strerror or str(err) or type(err).__name__)
+        raise ConnectionError(f"cannot join the Ray cluster at {address!r}: {host}:{port} does not accept "
+                              f"connections ({reason}, {timeout_s:g} s allowed)") from None
+
+
 class _Connection:
     """Connect to Ray for the block unless already connected; stop what it started, and put back the SIGTERM
     handler ``ray.init`` replaces."""
@@ -133,6 +156,8 @@ class _Connection:
         options: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
         if self.address is None:
             options |= {"num_cpus": self.workers or os.cpu_count() or 1, "include_dashboard": False}
+        if self.address is not None:
+            probe_address(self.address)  # Ray itself retries an address that does not answer for minutes
         try:
             self.ray.init(address=self.address, **options)
         except Exception as err:

@@ -399,8 +399,10 @@ class _UnreachableRay:
 def test_a_failed_join_says_to_set_token_authentication_when_it_is_not_set(monkeypatch):
     # Rule: a failed join by address, with RAY_AUTH_MODE not 'token' here, names the setting (with current Ray a
     # node or driver without it is refused by a cluster that uses tokens); a local instance gets no such hint.
+    from servegym.evaluation import ray_executor
     from servegym.evaluation.ray_executor import _Connection
 
+    monkeypatch.setattr(ray_executor, "probe_address", lambda address: None)  # no traffic to 10.0.0.1
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(ConnectionError, match=r"at '10.0.0.1:6379': Failed to connect .*; if the cluster's nodes run "

@@ -216,6 +216,7 @@ def test_ctrl_c_cancels_tasks_only_on_a_ray_it_did_not_start(initialized, addres
     # driver).
     fake = RecordingRay(initialized)
     monkeypatch.setattr(ray_executor, "require_ray", lambda: fake)
+    monkeypatch.setattr(ray_executor, "probe_address", lambda address: None)  # no traffic to "head"
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(Interrupted) as caught:
         ray_executor.run_ray_jobs(abs, [1, 2, 3], workers=2, address=address)
@@ -275,3 +276,34 @@ def test_a_command_starts_its_own_ray_and_ctrl_c_stops_it_with_partial_results(t
     kept = len(list(runs.glob("*.pkl")))
     assert 2 <= kept < 160
     assert (out / "summary.md").read_text().startswith("> **PARTIAL RESULTS**")
+
+
+def test_an_address_where_nothing_listens_is_refused_at_once_without_ray_init(monkeypatch, tmp_path, capsys):
+    # Rule: a HOST:PORT that refuses TCP connections fails with one line before ray.init, which would retry it for
+    # minutes; port 1 on the loopback is closed on any test machine.
+    fake = RecordingRay(False)
+    monkeypatch.setattr(ray_executor, "require_ray", lambda: fake)
+    with pytest.raises(ConnectionError, match=r"cannot join the Ray cluster at '127.0.0.1:1': 127.0.0.1:1 does not "
+                                              r"accept connections \("):
+        ray_executor.run_ray_jobs(abs, [1], workers=1, address="127.0.0.1:1")
+    with pytest.raises(ConnectionError, match=r"at 'ray://127\.0\.0\.1:1'"):
+        ray_executor.run_ray_jobs(abs, [1], workers=1, address="ray://127.0.0.1:1")
+    assert fake.calls == []  # ray.init never ran
+    for bad in ("nonsense", "host:", ":6379", "host:99999", "ray://host:x"):
+        with pytest.raises(ValueError, match="is not HOST:PORT, ray://HOST:PORT or auto"):
+            ray_executor.probe_address(bad)
+    ray_executor.probe_address("auto")  # left to Ray
+    monkeypatch.setattr(ray_executor, "require_ray", lambda: fake)
+    assert main(["compare", "--executor", "ray", "--address", "127.0.0.1:1", "--seeds", "1", "--quiet",
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("servegym: error: cannot join the Ray cluster")
+
+
+def test_an_address_that_accepts_connections_passes_the_probe():
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        ray_executor.probe_address(f"127.0.0.1:{server.getsockname()[1]}")
