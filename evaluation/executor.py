@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import multiprocessing
@@ -139,12 +140,38 @@ STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 def _worker(fn: Callable[[Any], Any], conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # the spawn inherited the parent's held-back mask
-    while (item := conn.recv()) is not None:
-        index, job = item
-        try:
-            conn.send((index, "done", fn(job)))
-        except BaseException:  # any failure goes back to the parent, with its traceback
-            conn.send((index, "error", traceback.format_exc()))
+    _die_with_parent()
+    try:
+        while (item := conn.recv()) is not None:
+            index, job = item
+            try:
+                result = fn(job)
+            except BaseException:  # any failure goes back to the parent, with its traceback
+                conn.send((index, "error", traceback.format_exc()))
+                continue
+            try:
+                conn.send((index, "done", result))
+            except (EOFError, OSError):
+                raise
+            except Exception:  # a result that cannot be pickled: a failure of its own job
+                conn.send((index, "error", traceback.format_exc()))
+    except (EOFError, OSError):  # the parent is gone (killed outright): no one to report to, so end quietly
+        return
+
+
+def _die_with_parent() -> None:
+    """Where the OS offers it (Linux's ``PR_SET_PDEATHSIG``), a worker is killed when its parent dies, even by
+    SIGKILL, instead of running its job to the end for no one; elsewhere it ends quietly at its next message.
+    (The signal follows the thread that started the worker: :func:`run_jobs` starts and ends its pool within
+    the call.)"""
+    parent = multiprocessing.parent_process()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: no such call
+        return
+    if parent is not None and os.getppid() != parent.pid:  # the parent died before the call: nothing would fire
+        os._exit(0)
 
 
 def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int,

@@ -415,3 +415,19 @@ def test_a_failed_join_says_to_set_token_authentication_when_it_is_not_set(monke
     with pytest.raises(ConnectionError) as with_token:
         _Connection(_UnreachableRay, "10.0.0.1:6379", None).__enter__()
     assert "RAY_AUTH_MODE" not in str(with_token.value)
+
+
+def test_workers_of_a_parent_killed_outright_die_with_it_and_print_nothing(tmp_path):
+    # Rule: SIGKILL of compare's parent (no handler runs) leaves no worker running its job for no one, and no
+    # worker prints a BrokenPipeError or EOFError traceback on the way out.
+    cmd = [*SERVEGYM, "compare", _spec(tmp_path, LONG), "--no-plots", "--workers", "2", "--quiet",
+           "--out", str(tmp_path / "out")]
+    with _started(cmd) as proc:
+        waited = _wait_for(lambda: len(_workers(proc.pid)) >= 2 or proc.poll() is not None, 180, "two workers")
+        assert proc.poll() is None, f"compare ended before it could be killed: {proc.communicate()}"
+        os.kill(proc.pid, signal.SIGKILL)  # the parent only
+        gone = _wait_for(lambda: not live_processes("pgid", proc.pid), 120, "the workers' exit")
+        _, err = proc.communicate(timeout=60)
+        print(f"workers up after {waited:.1f} s; all gone {gone:.1f} s after the kill")
+    assert proc.returncode == -signal.SIGKILL
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "EOFError" not in err, err
