@@ -114,7 +114,10 @@ class TokenLatencyModel:
             value = getattr(self, f.name)
             if value is None and f.name == "cpu_tail_s_per_row":
                 continue
-            if isinstance(value, tuple | list):
+            if "tuple" in str(f.type):  # a table: a list of finite numbers, never a bare number
+                if not isinstance(value, tuple | list) or not all(
+                        not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) for v in value):
+                    raise ProfileValueError(f"{f.name} must be a list of finite numbers, got {_short(value)}")
                 object.__setattr__(self, f.name, tuple(float(v) for v in value))
             elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ProfileValueError(f"{f.name} must be a finite number, got {value!r}")
@@ -251,3 +254,8 @@ class TokenLatencyModel:
 TERMS = ("cpu", "linear", "allreduce", "decode_attention", "prefill_attention", "lm_head", "launch")
 """The named terms of :meth:`TokenLatencyModel.terms`, in the profile's order."""
 
+
+def _short(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

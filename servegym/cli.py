@@ -402,8 +402,18 @@ def _run(args: argparse.Namespace) -> int:
         print(f"servegym: error: {err}\n{len(err.results)} finished runs kept", file=sys.stderr)
         return 1
     except (ValueError, OSError) as err:
-        print(f"servegym: error: {err}", file=sys.stderr)
+        print(f"servegym: error: {error_text(err)}", file=sys.stderr)
         return 2
+
+
+def error_text(err: BaseException) -> str:
+    """One line for a user's error: an OS error as ``path: reason`` (``[Errno 20] Not a directory: 'x'`` reads
+    ``x: not a directory``), anything else as its message with its line breaks folded."""
+    if isinstance(err, OSError) and err.strerror:
+        where = ": ".join(str(name) for name in (err.filename, err.filename2) if name is not None)
+        reason = err.strerror[0].lower() + err.strerror[1:]
+        return f"{where}: {reason}" if where else reason
+    return " ".join(str(err).split())
 
 
 def _stopped_by(signum: int) -> str:

@@ -226,3 +226,22 @@ def test_every_config_rejects_bools_nan_strings_and_non_positive_values_alike(bu
     # One set of validators: a bool is not a number, NaN and inf are not finite, and the error names the field.
     with pytest.raises(ValueError, match=field):
         build(bad)
+
+
+@pytest.mark.parametrize(("key", "value", "match"), [
+    ("allreduce_s", 0.0015, r"latency.allreduce_s must be a list of finite numbers, got 0.0015"),
+    ("linear_s", "x", r"latency.linear_s must be a list of finite numbers, got 'x'"),
+    ("cpu_s", [[0.001, 0.002]], r"latency.cpu_s must be a list of finite numbers, got \[\[0.001, 0.002\]\]"),
+    ("cpu_s", [float("nan")], r"latency.cpu_s must be a list of finite numbers"),
+    ("linear_s", [True], r"latency.linear_s must be a list of finite numbers"),
+])
+def test_a_schema_2_table_given_as_anything_but_a_list_of_numbers_is_one_clear_error(tmp_path, key, value, match):
+    # A bare number where a table belongs used to raise TypeError ("object of type 'float' has no len()") from
+    # inside gym.make; the profile now names the file and the key.
+    data = load_profile("a100-llama3-8b").to_json()
+    data["latency"][key] = value
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match=match) as err:
+        load_profile(path)
+    assert str(path) in str(err.value)

@@ -123,3 +123,15 @@ def test_a_trace_row_with_more_fields_than_its_header_is_refused(tmp_path):
     wide = tmp_path / "w.csv"  # a header with an extra column allows as many fields
     wide.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,Note\n2023-11-16 18:15:46.6,10,5,x\n")
     assert len(TraceWorkload(str(wide)).sample(np.random.default_rng(0))) == 1
+
+
+def test_an_os_error_is_one_line_of_path_and_reason_without_its_errno():
+    import errno
+
+    from servegym.cli import error_text
+
+    assert error_text(NotADirectoryError(errno.ENOTDIR, "Not a directory", "/tmp/f/x.db")) == \
+        "/tmp/f/x.db: not a directory"
+    assert error_text(OSError(errno.EXDEV, "Invalid cross-device link", "a", "b")) == "a: b: invalid cross-device link"
+    assert error_text(PermissionError(errno.EACCES, "Permission denied")) == "permission denied"
+    assert error_text(ValueError("two\nlines")) == "two lines"
