@@ -24,7 +24,7 @@ def test_tune_flags_carry_the_config_fields_defaults_and_help() -> None:
         if f.name in TUNE_FLAGS:
             assert actions[f.name].default == f.default, f.name
             assert actions[f.name].help.startswith(f.metadata["help"]), f.name
-    assert actions["sampler"].choices == ("tpe", "cmaes") and actions["trials"].type is int
+    assert actions["sampler"].choices == ("tpe", "cmaes") and actions["trials"].type("7") == 7
 
 
 def test_parsed_flags_make_the_config() -> None:

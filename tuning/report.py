@@ -12,7 +12,15 @@ from servegym.evaluation.report import cell
 from servegym.evaluation.stats import mean_ci
 from servegym.metrics import metric as metric_of
 from servegym.tuning.objectives import PARETO_METRICS, get_objective
-from servegym.tuning.study import TUNING_SEED_BASE, TuneConfig, best_params, evaluate, tuning_workload, write_params
+from servegym.tuning.study import (
+    NOT_COUNTED,
+    TUNING_SEED_BASE,
+    TuneConfig,
+    best_params,
+    evaluate,
+    tuning_workload,
+    write_params,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -50,6 +58,12 @@ def _plots(study, out: Path) -> list[Path]:
     return written
 
 
+def _not_counted(study: optuna.Study) -> str:
+    """A note on the pruned trials that do not count towards ``--trials`` (cut short by a stop, or surplus)."""
+    left_out = sum(NOT_COUNTED in t.user_attrs for t in study.get_trials(deepcopy=False))
+    return f" (not counted: {left_out} pruned by a stop or as surplus)" if left_out else ""
+
+
 def report(cfg: TuneConfig, study: optuna.Study, out: Path) -> dict[str, Any]:
     """Write ``best_params.json``, the plots and ``report.md``; return the summary numbers."""
     import optuna
@@ -72,8 +86,8 @@ def report(cfg: TuneConfig, study: optuna.Study, out: Path) -> dict[str, Any]:
     lines = [
         f"# Tuning {cfg.policy} on {target}", "",
         f"Study `{cfg.name}` in `{cfg.storage_label()}`; objective **{cfg.objective}**: {objective.description}.",
-        f"Trials: {counts}; wall time per completed trial: {np.mean(walls):.2f} s (mean over {len(walls)})"
-        if walls else f"Trials: {counts}.",
+        f"Trials: {counts}{_not_counted(study)}; wall time per completed trial: {np.mean(walls):.2f} s (mean over "
+        f"{len(walls)})" if walls else f"Trials: {counts}{_not_counted(study)}.",
         f"Each trial averages {cfg.seeds} episodes on tuning seeds {TUNING_SEED_BASE}.."
         f"{TUNING_SEED_BASE + cfg.seeds - 1}; the comparison below uses held-out seeds 0..{cfg.eval_seeds - 1}, "
         "disjoint from them.", "",

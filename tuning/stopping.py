@@ -26,7 +26,8 @@ class StopOnSignals(SignalScope):
     The first signal only records itself and tells the study to start no new trial: raising at an arbitrary
     point could leave a storage lock held (the heartbeat thread then waits forever). The objective calls
     :meth:`checkpoint` between episodes and every few hundred steps within one (so a long episode stops within
-    a fraction of a second), which raises :class:`TuningInterrupted` there; Optuna marks that trial failed.
+    a fraction of a second), which raises :class:`TuningInterrupted` there; :func:`~servegym.tuning.tune` stores
+    that trial as pruned and not counted (never failed, never completed with a partial value).
     See :class:`~servegym.signals.SignalScope` for which handlers are installed.
     """
 

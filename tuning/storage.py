@@ -81,19 +81,20 @@ def make_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
     Raises :class:`TuningError` naming the URL when it cannot be opened (bad URL, missing driver, corrupt file).
     """
 
+    if url.startswith("journal:") and not Path(url.removeprefix("journal:")).name:
+        raise TuningError(f"storage {public_url(url)!r} names no file; expected {URL_FORMS}")
+    if url.startswith("sqlite:") and storage_path(url) is None:
+        raise TuningError(f"storage {public_url(url)!r} is an in-memory database, which worker threads cannot "
+                          "share and which is lost when the command ends; name a file: sqlite:///PATH")
+    path = storage_path(url)
+    if path is not None:
+        check_storage_file(path, public_url(url))
     try:
         if url.startswith("journal:"):
             from optuna.storages import JournalStorage
             from optuna.storages.journal import JournalFileBackend
 
-            path = Path(url.removeprefix("journal:"))
-            if not path.name:
-                raise TuningError(f"storage {public_url(url)!r} names no file; expected {URL_FORMS}")
-            path.parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(str(path)))
-        path = storage_path(url)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
         return _rdb_storage(with_driver(url), heartbeat_s)
     except TuningError:
         raise
@@ -102,6 +103,30 @@ def make_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
 
         hint = f"; expected {URL_FORMS}" if isinstance(err, ArgumentError) else ""
         raise TuningError(f"cannot open Optuna storage {public_url(url)!r} ({_first_line(err)}){hint}") from None
+
+
+def check_storage_file(path: Path, shown: str) -> None:
+    """Make the folder of a storage file and check the file can be read and written there, so that a bad path is
+    one plain sentence naming ``shown`` (the URL) rather than an OS error number. Creates the file if missing
+    (SQLite and Optuna's journal both take an empty file as an empty storage)."""
+    if path.is_dir():
+        example = path / ("studies.journal" if shown.startswith("journal:") else "studies.db")
+        raise TuningError(f"storage {shown!r}: {path} is a folder, not a file; name a file in it, such as {example}")
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise TuningError(f"storage {shown!r}: {blocking} is a file, not a folder, so {path} cannot be made")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise TuningError(f"storage {shown!r}: cannot create the folder {path.parent} "
+                          f"({err.strerror or err})") from None
+    try:
+        with path.open("ab"):  # appends nothing: an existing storage is unchanged
+            pass
+    except OSError as err:
+        raise TuningError(f"storage {shown!r}: cannot write {path} ({err.strerror or err})") from None
+    if not os.access(path, os.R_OK):
+        raise TuningError(f"storage {shown!r}: cannot read {path} (Permission denied)")
 
 
 def _rdb_storage(url: str, heartbeat_s: int | None, attempts: int = 5) -> optuna.storages.RDBStorage:

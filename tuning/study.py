@@ -25,6 +25,7 @@ from servegym.tuning.storage import (
     storage_path,
     worker_id,
 )
+from servegym.validation import count, count_arg
 from servegym.workloads import Workload, make_workload
 
 if TYPE_CHECKING:
@@ -36,6 +37,9 @@ TUNING_SEED_BASE = 10_000
 """Tuning episodes use seeds from here on; evaluation uses seeds 0.. (disjoint by construction)."""
 IDENTITY = ("policy", "workload", "objective")
 """Study user attributes fixed by its first run; a run asking for other values is refused."""
+NOT_COUNTED = "not_counted"
+"""A trial user attribute: why this PRUNED trial is not one of the study's finished trials (a stop cut it short, or
+the study already held its ``--trials`` when it started). :func:`finished_trials` leaves such trials out."""
 
 
 SAMPLERS = ("tpe", "cmaes")
@@ -49,9 +53,15 @@ class TuneConfig:
     workload: str | None
     """The workload to tune on; None: the one ``env["task"]`` draws per episode (a mixture task)."""
     objective: str = field(default="goodput", metadata={"help": "what a trial optimises", "choices": OBJECTIVE_NAMES})
-    trials: int = field(default=50, metadata={"help": "trials this process adds to the study (0: report only)"})
-    seeds: int = field(default=3, metadata={"help": "episodes averaged per trial (tuning seeds TUNING_SEED_BASE + k)"})
-    eval_seeds: int = field(default=5, metadata={"help": "held-out seeds 0..N-1 for default vs tuned"})
+    trials: int = field(default=50, metadata={
+        "help": "finished trials (complete, or pruned by the pruner) the study should hold: a run adds only the "
+                "missing ones, so re-running a stopped command finishes the count and workers sharing a study stop "
+                "together at it; failed and interrupted trials are not counted (0: report only)",
+        "type": count_arg("trials", low=0)})
+    seeds: int = field(default=3, metadata={"help": "episodes averaged per trial (tuning seeds TUNING_SEED_BASE + k)",
+                                            "type": count_arg("seeds")})
+    eval_seeds: int = field(default=5, metadata={"help": "held-out seeds 0..N-1 for default vs tuned",
+                                                 "type": count_arg("seeds")})
     storage: str | None = field(default=None, metadata={
         "help": "Optuna storage URL (default sqlite:///studies/<study>.db; journal:PATH for a journal file)"})
     study_name: str | None = None
@@ -64,10 +74,15 @@ class TuneConfig:
                 "sample different points; workers sharing a study need different seeds"})
     heartbeat_s: int = 30
     """RDB storages: a running trial's heartbeat period; a trial silent for twice that is failed (worker died)."""
-    max_steps: int = field(default=100_000, metadata={"help": "episode length cap in engine iterations"})
+    max_steps: int = field(default=100_000, metadata={"help": "episode length cap in engine iterations",
+                                                      "type": count_arg("steps")})
     env: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Counts first, before anything is built from them (a list of 10**9 seeds, say).
+        for name, kind, low in (("trials", "trials", 0), ("seeds", "seeds", 1), ("eval_seeds", "seeds", 1),
+                                ("max_steps", "steps", 1)):
+            object.__setattr__(self, name, count(name, getattr(self, name), kind, low))
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; registered: {sorted(POLICIES)}")
         if POLICIES[self.policy].search_space is None:
@@ -76,15 +91,10 @@ class TuneConfig:
         get_objective(self.objective)
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
-        if self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.pruner not in PRUNERS:
             raise ValueError(f"pruner must be median, halving or none, got {self.pruner!r}")
-        if self.trials < 0:
-            raise ValueError("trials must be >= 0 (0 only reports on an existing study)")
-        for name in ("seeds", "eval_seeds", "heartbeat_s"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
+        if isinstance(self.heartbeat_s, bool) or not isinstance(self.heartbeat_s, int) or self.heartbeat_s < 1:
+            raise ValueError(f"heartbeat_s must be a whole number >= 1, got {self.heartbeat_s!r}")
         if self.workload is None and not self.env.get("task"):
             raise ValueError("without a workload, env['task'] must name the task whose episodes are tuned on")
         if self.sampler_seed is not None and not 0 <= self.sampler_seed < 2**32:
@@ -241,45 +251,148 @@ def fresh_seed() -> int:
     return secrets.randbits(32)
 
 
-def _fail_own_running(study: optuna.Study) -> None:
-    """Mark failed the trials this process left RUNNING (interrupted outside the objective, say)."""
+def counted(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether ``trial`` is one of its study's finished trials: COMPLETE, or PRUNED by the pruner (a trial marked
+    :data:`NOT_COUNTED` is not: a stop cut it short, or it was surplus). FAIL and RUNNING trials are not finished."""
     import optuna
 
-    me = worker_id()
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if trial.user_attrs.get("worker") == me:
-            study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+    state = optuna.trial.TrialState
+    return trial.state == state.COMPLETE or (trial.state == state.PRUNED and NOT_COUNTED not in trial.user_attrs)
+
+
+def finished_trials(study: optuna.Study) -> int:
+    """How many of the study's trials count towards ``TuneConfig.trials`` (see :func:`counted`)."""
+    return sum(counted(t) for t in study.get_trials(deepcopy=False))
+
+
+UNNAMED_WAIT_S = 5.0
+"""How long a worker waits for a RUNNING trial to name its worker (which a live one does milliseconds after asking
+for it) before taking it for the trial of a worker killed in between, which will never finish."""
+
+
+def _on_its_way(trial: optuna.trial.FrozenTrial) -> bool:
+    """A RUNNING trial that names its worker: a live one's, as :func:`load_study` fails those of dead workers. A
+    RUNNING trial without a name may be a worker's that was killed right after asking for it: it never finishes."""
+    import optuna
+
+    return trial.state == optuna.trial.TrialState.RUNNING and "worker" in trial.user_attrs
+
+
+def _claimed(trials: list[optuna.trial.FrozenTrial]) -> int:
+    """The trials that are finished or on their way (see :func:`counted` and :func:`_on_its_way`)."""
+    return sum(counted(t) or _on_its_way(t) for t in trials)
+
+
+class _Filling:
+    """``run`` as the trial function of a run that fills ``study`` up to ``target`` finished trials.
+
+    Trial numbers give every worker the same order, so a trial is surplus when the trials numbered before it,
+    finished or on their way, already make ``target`` (workers that started a trial at the same moment): it is pruned
+    before it samples anything, marked :data:`NOT_COUNTED`, and its worker stops. So workers sharing a study never
+    finish more than ``target`` trials together. A trial cut short by a stop (:class:`TuningInterrupted`) is pruned
+    and marked too, never failed and never completed with a partial value; the loop ends there, and :func:`tune`,
+    which has seen the signal, raises the stop.
+    """
+
+    def __init__(self, study: optuna.Study, run: Callable[[optuna.Trial], float | tuple[float, ...]],
+                 target: int) -> None:
+        self.study, self.run, self.target = study, run, target
+        self.last: optuna.Trial | None = None
+        """The latest trial this worker started (:meth:`prune_if_running` after a forced stop)."""
+        self.orphans: set[int] = set()
+        """RUNNING trials that never named their worker (:meth:`_ahead`)."""
+
+    def __call__(self, trial: optuna.Trial) -> float | tuple[float, ...]:
+        import optuna
+
+        self.last = trial
+        try:
+            trial.set_user_attr("worker", worker_id())  # first: the others count this trial as on its way
+            if self._ahead(trial.number) >= self.target:
+                trial.set_user_attr(NOT_COUNTED, f"surplus: the study already had {self.target} trials")
+                self.study.stop()
+                raise optuna.TrialPruned(f"surplus: the study already had {self.target} trials")
+            return self.run(trial)
+        except TuningInterrupted as stop:
+            optuna.logging.set_verbosity(optuna.logging.WARNING)  # the stop's own message says it (tune restores)
+            self.study.stop()  # no further trial, even if the signal came before the loop began
+            trial.set_user_attr(NOT_COUNTED, f"stopped by {stop.signal_name}")
+            raise optuna.TrialPruned(f"stopped by {stop.signal_name}") from None
+
+    def _ahead(self, number: int) -> int:
+        """The trials numbered below ``number`` that are finished or on their way. A RUNNING one that names no worker
+        yet is waited for (another worker asked for it a moment ago), up to :data:`UNNAMED_WAIT_S`."""
+        import optuna
+
+        running, waited = optuna.trial.TrialState.RUNNING, time.monotonic() + UNNAMED_WAIT_S
+        while True:
+            trials = [t for t in self.study.get_trials(deepcopy=False) if t.number < number]
+            unnamed = {t.number for t in trials if t.state == running and "worker" not in t.user_attrs}
+            if not unnamed - self.orphans or time.monotonic() > waited:
+                self.orphans |= unnamed  # never named: their workers died; not waited for again
+                return _claimed(trials)
+            time.sleep(0.05)
+
+    def prune_if_running(self, signal_name: str) -> None:
+        """Mark pruned (and not counted) this worker's latest trial if a forced stop (a second signal, inside Optuna's
+        own code) left it RUNNING."""
+        import optuna
+
+        running = optuna.trial.TrialState.RUNNING
+        if self.last is not None and any(t.number == self.last.number
+                                         for t in self.study.get_trials(deepcopy=False, states=(running,))):
+            self.last.set_user_attr(NOT_COUNTED, f"stopped by {signal_name}")
+            self.study.tell(self.last, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+
+
+def _stop_when_full(target: int) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+    """An ``optimize`` callback: no further trial once the study's trials finished or on their way make ``target``."""
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if _claimed(study.get_trials(deepcopy=False)) >= target:
+            study.stop()
+
+    return callback
 
 
 def tune(cfg: TuneConfig, progress: bool = True) -> optuna.Study:
-    """Run ``cfg.trials`` more trials on the (possibly shared, possibly resumed) study; return the study.
+    """Run trials until the (possibly shared, possibly resumed) study holds ``cfg.trials`` finished ones; return it.
 
-    ``cfg.trials == 0`` opens an existing study without creating one. A trial that raises is recorded as failed
-    and the study goes on. SIGINT or SIGTERM stops the run before the running trial's next episode (a second
-    signal at once), marks that trial failed and raises :class:`TuningInterrupted` (``exit_status`` 130 or
-    143); every completed trial is in the storage.
+    Finished means COMPLETE, or PRUNED by the pruner (:func:`finished_trials`): a run adds only the missing trials,
+    at most that many, so re-running a stopped run finishes the count, and workers sharing a study stop together at
+    ``cfg.trials`` (a trial that other workers' running trials make surplus is not run). ``cfg.trials == 0`` opens
+    an existing study without creating one. A trial that raises is recorded as failed (not counted: a re-run
+    retries it) and the study goes on. SIGINT or SIGTERM stops the run before the running trial's next episode
+    (a second signal at once), stores that trial as pruned and not counted, and raises :class:`TuningInterrupted`
+    (``exit_status`` 130 or 143); every finished trial is in the storage.
     Without ``cfg.sampler_seed`` this worker draws a fresh seed, recorded on its trials.
     """
+    import optuna
+
     if cfg.sampler_seed is None:
         cfg = replace(cfg, sampler_seed=fresh_seed())
+    verbosity = optuna.logging.get_verbosity()
     with StopOnSignals() as stop:
         study = load_study(cfg, create=cfg.trials > 0)
-        if cfg.trials == 0:
-            return study
-        run = objective_function(cfg, get_objective(cfg.objective), tuning_workload(cfg), stop.checkpoint)
         stop.study = study
+        filling = _Filling(study, objective_function(cfg, get_objective(cfg.objective), tuning_workload(cfg),
+                                                     stop.checkpoint), cfg.trials)
         try:
-            stop.checkpoint()
-            study.optimize(run, n_trials=cfg.trials, catch=(Exception,), show_progress_bar=progress,
-                           gc_after_trial=False)
-            stop.checkpoint()  # a signal between trials stopped the loop
+            stop.checkpoint()  # a signal while the study opened
+            missing = cfg.trials - _claimed(study.get_trials(deepcopy=False))
+            if missing > 0:
+                study.optimize(filling, n_trials=missing, catch=(Exception,), callbacks=[_stop_when_full(cfg.trials)],
+                               show_progress_bar=progress, gc_after_trial=False)
+                stop.checkpoint()  # a signal between trials stopped the loop
         except TuningInterrupted as err:
             try:
-                _fail_own_running(study)
+                filling.prune_if_running(err.signal_name)
             except Exception as problem:  # mid-transaction after a forced stop: a resume fails the trial later
-                log.warning("could not mark this worker's running trial failed: %s", problem)
+                log.warning("could not mark this worker's running trial pruned: %s", problem)
             err.study = study
             raise
+        finally:
+            optuna.logging.set_verbosity(verbosity)
     return study
 
 
