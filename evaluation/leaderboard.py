@@ -46,6 +46,9 @@ REFERENCES = ("random", "fcfs", "clairvoyant-greedy", ORACLE)
 lengths; a comparison point, not a ceiling: tuned policies beat it) and the oracle (the ceiling of the board)."""
 ENGINE_CONFIG_SUFFIX = " [engine-config]"
 """Label suffix of the rows a policy ran with its own engine settings instead of the task's."""
+INTERRUPTED_MARK = " [interrupted]"
+"""Label mark of a trained agent whose training stopped before its timesteps (its ``config.json`` says so): it is
+shown and ranked as what it is, an unfinished agent, and never pooled with its finished training seeds."""
 SENSITIVE = 0.15
 """Relative gain over both random and FCFS that makes a task decision-sensitive."""
 COLUMN_METRICS = {"episode_return": "episode_return", "goodput_rps": "goodput_rps",
@@ -75,6 +78,11 @@ class Score:
 
 def is_engine_config(label: str) -> bool:
     return label.endswith(ENGINE_CONFIG_SUFFIX)
+
+
+def is_interrupted(label: str) -> bool:
+    """An agent whose training was interrupted (:data:`INTERRUPTED_MARK`)."""
+    return INTERRUPTED_MARK in label
 
 
 def is_reference(label: str) -> bool:
@@ -308,6 +316,16 @@ def agent_table(board: TaskBoard) -> list[str]:
     return [*lines, ""]
 
 
+def _interrupted_note(board: TaskBoard) -> list[str]:
+    """A line under the table when an agent on it is marked interrupted."""
+    marked = [s.policy for s in (*board.scores, *board.engine_config) if is_interrupted(s.policy)]
+    if not marked:
+        return []
+    return [f"`{INTERRUPTED_MARK.strip()}`: an agent whose training stopped before its timesteps ({len(marked)} on "
+            "this board); its `config.json` says how far it got, and `servegym train --resume RUN` finishes it. It is "
+            "not a finished result and cannot be submitted.", ""]
+
+
 def task_table(board: TaskBoard) -> list[str]:
     direction = "lower is better" if board.lower_is_better else "higher is better"
     episodes = max(s.episodes for s in (*board.scores, *board.engine_config))
@@ -318,7 +336,7 @@ def task_table(board: TaskBoard) -> list[str]:
              f"best heuristic: `{best.policy if best else 'none'}`.", "",
              "| # | policy | score | vs best heuristic (paired, 95% CI) | " + " | ".join(HEADERS) + " | truncated |",
              "|---:|---|---:|---|" + "---:|" * (len(HEADERS) + 1),
-             *_rows(board, board.scores, paired=True), "", headroom_line(board), "",
+             *_rows(board, board.scores, paired=True), "", *_interrupted_note(board), headroom_line(board), "",
              *([bound_line(board), ""] if board.score(ORACLE) else []), *agent_table(board)]
     if board.engine_config:
         lines += ["Engine-config track: each policy on its own engine settings, not the task's (not ranked against "

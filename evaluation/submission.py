@@ -33,8 +33,15 @@ def model_digest(run: Path) -> dict[str, str]:
 
 
 def agent_entry(run: str | Path) -> Entry:
-    """The leaderboard entry of a trained run; it must have trained on a benchmark task."""
+    """The leaderboard entry of a trained run; it must have trained on a benchmark task, to the end: an interrupted
+    run is refused until ``servegym train --resume`` has finished it."""
+    from servegym.rl.runs import unfinished
+
     (entry,) = make_entries((), (), [run])
+    why = unfinished(run)
+    if why is not None:
+        raise ValueError(f"{run}: its training was {why}; a submission is a finished agent: finish it with "
+                         f"servegym train --resume {run}")
     if len(entry.tasks) != 1:
         raise ValueError(f"{run}: an agent is submitted on the task it trained on, and its config.json names none")
     return entry

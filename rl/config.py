@@ -11,12 +11,16 @@ from typing import Any
 from servegym import ENV_ID
 from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS, get_task
 from servegym.rl.wrappers import OBSERVATIONS, RESIDUAL_SCALE
+from servegym.validation import count, count_arg
 
 ALGOS = ("ppo", "a2c", "dqn", "sac", "maskable-ppo")
 DEFAULT_MODE = {"ppo": "count", "a2c": "count", "dqn": "count", "sac": "window", "maskable-ppo": "admit"}
 COMPATIBLE = {"ppo": {"admit", "window", "count", "rank", "score", "params"},
               "a2c": {"admit", "window", "count", "rank", "score", "params"},
               "dqn": {"count"}, "sac": {"window", "score", "params"}, "maskable-ppo": {"admit", "count"}}
+COUNTS = {"timesteps": "steps", "n_envs": "envs", "max_episode_steps": "steps", "eval_freq": "steps",
+          "eval_episodes": "seeds", "checkpoint_freq": "steps", "imitate_episodes": "seeds", "torch_threads": "workers"}
+"""The config's counts and their kind in :data:`servegym.validation.COUNT_LIMITS` (one rule, one message)."""
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -35,17 +39,20 @@ class TrainConfig:
     pool: dict[str, Any] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)
     """Other ``gym.make`` arguments, e.g. ``{"decision_steps": true, "reward_half_life_s": 30}``."""
-    timesteps: int = field(default=100_000, metadata={"help": "environment steps to train for"})
+    timesteps: int = field(default=100_000, metadata={"help": "environment steps to train for",
+                                                      "type": count_arg("steps")})
     seed: int = field(default=0, metadata={"help": "the run's seed: env i's first training episode is seed + i"})
-    n_envs: int = field(default=2, metadata={"help": "parallel envs (SubprocVecEnv)"})
+    n_envs: int = field(default=2, metadata={"help": "parallel envs (SubprocVecEnv)", "type": count_arg("envs")})
     max_episode_steps: int | None = field(default=None, metadata={
         "help": "the env's own episode limit (max_steps; default: the task's): a truncation there pays the "
-                "truncation penalty, so cutting episodes short never looks good"})
+                "truncation penalty, so cutting episodes short never looks good", "type": count_arg("steps")})
     eval_freq: int = field(default=20_000, metadata={
-        "help": "timesteps between evaluations (summed over the vectorised envs)"})
+        "help": "timesteps between evaluations (summed over the vectorised envs)", "type": count_arg("steps")})
     eval_episodes: int = field(default=len(VALIDATION_SEEDS), metadata={
-        "help": f"validation seeds per evaluation (1-{len(VALIDATION_SEEDS)}, the first of VALIDATION_SEEDS)"})
-    checkpoint_freq: int = field(default=50_000, metadata={"help": "timesteps between checkpoints"})
+        "help": f"validation seeds per evaluation (1-{len(VALIDATION_SEEDS)}, the first of VALIDATION_SEEDS)",
+        "type": count_arg("seeds")})
+    checkpoint_freq: int = field(default=50_000, metadata={"help": "timesteps between checkpoints",
+                                                           "type": count_arg("steps")})
     normalize: bool = True
     hyperparams: dict[str, Any] = field(default_factory=dict)
     reward_scale: float = field(default=1.0, metadata={
@@ -86,12 +93,13 @@ class TrainConfig:
         if self.resolved_mode not in COMPATIBLE[self.algo]:
             raise ValueError(f"{self.algo} cannot use mode {self.resolved_mode!r}; it supports "
                              f"{sorted(COMPATIBLE[self.algo])}")
-        for name in ("timesteps", "n_envs", "eval_freq", "checkpoint_freq", "torch_threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name, kind in COUNTS.items():
+            if name != "max_episode_steps" or self.max_episode_steps is not None:
+                object.__setattr__(self, name, count(name, getattr(self, name), kind))
         if not 1 <= self.eval_episodes <= len(VALIDATION_SEEDS):
             raise ValueError(f"eval_episodes must be in [1, {len(VALIDATION_SEEDS)}], got {self.eval_episodes}")
-        if not 0 <= self.seed <= len(TRAIN_SEEDS) - self.n_envs:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or \
+                not 0 <= self.seed <= len(TRAIN_SEEDS) - self.n_envs:
             # SB3 seeds env i's first episode with seed + i: it must stay a training seed.
             raise ValueError(f"seed must be in [0, {len(TRAIN_SEEDS) - self.n_envs}] (seed + env index must stay "
                              f"in TRAIN_SEEDS), got {self.seed}")
@@ -134,6 +142,11 @@ class TrainConfig:
                     and self.discount_half_life_s > 0):
                 raise ValueError(f"discount_half_life_s must be a finite number > 0, got "
                                  f"{self.discount_half_life_s!r}")
+        for name in ("engine", "pool", "env", "hyperparams"):
+            if not isinstance(getattr(self, name), dict):
+                raise ValueError(f"{name} must be a mapping, got {getattr(self, name)!r}")
+        if not isinstance(self.normalize, bool):
+            raise ValueError(f"normalize must be true or false, got {self.normalize!r}")
         clash = {"task", "workload", "profile", "engine", "pool", "max_episode_steps"} & set(self.env)
         if clash:
             raise ValueError(f"env must not hold {sorted(clash)}: they have their own fields")

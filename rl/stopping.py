@@ -3,8 +3,9 @@
 Training holds no lock and no database transaction, so a signal may stop it anywhere: the handler raises
 :class:`TrainingInterrupted` in the main thread as soon as it runs (env set-up included), except inside a
 :meth:`StopOnSignals.saving` block (a checkpoint, the best model and its statistics), which finishes first so
-that a resume never meets a torn file. A second signal raises at once, even there. The trainer then writes the
-truth into the run's ``config.json`` and stops the env workers it started (:mod:`servegym.rl.train`).
+that a resume never meets a torn file. A second signal raises at once, even there. The trainer then saves a checkpoint
+of the steps taken (once learning has begun), writes the truth into the run's ``config.json`` and stops the env
+workers it started (:mod:`servegym.rl.train`).
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ class TrainingInterrupted(SignalStop):
         """What the trainer recorded: ``timesteps_done`` and ``last_checkpoint``."""
 
     def message(self) -> str:
-        """One line for the user: where it stopped and how to go on."""
+        """One line for the user: where it stopped and how to go on (a resume always works: from the checkpoint
+        saved at the stop, or from the start when the stop came before the first step)."""
         if self.run is None:
             return f"interrupted by {self.signal_name}"
         checkpoint = self.progress.get("last_checkpoint")
-        then = (f"continue with: servegym train --resume {self.run}" if checkpoint else
-                f"no checkpoint was written yet: delete {self.run} to train again")
+        then = f"continue with: servegym train --resume {self.run}" + (
+            "" if checkpoint else " (no step was taken yet: it starts over)")
         return (f"interrupted by {self.signal_name} after {self.progress.get('timesteps_done', 0)} timesteps "
                 f"({self.run / 'config.json'} says so); {then}")
 

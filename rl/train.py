@@ -4,12 +4,13 @@ A run directory ``runs/<env>__<algo>__<mode>__<task>__s<seed>`` holds:
 
 * ``config.json``: the :class:`TrainConfig` and the run's state (written at the start, updated atomically
   after each new best and at the end; always strict JSON). However a call ends, it tells the truth: ``status``
-  is ``finished``, ``interrupted`` (SIGINT or SIGTERM, named in ``stopped_by``) or ``failed`` (with ``error``),
-  with ``timesteps_done`` and ``last_checkpoint`` (the file ``--resume`` continues from);
+  is ``finished``, ``interrupted`` (SIGINT or SIGTERM, named in ``stopped_by``; ``interrupted`` is then true) or
+  ``failed`` (with ``error``), with ``timesteps_done`` of the ``timesteps`` asked and ``last_checkpoint`` (the
+  file ``--resume`` continues from). A start that fails before the first step leaves no run directory;
 * ``best_model.zip`` + ``best_vecnormalize.pkl``: the best model by periodic evaluation on the task's
   validation seeds, with the normalisation statistics it was scored with; ``eval.csv`` the evaluation history;
-* ``checkpoints/model_<N>_steps.zip`` + ``model_vecnormalize_<N>_steps.pkl`` every ``checkpoint_freq`` steps
-  (``servegym train --resume RUN`` continues from the latest);
+* ``checkpoints/model_<N>_steps.zip`` + ``model_vecnormalize_<N>_steps.pkl`` every ``checkpoint_freq`` steps and
+  when a signal stops the run (``servegym train --resume RUN`` continues from the latest to ``timesteps``);
 * ``model.zip`` + ``vecnormalize.pkl`` at the end, and TensorBoard logs under ``tb/``.
 
 Training episodes draw their seeds from :data:`~servegym.envs.tasks.TRAIN_SEEDS`, evaluation uses
@@ -18,10 +19,16 @@ Training episodes draw their seeds from :data:`~servegym.envs.tasks.TRAIN_SEEDS`
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import multiprocessing
+import os
+import pickle
 import re
+import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -32,6 +39,7 @@ import gymnasium as gym
 
 from servegym import ENV_ID
 from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS
+from servegym.rl.algorithms import algorithm_class, check_hyperparams
 from servegym.rl.config import TrainConfig, scorer_params
 from servegym.rl.evaluation import FINAL_MODEL, FINAL_STATS, SeedListEval, write_json
 from servegym.rl.fast_dist import policy_for
@@ -107,59 +115,128 @@ def _algorithm_kwargs(cfg: TrainConfig, observation_space: gym.Space) -> dict[st
             "rollout_buffer_class": buffer_class(isinstance(observation_space, gym.spaces.Dict))}
 
 
-def algorithm_class(name: str) -> type[BaseAlgorithm]:
-    if name == "maskable-ppo":
-        from sb3_contrib import MaskablePPO
+def check_start(cfg: TrainConfig) -> None:
+    """Refuse here, in this process, what would otherwise fail only inside the env workers or the algorithm: the
+    algorithm's arguments (:func:`~servegym.rl.algorithms.check_hyperparams`), then the training env, built once
+    and reset on the first training seed. The env is built one group of settings at a time, so that the error names
+    the flag at fault: ``--profile``, ``--engine``, ``--pool``, ``--env``, ``--max-episode-steps``."""
+    check_hyperparams(cfg.algo, cfg.hyperparams)
+    kwargs = cfg.env_kwargs()
+    core = {key: kwargs[key] for key in ("task", "workload", "profile") if key in kwargs}
+    stages = [(f"--profile {cfg.profile}" if cfg.profile is not None else f"the {cfg.task or cfg.workload} env", {}),
+              (f"--engine {json.dumps(cfg.engine)}", {"engine": kwargs["engine"]}),
+              (f"--pool {json.dumps(cfg.pool)}", {"pool": kwargs["pool"]}),
+              (f"--env {json.dumps(cfg.env)}", dict(cfg.env)),
+              (f"--max-episode-steps {cfg.max_episode_steps}",
+               {} if cfg.max_episode_steps is None else {"max_steps": cfg.max_episode_steps})]
+    for label, extra in stages:
+        core.update(extra)
+        if extra or label == stages[0][0]:
+            _built(label, partial(gym.make, ENV_ID, **core))
+    _built(f"the training env ({cfg.resolved_mode} mode)",
+           partial(make_training_env, kwargs, cfg.resolved_mode, cfg.max_episode_steps, (cfg.seed * 10_007, 1), True,
+                   cfg.reward_scale, cfg.reward_reference, cfg.mode_kwargs(), cfg.observation), reset=True)
 
-        return MaskablePPO
-    import stable_baselines3
 
-    return getattr(stable_baselines3, name.upper())
+def _built(label: str, build: Callable[[], gym.Env], reset: bool = False) -> None:
+    """Build (and with ``reset``, reset) an env and close it; a failure is a one-line ``ValueError`` led by
+    ``label``."""
+    try:
+        env = build()
+        try:
+            if reset:
+                env.reset()
+        finally:
+            env.close()
+    except (ValueError, TypeError, KeyError, OSError, gym.error.Error) as err:
+        raise ValueError(f"{label}: {_one_line(err)}") from None
+
+
+def _one_line(err: BaseException) -> str:
+    """An error's message on one line; gym.make's "unexpected keyword argument" without its echo of every kwarg."""
+    text = " ".join(str(err).split())
+    unexpected = re.search(r"unexpected keyword argument '(\w+)'", text)
+    if isinstance(err, TypeError) and unexpected:
+        return f"gym.make({ENV_ID!r}) takes no argument {unexpected.group(1)!r}"
+    return text or type(err).__name__
 
 
 def train(cfg: TrainConfig, progress: bool = True, subprocess: bool = True) -> Path:
     """Train from scratch, evaluating periodically on the validation seeds; return the run directory.
 
-    SIGINT or SIGTERM raises :class:`~servegym.rl.stopping.TrainingInterrupted` (``exit_status`` 130 or 143)
-    after ``config.json`` says ``interrupted``; any other error is re-raised after it says ``failed``."""
+    Everything checkable is checked first (:func:`check_start`), before the run directory or any worker exists;
+    a start that fails later (before the first step) removes the run directory it made, so the corrected command
+    is not refused. SIGINT or SIGTERM raises :class:`~servegym.rl.stopping.TrainingInterrupted` (``exit_status``
+    130 or 143) after a checkpoint of the steps taken is saved and ``config.json`` says ``interrupted``
+    (:func:`resume` continues it); any other error is re-raised after it says ``failed``."""
     run = Path(cfg.out) / cfg.run_name
     if run.is_dir() and any(run.iterdir()):
         raise ValueError(f"{run} already holds a run; continue it with --resume {run}, or pick another --out or "
                          "--seed")
+    check_start(cfg)
+    existed = run.is_dir()
     run.mkdir(parents=True, exist_ok=True)
-    state = {"status": "running", "timesteps_done": 0, "wall_s": 0.0, "best_mean_reward": None,
-             "best_timesteps": None, "last_checkpoint": None}
-    with _Session(run, cfg, state) as session:
+    return _from_scratch(run, cfg, progress, subprocess, failed_start=partial(_discard, run, existed))
+
+
+def _from_scratch(run: Path, cfg: TrainConfig, progress: bool, subprocess: bool,
+                  failed_start: Callable[[], None]) -> Path:
+    state = {"status": "running", "interrupted": False, "timesteps_done": 0, "wall_s": 0.0,
+             "best_mean_reward": None, "best_timesteps": None, "last_checkpoint": None}
+    with _Session(run, cfg, state, failed_start) as session:
         from stable_baselines3.common.vec_env import VecNormalize
 
         venv = _vec_env(cfg, subprocess)
         if cfg.normalize:
             venv = VecNormalize(venv, norm_obs=True, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99))
         policy = policy_for(cfg.algo, venv.action_space, cfg.resolved_mode)
-        session.model = algorithm_class(cfg.algo)(policy, venv, seed=cfg.seed, verbose=0,
-                                                  tensorboard_log=str(run / "tb"),
-                                                  **_algorithm_kwargs(cfg, venv.observation_space))
+        try:
+            session.model = algorithm_class(cfg.algo)(policy, venv, seed=cfg.seed, verbose=0,
+                                                      tensorboard_log=str(run / "tb"),
+                                                      **_algorithm_kwargs(cfg, venv.observation_space))
+        except (AssertionError, TypeError, ValueError) as err:  # a value the algorithm refuses
+            raise ValueError(f"--hyperparams {json.dumps(cfg.hyperparams)}: {algorithm_class(cfg.algo).__name__} "
+                             f"refuses them: {_one_line(err)}") from None
         if cfg.imitate is not None:
             session.write(imitation=_imitate(session.model, cfg))
+        session.learning = True
         return _learn(session, cfg.timesteps, progress, reset=True)
 
 
+def _discard(run: Path, existed: bool) -> None:
+    """Remove what a failed start wrote: ``run`` itself, or its contents when it was there (empty) before."""
+    if not existed:
+        shutil.rmtree(run, ignore_errors=True)
+        return
+    for path in run.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def resume(run: str | Path, progress: bool = True, subprocess: bool = True) -> Path:
-    """Continue a run from its latest checkpoint (model and normalisation statistics) to its timesteps; a stop
-    or an error is recorded in ``config.json`` as in :func:`train`."""
+    """Continue a run from its latest checkpoint (model and normalisation statistics) to its timesteps; a run that
+    was stopped or failed before it kept any step (no checkpoint) starts over in the same folder. A stop or an
+    error is recorded in ``config.json`` as in :func:`train`; a resume that fails to start leaves the run's
+    record as it was."""
     run = Path(run)
     data = _read_config(run)
     cfg = TrainConfig.from_json(data)
-    checkpoint = latest_checkpoint(run)
-    if checkpoint is None:
-        raise ValueError(f"{run} has no checkpoint to resume from (checkpoints/model_<N>_steps.zip)")
+    checkpoint = resume_point(run)
+    check_start(cfg)
+    restore = partial(write_json, run / "config.json", data)
+    if checkpoint is None:  # nothing kept: start over
+        _discard(run, existed=True)
+        restore()
+        return _from_scratch(run, cfg, progress, subprocess, failed_start=restore)
     steps = int(CHECKPOINT_RE.search(checkpoint.name).group(1))
     stats = checkpoint.with_name(f"model_vecnormalize_{steps}_steps.pkl")
     if cfg.normalize and not stats.is_file():
         raise ValueError(f"{checkpoint} has no matching statistics {stats.name}")
     state = {key: data.get(key) for key in ("timesteps_done", "wall_s", "best_mean_reward", "best_timesteps")}
-    state.update(status="running", resumed_from=steps, last_checkpoint=_relative(run, checkpoint))
-    with _Session(run, cfg, state) as session:
+    state.update(status="running", interrupted=False, resumed_from=steps, last_checkpoint=_relative(run, checkpoint))
+    with _Session(run, cfg, state, failed_start=restore) as session:
         from stable_baselines3.common.vec_env import VecNormalize
 
         venv = _vec_env(cfg, subprocess, offset=steps)  # fresh training seeds, not the episodes already seen
@@ -170,7 +247,22 @@ def resume(run: str | Path, progress: bool = True, subprocess: bool = True) -> P
         buffer = {"rollout_buffer_class": extra["rollout_buffer_class"]} if "rollout_buffer_class" in extra else {}
         session.model = algorithm_class(cfg.algo).load(checkpoint, env=venv, device="cpu",
                                                        tensorboard_log=str(run / "tb"), **buffer)
+        session.learning = True
         return _learn(session, max(0, cfg.timesteps - session.model.num_timesteps), progress, reset=False)
+
+
+def resume_point(run: str | Path) -> Path | None:
+    """The checkpoint :func:`resume` continues ``run`` from, or None when it starts over (a run stopped or failed
+    before it kept a step); a ``ValueError`` when there is nothing to resume."""
+    run = Path(run)
+    data = _read_config(run)
+    status, asked = data.get("status"), data.get("timesteps")
+    if status == "finished" and isinstance(asked, int) and int(data.get("timesteps_done") or 0) >= asked:
+        raise ValueError(f"{run} finished its {asked} timesteps already: nothing to resume")
+    checkpoint = latest_checkpoint(run)
+    if checkpoint is None and status not in ("interrupted", "failed"):
+        raise ValueError(f"{run} has no checkpoint to resume from (checkpoints/model_<N>_steps.zip)")
+    return checkpoint
 
 
 def latest_checkpoint(run: Path) -> Path | None:
@@ -180,12 +272,19 @@ def latest_checkpoint(run: Path) -> Path | None:
 
 
 class _Session:
-    """One :func:`train` or :func:`resume` call: keeps the run's ``config.json`` true however the call ends, and
-    stops the env workers it started when the call does not end normally."""
+    """One :func:`train` or :func:`resume` call: keeps the run's ``config.json`` true however the call ends, keeps
+    the steps taken when a signal stops it (a checkpoint), and stops the env workers it started when the call does
+    not end normally."""
 
-    def __init__(self, run: Path, cfg: TrainConfig, state: dict[str, Any]) -> None:
+    def __init__(self, run: Path, cfg: TrainConfig, state: dict[str, Any],
+                 failed_start: Callable[[], None]) -> None:
         self.run, self.cfg, self.state = run, cfg, state
+        self.failed_start = failed_start
+        """What an error before the first step undoes (:func:`train`: the run directory it made)."""
         self.model: BaseAlgorithm | None = None
+        self.learning = False
+        """Set once the model is built (and warm-started) and learning begins: from here a stop saves a checkpoint
+        and an error is the run's (recorded as ``failed``), not the start's."""
         self.stop = StopOnSignals()
         self._wall_before = float(state.get("wall_s") or 0.0)
         self._started = time.perf_counter()
@@ -217,21 +316,50 @@ class _Session:
                  tb: TracebackType | None) -> None:
         try:
             if err is not None:
-                with self.stop.saving():  # a second signal waits until the record is written
+                with contextlib.suppress(TrainingInterrupted), self.stop.saving():
+                    # A second signal waits until the record is written, and is the same stop (suppressed).
                     self._record(err)
                     self._stop_workers()
         finally:
             self.stop.__exit__(kind, err, tb)
 
     def _record(self, err: BaseException) -> None:
+        if self.state.get("status") == "finished":  # a signal after the final save: the run is complete
+            return
         if isinstance(err, KeyboardInterrupt):
+            if self.learning:
+                self._save_stop_checkpoint()
             progress = self.progress()
             name = err.signal_name if isinstance(err, TrainingInterrupted) else "SIGINT"
-            self.write(status="interrupted", stopped_by=name, **progress)
+            self.write(status="interrupted", interrupted=True, stopped_by=name, **progress)
             if isinstance(err, TrainingInterrupted):
                 err.run, err.progress = self.run, progress
         elif isinstance(err, Exception):
+            if not self.learning:
+                self.failed_start()
+                return
             self.write(status="failed", error=f"{type(err).__name__}: {err}", **self.progress())
+
+    def _save_stop_checkpoint(self) -> None:
+        """Save the model and its normalisation statistics as ``checkpoints/model_<N>_steps``, N the steps it has
+        taken, as the periodic checkpoints are (the steps of a rollout not yet learned from are counted, as SB3
+        counts them): :func:`resume` continues from it to the run's timesteps. Each file is written whole
+        (atomically), statistics first, so the latest model always has its statistics."""
+        model = self.model
+        if model is None:
+            return
+        steps = int(model.num_timesteps)
+        folder = self.run / "checkpoints"
+        path, stats_path = folder / f"model_{steps}_steps.zip", folder / f"model_vecnormalize_{steps}_steps.pkl"
+        stats = model.get_vec_normalize_env()
+        if path.is_file() and (stats is None or stats_path.is_file()):
+            return  # the periodic checkpoint of this very step
+        folder.mkdir(exist_ok=True)
+        if stats is not None:
+            _write_atomically(stats_path, pickle.dumps(stats))  # what VecNormalize.save writes
+        buffer = io.BytesIO()
+        model.save(buffer)
+        _write_atomically(path, buffer.getvalue())
 
     def _stop_workers(self) -> None:
         """Terminate the env workers (SubprocVecEnv's daemon processes) this call started, set-up included."""
@@ -242,6 +370,12 @@ class _Session:
             process.join(timeout=30)
         # A signal that lands inside Process.start() leaves a spawned child multiprocessing never registered.
         end_processes(spawned_children() - self._spawned)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def _relative(run: Path, path: Path) -> str:
@@ -294,7 +428,7 @@ def _learn(session: _Session, timesteps: int, progress: bool, reset: bool) -> Pa
         model.save(run / FINAL_MODEL)
         if cfg.normalize:
             venv.save(str(run / FINAL_STATS))
-        session.write(status="finished", **session.progress())
+        session.write(status="finished", interrupted=False, **session.progress())
     venv.close()
     eval_env.close()
     return run

@@ -79,6 +79,9 @@ def window_action(obs: Observation, value: float, window_min: float = WINDOW_MIN
 
 
 def count_action(obs: Observation, count: int) -> np.ndarray:
+    """Admit the first ``count`` visible requests (all of them when fewer are visible)."""
+    if count < 0:
+        raise ValueError(f"an admit count must be >= 0, got {count}")
     return admit_first(obs, min(int(count), visible_queue(obs).shape[0]))
 
 
@@ -96,6 +99,9 @@ def rank_grid() -> dict[str, list]:
 def rank_action(obs: Observation, order: int, target: int) -> np.ndarray:
     """Admit in ``RANK_ORDERS[order]`` the longest prefix within ``RANK_MEMORY_TARGETS[target]`` (see
     :class:`RankAdmit`)."""
+    if not (0 <= order < len(RANK_ORDERS) and 0 <= target < len(RANK_MEMORY_TARGETS)):
+        raise ValueError(f"a rank action is (order in [0, {len(RANK_ORDERS) - 1}], memory target in "
+                         f"[0, {len(RANK_MEMORY_TARGETS) - 1}]), got ({order}, {target})")
     rows = visible_queue(obs)
     if rows.shape[0] == 0:
         return admit_first(obs, 0)
@@ -269,7 +275,11 @@ class AdmitCount(_ObservingWrapper):
         self.action_space = spaces.Discrete(max_admit + 1)
 
     def to_env_action(self, obs: Observation, action: Any) -> np.ndarray:
-        return count_action(obs, int(np.asarray(action).reshape(-1)[0]))
+        count = int(np.asarray(action).reshape(-1)[0])
+        if not 0 <= count < self.action_space.n:
+            raise ValueError(f"an admit count must be in [0, {self.action_space.n - 1}] (the action space), "
+                             f"got {count}")
+        return count_action(obs, count)
 
     def action_masks(self) -> np.ndarray:
         """Counts up to the number of visible waiting requests."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 from pathlib import Path
@@ -20,6 +21,7 @@ from servegym.evaluation.bench import (
     write_leaderboard,
 )
 from servegym.evaluation.executor import Executor, FolderLock, Interrupted, JobFailed, RunStore
+from servegym.evaluation.leaderboard import INTERRUPTED_MARK
 from servegym.evaluation.stats import MIN_VERDICT_SEEDS
 from servegym.validation import count_arg
 
@@ -49,12 +51,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.seeds is not None and args.seeds > len(TEST_SEEDS):
         raise ValueError(f"--seeds {args.seeds}: there are only {len(TEST_SEEDS)} test seeds")
     seeds = TEST_SEEDS[: args.seeds] if args.seeds is not None else TEST_SEEDS
-    entries = make_entries(args.policies or DEFAULT_POLICIES, args.params or (), args.rl or (), args.tuned, tasks)
+    entries = mark_interrupted(make_entries(args.policies or DEFAULT_POLICIES, args.params or (), args.rl or (),
+                                            args.tuned, tasks))
     jobs = make_jobs(tasks, entries, seeds)
     out = Path(args.out)
     writable_dir(out)
     with FolderLock(out):  # one bench writes a folder at a time
         return _run_and_write(args, executor, tasks, entries, seeds, jobs, out)
+
+
+def mark_interrupted(entries: list[Entry]) -> list[Entry]:
+    """The entries, each trained agent whose training did not finish (its ``config.json``) labelled with
+    :data:`~servegym.evaluation.leaderboard.INTERRUPTED_MARK`, so the board never shows it as a finished agent."""
+    from servegym.rl.runs import unfinished
+
+    return [dataclasses.replace(entry, label=entry.label + INTERRUPTED_MARK)
+            if entry.policy.startswith("rl:") and unfinished(entry.policy.removeprefix("rl:")) else entry
+            for entry in entries]
 
 
 def _run_and_write(args: argparse.Namespace, executor: Executor, tasks: list[str], entries: list[Entry],
@@ -93,6 +106,7 @@ def _submit(args: argparse.Namespace) -> int:
     from servegym.evaluation.submission import submit, write_submission
 
     seeds = TEST_SEEDS[: args.seeds] if args.seeds is not None else TEST_SEEDS
+    writable_dir(Path(args.out))  # before the test episodes run
     submission = submit(args.agent, seeds, args.workers, progress=not args.quiet)
     path = write_submission(submission, Path(args.out) / "submission.json")
     returns = [row["episode_return"] for row in submission["rows"]]

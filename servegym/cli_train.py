@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from servegym.cli_args import add_config_args, config_args, json_object
 from servegym.envs.tasks import TASKS
 from servegym.rl.config import TrainConfig
+from servegym.rl.zoo import shipped_zoo_files
 from servegym.workloads import WORKLOADS
 
 TRAIN_FLAGS = ("timesteps", "seed", "n_envs", "max_episode_steps", "eval_freq", "eval_episodes", "checkpoint_freq",
@@ -19,11 +21,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     import json
 
     from servegym.rl.stopping import TrainingInterrupted
-    from servegym.rl.train import resume, train
+    from servegym.rl.train import check_start, resume, resume_point, train
 
     try:
         if args.resume:
-            print(f"servegym train: resuming {args.resume}")
+            checkpoint = resume_point(args.resume)
+            print(f"servegym train: resuming {args.resume} "
+                  f"{f'from {checkpoint.name}' if checkpoint else '(no checkpoint: from the start)'}")
             run = resume(args.resume, progress=not args.quiet)
         else:
             engine = {"length_mode": args.length_mode or "predicted"}
@@ -36,7 +40,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                     raise ValueError("--zoo reads the entry of a task: give --task")
                 from servegym.rl.zoo import read_zoo
 
-                zoo = read_zoo(args.zoo, args.task)
+                zoo = read_zoo(args.zoo, args.task, args.algo)
                 fields.update({k: v for k, v in zoo.items() if k != "hyperparams"})
                 hyper = {**zoo["hyperparams"], **hyper}
             cfg = TrainConfig(algo=args.algo, task=args.task, workload=args.workload,
@@ -45,6 +49,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                               imitate=args.imitate, score_base=args.score_base,
                               discount_half_life_s=args.discount_half_life,
                               **({} if args.residual_scale is None else {"residual_scale": args.residual_scale}))
+            check_start(cfg)  # bad input is one line, before this one and before any worker (train checks again)
             print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
             run = train(cfg, progress=not args.quiet)
     except TrainingInterrupted as stop:  # SIGINT 130, SIGTERM 143
@@ -58,7 +63,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_train_parser(sub: argparse._SubParsersAction) -> None:
+def add_train_parser(sub: Any) -> None:
+    """Add ``servegym train`` to ``sub`` (the parser's ``add_subparsers()`` result)."""
     trn = sub.add_parser("train", help="train a stable-baselines3 agent (PPO by default)")
     trn.add_argument("--algo", default="ppo", choices=["ppo", "a2c", "dqn", "sac", "maskable-ppo"])
     trn.add_argument("--mode", default=None, choices=["admit", "window", "count", "rank", "score", "params"],
@@ -79,9 +85,10 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     trn.add_argument("--no-normalize", action="store_true",
                      help="no VecNormalize (the score mode's network reads raw features on a log scale)")
     trn.add_argument("--zoo", default=None, metavar="FILE",
-                     help="hyperparameters in the RL Zoo's format (docs/rl/hyperparams/ppo.yml): the entry for the "
-                          "task's id replaces --timesteps, --n-envs, --no-normalize, --mode and --env where it has "
-                          "them, and gives the algorithm's arguments (--hyperparams JSON merges on top)")
+                     help="hyperparameters in the RL Zoo's format: a YAML file, or the name of one shipped with "
+                          f"servegym ({', '.join(shipped_zoo_files())}; e.g. --zoo ppo): the entry for the task's id "
+                          "replaces --timesteps, --n-envs, --no-normalize, --mode and --env where it has them, and "
+                          "gives the algorithm's arguments (--hyperparams JSON merges on top)")
     trn.add_argument("--reward-reference", default=None, metavar="PARAMS",
                      help="train on rewards relative to this policy's episode on the same seed (a params file)")
     trn.add_argument("--imitate", default=None, metavar="PARAMS",
@@ -94,6 +101,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                           "the memory target by 0.6 x scale of the cache (default 0.2)")
     trn.add_argument("--discount-half-life", type=float, default=None, metavar="SECONDS",
                      help="PPO/A2C: discount each step by the simulated seconds it took (half-life), not per step")
-    trn.add_argument("--resume", default=None, metavar="RUN", help="continue RUN from its latest checkpoint")
+    trn.add_argument("--resume", default=None, metavar="RUN",
+                     help="continue RUN from its latest checkpoint (a stop saves one) to its timesteps; the other "
+                          "options are RUN's own (config.json)")
     trn.add_argument("--quiet", action="store_true")
     trn.set_defaults(func=cmd_train)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -70,8 +71,11 @@ def test_sigterm_during_env_setup_exits_143_and_leaves_no_process(tmp_path):
     assert proc.returncode == 143, err
     run, config = run_config(out)
     assert config["status"] == "interrupted" and config["stopped_by"] == "SIGTERM", config
+    assert config["interrupted"] is True and config["timesteps"] == 1_000_000
     assert config["timesteps_done"] == 0 and config["last_checkpoint"] is None  # stopped before learning
-    assert f"interrupted by SIGTERM after 0 timesteps ({run / 'config.json'} says so)" in err
+    assert not (run / "checkpoints").exists()  # nothing was learned, so nothing to keep
+    assert (f"interrupted by SIGTERM after 0 timesteps ({run / 'config.json'} says so); continue with: servegym "
+            f"train --resume {run} (no step was taken yet: it starts over)") in err
 
 
 @pytest.mark.parametrize(("sig", "group", "status"), [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)],
@@ -89,10 +93,14 @@ def test_a_stop_while_learning_records_the_steps_and_checkpoint_and_resume_finis
     assert proc.returncode == status, err
     run, config = run_config(out)
     assert config["status"] == "interrupted" and config["stopped_by"] == sig.name, config
+    assert config["interrupted"] is True
     checkpoint = latest_checkpoint(run)
     assert config["last_checkpoint"] == checkpoint.relative_to(run).as_posix()
     steps = int(checkpoint.name.split("_")[1])
-    assert steps >= 128 and steps <= config["timesteps_done"] < 1_000_000
+    # The stop saved the steps taken as the latest checkpoint, not only the last periodic one (every 128 steps).
+    assert steps == config["timesteps_done"] and 128 <= steps < 1_000_000
+    assert (run / "checkpoints" / f"model_vecnormalize_{steps}_steps.pkl").is_file()
+    assert not list(run.glob("checkpoints/*.tmp"))
     assert f"continue with: servegym train --resume {run}" in err
     config["timesteps"] = steps + 128  # finish soon after the checkpoint
     (run / "config.json").write_text(json.dumps(config))
@@ -240,3 +248,103 @@ def test_a_spawned_child_multiprocessing_never_registered_is_found_and_ended():
     finally:
         with contextlib.suppress(ProcessLookupError):
             child.kill()
+
+
+def sigterm_at_step(monkeypatch, steps: int) -> None:
+    """Send this process SIGTERM from the evaluation callback (called after every vectorised step) once the model
+    has taken ``steps`` steps: a stop at a known step, between two periodic checkpoints."""
+    from servegym.rl.evaluation import SeedListEval
+
+    real = SeedListEval._on_step
+
+    def on_step(self) -> bool:
+        if self.num_timesteps == steps:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, in the main thread
+        return real(self)
+
+    monkeypatch.setattr(SeedListEval, "_on_step", on_step)
+
+
+def test_a_stop_before_the_first_checkpoint_keeps_the_steps_and_resume_reaches_the_total(tmp_path, monkeypatch,
+                                                                                          capsys):
+    # Rule (issue 48): a stop saves the model and its statistics at the steps taken, so a run stopped before its
+    # first periodic checkpoint resumes from there (not from zero, not refused) and finishes its timesteps.
+    from stable_baselines3 import PPO
+
+    from servegym.cli import main
+
+    sigterm_at_step(monkeypatch, 130)  # 65 steps of 2 envs: in the second rollout of 64 x 2 = 128, no checkpoint yet
+    with pytest.raises(TrainingInterrupted) as stop:
+        train(tiny(tmp_path, checkpoint_freq=10_000), progress=False, subprocess=False)
+    assert stop.value.exit_status == 143
+    run, config = run_config(tmp_path)
+    assert (config["status"], config["interrupted"], config["stopped_by"]) == ("interrupted", True, "SIGTERM")
+    assert (config["timesteps_done"], config["timesteps"]) == (130, 256)
+    assert config["last_checkpoint"] == "checkpoints/model_130_steps.zip"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["model_130_steps.zip",
+                                                                       "model_vecnormalize_130_steps.pkl"]
+    assert PPO.load(run / "checkpoints" / "model_130_steps.zip", device="cpu").num_timesteps == 130
+    stats = pickle.loads((run / "checkpoints" / "model_vecnormalize_130_steps.pkl").read_bytes())
+    # The statistics of the stop, not of the start: VecNormalize's count starts at 1e-4 and grows by one per
+    # observation, 2 at the reset and 2 per vectorised step.
+    assert stats.obs_rms["engine"].count == pytest.approx(1e-4 + 2 + 130)
+    assert "continue with: servegym train --resume" in stop.value.message()
+
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run), "--quiet"]) == 0
+    assert f"resuming {run} from model_130_steps.zip" in capsys.readouterr().out
+    _, after = run_config(tmp_path)
+    # From 130 steps to the 256 asked, in whole rollouts of 128: one rollout, 130 -> 258 (from zero it would end at
+    # 256, and 256 more steps at 386).
+    assert (after["status"], after["interrupted"], after["resumed_from"]) == ("finished", False, 130)
+    assert after["timesteps_done"] == 258 and "stopped_by" not in after
+    assert PPO.load(run / "model.zip", device="cpu").num_timesteps == 258
+
+
+def test_a_stop_before_learning_keeps_no_checkpoint_and_resume_starts_over(tmp_path, monkeypatch):
+    # Rule: a stop before the model took a step has nothing to keep; the run's record says so and a resume trains
+    # it from the start in the same folder (it is never a dead end).
+    import servegym.rl.train as train_module
+
+    real = train_module.policy_for
+
+    def stopped(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "policy_for", stopped)
+    with pytest.raises(TrainingInterrupted) as stop:
+        train(tiny(tmp_path), progress=False, subprocess=False)
+    assert stop.value.exit_status == 130
+    run, config = run_config(tmp_path)
+    assert (config["status"], config["stopped_by"], config["timesteps_done"]) == ("interrupted", "SIGINT", 0)
+    assert config["last_checkpoint"] is None and latest_checkpoint(run) is None
+    with pytest.raises(ValueError, match="already holds a run; continue it with --resume"):
+        train(tiny(tmp_path), progress=False, subprocess=False)
+    monkeypatch.undo()
+    resume(run, progress=False, subprocess=False)
+    _, after = run_config(tmp_path)
+    assert (after["status"], after["timesteps_done"], after["interrupted"]) == ("finished", 256, False)
+    assert "resumed_from" not in after and "stopped_by" not in after  # a fresh start: 0 -> 128 -> 256
+
+
+def test_resuming_a_finished_run_is_refused_and_a_failed_resume_keeps_the_record(tmp_path, monkeypatch):
+    import servegym.rl.train as train_module
+
+    run = tmp_path / "r"
+    run.mkdir()
+    record = {"algo": "ppo", "task": "memory-tight", "timesteps": 256, "status": "finished", "timesteps_done": 256}
+    (run / "config.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="finished its 256 timesteps already"):
+        resume(run, progress=False)
+    # An interrupted run with no checkpoint starts over; when that start fails, its record is left as it was.
+    record.update(status="interrupted", timesteps_done=0, stopped_by="SIGTERM")
+    (run / "config.json").write_text(json.dumps(record))
+
+    def broken(*args, **kwargs):
+        raise ValueError("no policy today")
+
+    monkeypatch.setattr(train_module, "policy_for", broken)
+    with pytest.raises(ValueError, match="no policy today"):
+        resume(run, progress=False, subprocess=False)
+    assert json.loads((run / "config.json").read_text()) == record

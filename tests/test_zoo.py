@@ -13,7 +13,7 @@ pytest.importorskip("yaml")
 from servegym.rl.zoo import policy_kwargs, read_zoo
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "docs" / "rl" / "hyperparams" / "ppo.yml"
+SHIPPED = ROOT / "rl" / "hyperparams" / "ppo.yml"
 
 
 def test_the_shipped_entry_is_the_recipe_the_kept_agents_trained_with():

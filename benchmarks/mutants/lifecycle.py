@@ -10,8 +10,8 @@ CLI_SETUP = STOP + "::test_sigterm_during_env_setup_exits_143_and_leaves_no_proc
 RESUME = "tests/test_train_resume.py::test_config_is_written_before_training_starts_and_a_crash_is_recorded_as_failed"
 
 MUTATIONS = [
-    ("lifecycle-interrupted-left-running", "rl/train.py", 'self.write(status="interrupted", stopped_by=name',
-     'self.write(status="running", stopped_by=name', (CHECKPOINT,), "lifecycle"),
+    ("lifecycle-interrupted-left-running", "rl/train.py", 'self.write(status="interrupted", interrupted=True,',
+     'self.write(status="running", interrupted=True,', (CHECKPOINT,), "lifecycle"),
     ("lifecycle-stop-signal-always-sigint", "rl/train.py",
      'name = err.signal_name if isinstance(err, TrainingInterrupted) else "SIGINT"', 'name = "SIGINT"',
      (CHECKPOINT,), "lifecycle"),
