@@ -65,7 +65,10 @@ class Headroom:
         fcfs = self.scores["fcfs"]
         latency = 1.0 - policy.mean("e2e_mean") / fcfs.mean("e2e_mean")
         base = fcfs.mean("goodput_rps")
-        goodput = policy.mean("goodput_rps") / base - 1.0 if base > 0 else math.inf
+        if base > 0:
+            goodput = policy.mean("goodput_rps") / base - 1.0
+        else:  # no goodput to improve on: a policy with some is infinitely better, one with none no better
+            goodput = math.inf if policy.mean("goodput_rps") > 0 else 0.0
         return latency, goodput
 
     @property
