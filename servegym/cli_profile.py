@@ -11,7 +11,7 @@ from typing import Any
 from servegym.backends import Profile, TokenLatencyModel, load_profile, shipped_profiles
 from servegym.backends.profile import measured_range
 from servegym.backends.runtimes import DEFAULT_RUNTIME, LEGACY_RUNTIME, RUNTIMES
-from servegym.cli_args import non_negative_int, positive_int
+from servegym.cli_args import non_negative_int, positive_int, writable_dir
 
 
 def _summary(profile: Profile) -> tuple[str, ...]:
@@ -159,7 +159,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from servegym.backends.build import TABLES, build_profile, fit_report, rebuild_shipped
 
     tables = Path(args.tables) if args.tables else TABLES
-    out = Path(args.out)
+    out = writable_dir(Path(args.out))
     if args.all:
         for path in rebuild_shipped(out, tables):
             print(f"wrote {path}")

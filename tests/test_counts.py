@@ -132,6 +132,7 @@ def test_an_os_error_is_one_line_of_path_and_reason_without_its_errno():
 
     assert error_text(NotADirectoryError(errno.ENOTDIR, "Not a directory", "/tmp/f/x.db")) == \
         "/tmp/f/x.db: not a directory"
-    assert error_text(OSError(errno.EXDEV, "Invalid cross-device link", "a", None, "b")) == "a: b: invalid cross-device link"
+    two_files = OSError(errno.EXDEV, "Invalid cross-device link", "a", None, "b")
+    assert error_text(two_files) == "a: b: invalid cross-device link"
     assert error_text(PermissionError(errno.EACCES, "Permission denied")) == "permission denied"
     assert error_text(ValueError("two\nlines")) == "two lines"
