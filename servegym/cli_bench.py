@@ -103,9 +103,10 @@ def _run_and_write(args: argparse.Namespace, executor: Executor, tasks: list[str
 
 def _submit(args: argparse.Namespace) -> int:
     """``--agent RUN``: the agent's test-track rows on its task, stamped, in ``<out>/submission.json``."""
-    from servegym.evaluation.submission import submit, write_submission
+    from servegym.evaluation.submission import agent_entry, submit, write_submission
 
     seeds = TEST_SEEDS[: args.seeds] if args.seeds is not None else TEST_SEEDS
+    agent_entry(args.agent)  # a run that cannot be submitted is refused before anything is made
     writable_dir(Path(args.out))  # before the test episodes run
     submission = submit(args.agent, seeds, args.workers, progress=not args.quiet)
     path = write_submission(submission, Path(args.out) / "submission.json")

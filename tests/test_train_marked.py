@@ -76,6 +76,6 @@ def test_an_interrupted_agent_is_not_submitted(tmp_path, capsys):
             f"submission is a finished agent: finish it with servegym train --resume {stopped}")
     assert main(["bench", "--agent", str(stopped), "--out", str(tmp_path / "sub"), "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == line
-    assert not (tmp_path / "sub" / "submission.json").exists()
+    assert not (tmp_path / "sub").exists()  # refused before the output folder is made
     done = run_folder(tmp_path, "d", status="finished", timesteps_done=30_720)
     assert agent_entry(done).tasks == ("memory-tight",)
