@@ -948,7 +948,7 @@ MUTATIONS: list[Mutation] = [
       "            probe_address(self.address)  # Ray", "            pass  # Ray", "tests/test_ray_executor.py", "-k",
       "address", kind="inputs"),
     m("r48-workers-outlive-parent", "evaluation/executor.py", "    _die_with_parent()\n    try:", "    try:",
-      "tests/test_cli_lifecycle.py", "-k", "killed_outright", kind="inputs"),
+      "tests/test_cli_lifecycle.py", "-k", "killed_outright or busy_with", kind="inputs"),
     m("r48-profile-table-a-number", "backends/token_model.py", 'if "tuple" in str(f.type):',
       'if isinstance(value, tuple | list):', "tests/test_bad_input.py", kind="inputs"),
 ]

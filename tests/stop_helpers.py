@@ -60,3 +60,9 @@ def kill_session(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         proc.kill()
     proc.wait()
+
+
+def touch_then_sleep(path: str) -> None:
+    """A job for worker processes: say it started (the file), then outlast any test."""
+    open(path, "w").close()
+    time.sleep(3600)

@@ -431,3 +431,17 @@ def test_workers_of_a_parent_killed_outright_die_with_it_and_print_nothing(tmp_p
         print(f"workers up after {waited:.1f} s; all gone {gone:.1f} s after the kill")
     assert proc.returncode == -signal.SIGKILL
     assert "Traceback" not in err and "BrokenPipeError" not in err and "EOFError" not in err, err
+
+
+def test_a_worker_busy_with_a_job_dies_with_its_killed_parent(tmp_path):
+    # Rule: a worker whose parent was killed outright does not run its job to the end for no one. The jobs sleep
+    # an hour, so without the rule the workers would outlive the 120 s deadline by far.
+    flags = [str(tmp_path / f"job{i}") for i in range(2)]
+    code = ("from servegym.evaluation.executor import run_jobs; from tests.stop_helpers import touch_then_sleep; "
+            f"run_jobs(touch_then_sleep, {flags!r}, workers=2)")
+    with _started([sys.executable, "-c", code]) as proc:
+        _wait_for(lambda: all(Path(f).exists() for f in flags) or proc.poll() is not None, 180, "both jobs")
+        assert proc.poll() is None, proc.communicate()
+        os.kill(proc.pid, signal.SIGKILL)
+        gone = _wait_for(lambda: not live_processes("pgid", proc.pid), 120, "the busy workers' exit")
+        print(f"both busy workers gone {gone:.1f} s after the kill")
