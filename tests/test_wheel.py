@@ -69,6 +69,7 @@ def test_the_wheel_ships_the_experiments_profiles_traces_and_compiled_core(insta
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"servegym/experiments/{name}.yaml" for name in (*PAPER_EXPERIMENTS, "default")} <= names
     assert "servegym/experiments/__init__.py" in names
+    assert {"servegym/rl/hyperparams/ppo.yml", "servegym/rl/hyperparams/ppo-residual.yml"} <= names  # --zoo ppo
     assert any(n.startswith("servegym/backends/profiles/") and n.endswith(".json") for n in names)
     assert any(n.startswith("servegym/workloads/data/") and n.endswith(".csv") for n in names)
     assert "servegym/engine/engine.py" in names  # the source: what runs interpreted where nothing was compiled
