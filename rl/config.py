@@ -105,6 +105,9 @@ class TrainConfig:
                              f"in TRAIN_SEEDS), got {self.seed}")
         if self.task is not None:
             get_task(self.task)
+        if isinstance(self.env, dict) and "split" in self.env:
+            raise ValueError(f"env split={self.env['split']!r}: training always uses a task's training data (the "
+                             "test split is held out for servegym bench)")
         if not (isinstance(self.reward_scale, int | float) and math.isfinite(self.reward_scale)
                 and self.reward_scale > 0):
             raise ValueError(f"reward_scale must be a finite number > 0, got {self.reward_scale!r}")

@@ -156,3 +156,11 @@ def test_a_run_that_cannot_resume_is_one_line(tmp_path, capsys):
     (run / "config.json").write_text(json.dumps({**record, "status": "finished", "timesteps_done": 256}))
     assert refused(capsys, ["train", "--resume", str(run)]) == f"{run} finished its 256 timesteps already: nothing " \
                                                                 "to resume"
+
+
+def test_training_on_the_test_split_is_refused():
+    # The side door of issue 51: --env '{"split": "test"}' trained on a trace task's held-out test windows.
+    from servegym.rl.config import TrainConfig
+
+    with pytest.raises(ValueError, match="env split='test': training always uses a task's training data"):
+        TrainConfig(task="long-context", env={"split": "test"})
