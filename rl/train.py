@@ -161,19 +161,21 @@ def _one_line(err: BaseException) -> str:
     return text or type(err).__name__
 
 
-def train(cfg: TrainConfig, progress: bool = True, subprocess: bool = True) -> Path:
+def train(cfg: TrainConfig, progress: bool = True, subprocess: bool = True, checked: bool = False) -> Path:
     """Train from scratch, evaluating periodically on the validation seeds; return the run directory.
 
     Everything checkable is checked first (:func:`check_start`), before the run directory or any worker exists;
     a start that fails later (before the first step) removes the run directory it made, so the corrected command
     is not refused. SIGINT or SIGTERM raises :class:`~servegym.rl.stopping.TrainingInterrupted` (``exit_status``
     130 or 143) after a checkpoint of the steps taken is saved and ``config.json`` says ``interrupted``
-    (:func:`resume` continues it); any other error is re-raised after it says ``failed``."""
+    (:func:`resume` continues it); any other error is re-raised after it says ``failed``. ``checked``: the caller
+    has run :func:`check_start` on ``cfg`` already (its env build and any reference episode are not repeated)."""
     run = Path(cfg.out) / cfg.run_name
     if run.is_dir() and any(run.iterdir()):
         raise ValueError(f"{run} already holds a run; continue it with --resume {run}, or pick another --out or "
                          "--seed")
-    check_start(cfg)
+    if not checked:
+        check_start(cfg)
     existed = run.is_dir()
     run.mkdir(parents=True, exist_ok=True)
     return _from_scratch(run, cfg, progress, subprocess, failed_start=partial(_discard, run, existed))

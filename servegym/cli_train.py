@@ -49,9 +49,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                               imitate=args.imitate, score_base=args.score_base,
                               discount_half_life_s=args.discount_half_life,
                               **({} if args.residual_scale is None else {"residual_scale": args.residual_scale}))
-            check_start(cfg)  # bad input is one line, before this one and before any worker (train checks again)
+            check_start(cfg)  # bad input is one line, before this one and before any worker
             print(f"servegym train: {cfg.run_name}: {cfg.timesteps} timesteps on {cfg.n_envs} envs")
-            run = train(cfg, progress=not args.quiet)
+            run = train(cfg, progress=not args.quiet, checked=True)
     except TrainingInterrupted as stop:  # SIGINT 130, SIGTERM 143
         print(f"\nservegym train: {stop.message()}", file=sys.stderr)
         return stop.exit_status
