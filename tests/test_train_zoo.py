@@ -46,7 +46,7 @@ def test_train_takes_a_shipped_name(tmp_path, monkeypatch):
 
     seen = []
 
-    def fake_train(cfg, progress=True, subprocess=True):
+    def fake_train(cfg, progress=True, subprocess=True, checked=False):
         seen.append(cfg)
         run = tmp_path / "run"
         run.mkdir(exist_ok=True)

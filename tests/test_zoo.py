@@ -71,7 +71,7 @@ def test_train_takes_the_files_entry_and_hyperparams_merge_on_top(tmp_path, monk
 
     seen = {}
 
-    def fake_train(cfg, progress=True, subprocess=True):
+    def fake_train(cfg, progress=True, subprocess=True, checked=False):
         seen["cfg"] = cfg
         run = tmp_path / "run"
         run.mkdir()
