@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from servegym.backends.base import BatchTotals, StepBatch, batch_totals
+from servegym.backends.host_link import host_link_bytes_s
 from servegym.backends.profile import LatencyModel, Profile
 from servegym.backends.profile_limits import check_noise
 
@@ -37,6 +38,9 @@ class CalibratedBackend:
         self.block_size = profile.block_size
         self.baseline_step_s: float | None = profile.latency.l_min_s * self.time_scale
         self.owns_cache = False  # time only: the engine may size the cache as it likes
+        self.kv_bytes_per_token: float | None = getattr(profile.latency, "kv_bytes_per_token", None)
+        """Per GPU, for the host tier's copy time (schema-1 profiles do not state it)."""
+        self.host_link_bytes_s = host_link_bytes_s(str(profile.provenance.get("hardware", "")))
         cv = self.model.noise_cv if noise_cv is None else noise_cv
         if not (math.isfinite(cv) and cv >= 0):
             raise ValueError(f"noise_cv must be a finite number >= 0, got {cv!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from servegym.validation import boolean, positive_int
+from servegym.validation import boolean, count, positive_int, positive_number
 
 
 class PreemptionRule(StrEnum):
@@ -96,6 +96,15 @@ class EngineConfig:
         metadata={"help": "clock advance of an iteration with nothing to run while requests wait "
                   "(None: the backend's baseline step latency)"},
     )
+    prefix_caching: bool = field(
+        default=False, metadata={"help": "reuse cached KV of shared prompt prefixes across requests (vLLM's automatic "
+                                 "prefix caching; docs/KV_REUSE.md)"})
+    host_kv_tokens: int = field(
+        default=0, metadata={"help": "KV tokens a host-memory tier keeps of prefixes evicted from GPU memory "
+                             "(0: none); a hit there is copied back over the host link"})
+    host_link_bytes_s: float | None = field(
+        default=None, metadata={"help": "host-to-GPU copy bandwidth (bytes/s) of host-tier hits (None: the "
+                                "backend's GPU's data-sheet figure, backends/host_link.py)"})
     check_invariants: bool = field(
         default=False, metadata={"help": "verify request conservation and KV accounting after every step (slow)"}
     )
@@ -126,3 +135,9 @@ class EngineConfig:
         if self.idle_tick_s is not None and not self.idle_tick_s > 0.0:
             raise ValueError(f"idle_tick_s must be > 0, got {self.idle_tick_s}")
         boolean("check_invariants", self.check_invariants)
+        boolean("prefix_caching", self.prefix_caching)
+        count("host_kv_tokens", self.host_kv_tokens, "tokens", low=0)
+        if self.host_kv_tokens and not self.prefix_caching:
+            raise ValueError("host_kv_tokens needs prefix_caching: the host tier keeps evicted prefix blocks")
+        if self.host_link_bytes_s is not None:
+            positive_number("host_link_bytes_s", self.host_link_bytes_s)

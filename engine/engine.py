@@ -25,6 +25,7 @@ from servegym.engine.config import EngineConfig, Recompute
 from servegym.engine.kv import num_blocks
 from servegym.engine.log import EpisodeLog, RejectReason, State
 from servegym.engine.preemption import pick_victims
+from servegym.engine.prefix_cache import PrefixCache
 from servegym.engine.table import ENGINE_FEATURES, IDLE, QUEUE_FEATURES, RUNNING_OBS_COLUMNS, Col, StepOutcome
 
 COMPILED: bool = cython.compiled
@@ -61,10 +62,26 @@ _STATE = (
     "num_kv_blocks", "block_size", "waiting_version", "num_running", "num_prefilling", "num_used_blocks",
     "token_load", "num_arrived", "num_finished", "num_rejected", "step_index", "_num_prefill_seqs",
     "_finish_countdown", "idle_tick_s", "clock", "ready_at", "idle_since", "itl_last", "itl_smoothed",
-    "kv_free_delta", "last_dt", "_kv_free_prev",
+    "kv_free_delta", "last_dt", "_kv_free_prev", "_cache", "host_load_s_per_token", "pending_load_s",
 )
 """What :meth:`Engine.__reduce__` saves: every field that lives between steps (the plan buffers are rebuilt by
 each step), set back through the setters that bind the typed buffers."""
+
+
+def _host_load_s_per_token(config: EngineConfig, backend: Backend) -> float:
+    """Seconds to copy one token's KV from host memory (0 without a host tier); an error where the backend states
+    neither its KV bytes per token nor, without ``host_link_bytes_s``, its host link."""
+    if config.prefix_caching and backend.owns_cache:
+        raise ValueError("prefix caching is modelled by the calibrated backend only: the real backend's KV cache "
+                         "holds each request's own tokens")
+    if not config.host_kv_tokens:
+        return 0.0
+    kv_bytes = getattr(backend, "kv_bytes_per_token", None)
+    link = config.host_link_bytes_s or getattr(backend, "host_link_bytes_s", None)
+    if not kv_bytes or not link:
+        raise ValueError("host_kv_tokens needs the backend's KV bytes per token and a host-link bandwidth (set "
+                         "host_link_bytes_s); this backend states " + ("neither" if not kv_bytes else "no link"))
+    return float(kv_bytes) / float(link)
 
 
 def _empty(cls: type) -> object:
@@ -79,6 +96,15 @@ def _mod(a: cython.longlong, b: cython.longlong) -> cython.longlong:
     """Python's ``a % b`` for ``b > 0``: never negative."""
     r: cython.longlong = a % b
     return r + b if r < 0 else r
+
+
+@cython.cfunc
+@cython.inline
+@cython.exceptval(check=False)
+def _cacheable_units(prompt: cython.longlong, target: cython.longlong, unit: cython.longlong) -> cython.longlong:
+    """Prefix units a request ingesting ``target`` tokens (its prompt first) may find cached: whole units of its
+    prompt only, and never the unit holding the last token to ingest, which is always computed (vLLM's rule)."""
+    return min(prompt // unit, (target - 1) // unit)
 
 
 @cython.cfunc
@@ -138,6 +164,13 @@ class Engine:
     _kv_free_prev = cython.declare(cython.double, visibility="public")
     last = cython.declare(object, visibility="public")
     """What the last iteration did (a :class:`~servegym.engine.table.StepOutcome`)."""
+    _cache = cython.declare(object, visibility="public")
+    """The prefix cache (:class:`~servegym.engine.prefix_cache.PrefixCache`), or None with prefix caching off or a
+    workload that shares no prefixes."""
+    host_load_s_per_token = cython.declare(cython.double, visibility="public")
+    """Seconds to copy one token's KV from the host tier to GPU memory."""
+    pending_load_s = cython.declare(cython.double, visibility="public")
+    """Host-tier copies of this iteration's admissions, charged to the iteration that runs next."""
     # Bound by the setters of config, backend, _run, _phases and log.
     _config: object
     _backend: object
@@ -189,6 +222,7 @@ class Engine:
             raise ValueError(f"the backend's KV cache has {backend.num_kv_blocks} blocks of {backend.block_size} "
                              f"tokens; the engine config asks for {self.num_kv_blocks} of {self.block_size}")
         self.idle_tick_s = float(config.idle_tick_s or backend.baseline_step_s or 0.05)
+        self.host_load_s_per_token = _host_load_s_per_token(config, backend)
         self._run = np.zeros((config.max_num_seqs, len(Col)), dtype=np.int64)
         self._phases_arr = None
         self.log = None
@@ -212,6 +246,9 @@ class Engine:
         self.log = log
         self.backend.reset(rng)
         self._start(clock, ready_at)
+        if self._config.prefix_caching and log.prefix is not None:
+            self._cache = PrefixCache(log.prefix, self.block_size,
+                                      self._config.host_kv_tokens // log.prefix.block_tokens)
 
     def _start(self, clock: float, ready_at: float) -> None:
         self.clock = clock
@@ -231,6 +268,8 @@ class Engine:
         self._num_prefill_seqs = 0
         self._finish_countdown = 0
         self._phases = None
+        self._cache = None
+        self.pending_load_s = 0.0
 
     # ------------------------------------------------------------------ bindings
     @property
@@ -463,6 +502,8 @@ class Engine:
         generated: cython.longlong
         r: cython.longlong
         run: cython.longlong[:, ::1] = self.run
+        cache = self._cache
+        hit: cython.longlong = 0
         for k in range(count):
             pos = positions[k]
             if not 0 <= pos < waiting.shape[0]:  # bounds are not checked below
@@ -470,9 +511,13 @@ class Engine:
             rid = waiting[pos]
             generated = self.generated_at_preemption[rid]
             target = self.prompt[rid] + generated
-            # The first iteration holds the first chunk, plus the sampled token when that chunk is the whole prefill.
-            first = min(self.chunk_limit, target)
-            blocks = _blocks(first + (1 if first == target else 0), self.block_size)
+            if cache is not None:
+                hit, blocks = self._match(rid, target)
+            else:
+                # The first iteration holds the first chunk, plus the sampled token when that chunk is the whole
+                # prefill.
+                first = min(self.chunk_limit, target)
+                blocks = _blocks(first + (1 if first == target else 0), self.block_size)
             if self.num_running >= self.max_num_seqs or blocks > free:
                 break
             free -= blocks
@@ -485,6 +530,8 @@ class Engine:
             run[r, LO] = self.lo[rid]
             run[r, HI] = self.hi[rid]
             run[r, PREFILL_LEFT] = target
+            if cache is not None:
+                self._acquire(rid, r, hit)
             run[r, REQ] = rid
             run[r, OUT] = self.output[rid]
             run[r, SEG] = -1
@@ -603,6 +650,9 @@ class Engine:
         if not (latency > 0 and math.isfinite(latency)):
             raise RuntimeError(f"backend returned an invalid step latency {latency!r}")
         dt: cython.double = float(latency)  # a numpy float32 must not turn the clock into float32
+        if self.pending_load_s:
+            dt += self.pending_load_s
+            self.pending_load_s = 0.0
         self.clock += dt
         self.last_dt = dt
         decode_tokens: cython.longlong = decodes
@@ -610,6 +660,8 @@ class Engine:
             self.itl_last = dt
             self.itl_smoothed += self.smoothing * (dt - self.itl_smoothed)
         self.num_used_blocks += need
+        if self._cache is not None:
+            self._reclaim()
         for i in range(n):
             if run[i, PREFILL_LEFT] == 0:
                 run[i, KV] += 1
@@ -622,6 +674,8 @@ class Engine:
             kv = run[row, KV] + self.chunk[i] + self.done[i]
             run[row, KV] = kv
             run[row, PREFILL_LEFT] -= self.chunk[i]
+            if self._cache is not None:
+                self._cache.register(run[row, REQ], min(kv, run[row, PROMPT]))
             if not self.done[i]:
                 continue
             run[row, GEN] += 1
@@ -690,6 +744,63 @@ class Engine:
         self._remove_gone(count)
         self._backend.release(ids)
 
+    # ------------------------------------------------------------------ prefix caching
+    def _match(self, rid: cython.longlong, target: cython.longlong) -> tuple:
+        """``(cached units, new blocks)`` of admitting ``rid`` now: the longest cached run of its chain (whole
+        units only, never the last token to ingest), and the blocks its admission takes: free cached units it
+        revives, units copied in from the host tier, and its first chunk's own blocks."""
+        cache = self._cache
+        unit: cython.longlong = cache.unit_tokens
+        gpu, host = cache.lookup(rid, _cacheable_units(self.prompt[rid], target, unit))
+        hit: cython.longlong = gpu + host
+        cached: cython.longlong = hit * unit
+        first: cython.longlong = min(self.chunk_limit, target - cached)
+        own: cython.longlong = _blocks(cached + first + (1 if cached + first == target else 0),
+                                       self.block_size) - hit * cache.unit_blocks
+        revive: cython.longlong = 0
+        if gpu:
+            for key in cache.chain(rid)[:gpu]:
+                if cache.refs[key] == 0:
+                    revive += 1
+        return hit, own + (revive + host) * cache.unit_blocks
+
+    def _acquire(self, rid: cython.longlong, row: cython.Py_ssize_t, hit: cython.longlong) -> None:
+        """Start the admitted row ``row`` after its ``hit`` cached units: reference them, count the blocks they
+        take back into use, and charge host-tier copies to the next iteration."""
+        cache = self._cache
+        cached: cython.longlong = hit * cache.unit_tokens
+        revived, loaded = cache.acquire(rid, hit)
+        self.num_used_blocks += (revived + loaded) * cache.unit_blocks
+        if loaded:
+            self.pending_load_s += loaded * cache.unit_tokens * self.host_load_s_per_token
+            self._reclaim()
+        self.run[row, KV] = cached
+        self.run[row, PREFILL_LEFT] -= cached
+        if self.admit_s[rid] != self.admit_s[rid]:  # NaN: its first admission is the one the hit ratio counts
+            self._log.cached_gpu_tokens[rid] = (hit - loaded) * cache.unit_tokens
+            self._log.cached_host_tokens[rid] = loaded * cache.unit_tokens
+
+    def _reclaim(self) -> None:
+        """Evict free cached units (least recently used first) until blocks in use plus cached fit the cache."""
+        cache = self._cache
+        excess: cython.longlong = self.num_used_blocks + len(cache.free) * cache.unit_blocks - self.num_kv_blocks
+        if excess > 0:
+            cache.evict(_blocks(excess, cache.unit_blocks))
+
+    @property
+    def cached_free_blocks(self) -> int:
+        """Blocks that hold cached prefixes no running request references (reusable, and evictable on demand)."""
+        return 0 if self._cache is None else len(self._cache.free) * self._cache.unit_blocks
+
+    def cached_prompt_tokens(self, rid: int) -> tuple[int, int]:
+        """``(GPU, host)`` prompt tokens of queued request ``rid`` that admitting it now would find cached."""
+        cache = self._cache
+        if cache is None:
+            return 0, 0
+        target = self.prompt[rid] + self.generated_at_preemption[rid]
+        gpu, host = cache.lookup(rid, _cacheable_units(self.prompt[rid], target, cache.unit_tokens))
+        return gpu * cache.unit_tokens, host * cache.unit_tokens
+
     # ------------------------------------------------------------------ preemption
     def _evict(self, rows: np.ndarray) -> int:
         """Preempt ``rows`` (distinct running rows, in the order given) by recompute: free their blocks and put them
@@ -741,9 +852,13 @@ class Engine:
         i: cython.Py_ssize_t
         j: cython.Py_ssize_t
         kept: cython.Py_ssize_t = 0
+        cache = self._cache
         for i in range(n):
             if k < count and self.gone[k] == i:
                 self.num_used_blocks -= _blocks(run[i, KV], self.block_size)
+                if cache is not None:  # its shared units were counted once, as held units; now some may be free
+                    self.num_used_blocks += cache.held_units(run[i, REQ]) * cache.unit_blocks
+                    self.num_used_blocks -= cache.release(run[i, REQ]) * cache.unit_blocks
                 self.token_load -= run[i, HI] - run[i, GEN]
                 k += 1
                 continue
@@ -814,6 +929,16 @@ class Engine:
         log, n, bs = self._log, self.num_running, self.block_size
         rows = self._run_arr[:n]
         held = int(num_blocks(rows[:, KV], bs).sum())
+        if self._cache is not None:
+            cache = self._cache
+            cache.check(rows[:, REQ].tolist())
+            shared = sum(cache.held_units(rid) for rid in rows[:, REQ].tolist())
+            held += (sum(1 for c in cache.refs.values() if c) - shared) * cache.unit_blocks
+            if self.num_used_blocks + self.cached_free_blocks > self.num_kv_blocks:
+                raise AssertionError("blocks in use plus free cached blocks exceed the KV cache")
+            cached = log.cached_gpu_tokens + log.cached_host_tokens
+            if np.any(cached >= np.maximum(log.num_prompt_tokens, 1)):
+                raise AssertionError("a prefix hit covers a whole prompt")
         if held != self.num_used_blocks or not 0 <= self.num_used_blocks <= self.num_kv_blocks:
             raise AssertionError(f"KV accounting broken: rows hold {held}, used={self.num_used_blocks}")
         if np.unique(self.waiting).size != len(self.waiting):

@@ -8,6 +8,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from servegym.workloads.base import PrefixChains
+
 
 class State(IntEnum):
     """Request lifecycle. PREEMPTED requests wait in the queue to recompute."""
@@ -75,6 +77,8 @@ class EpisodeLog:
     num_kv_blocks: int
     block_size: int
     num_containers: int = 1
+    prefix: PrefixChains | None = None
+    """Each request's prefix-block ids (None: the workload gave none; nothing is shared)."""
     state: np.ndarray = field(init=False)
     admit_s: np.ndarray = field(init=False)
     first_token_s: np.ndarray = field(init=False)
@@ -87,6 +91,10 @@ class EpisodeLog:
     container: np.ndarray = field(init=False)
     cold_start: np.ndarray = field(init=False)
     load_wait_s: np.ndarray = field(init=False)
+    cached_gpu_tokens: np.ndarray = field(init=False)
+    """Prompt tokens a request found cached in GPU memory at its first admission (prefix caching)."""
+    cached_host_tokens: np.ndarray = field(init=False)
+    """Prompt tokens it found in the host tier at its first admission, copied back instead of recomputed."""
     seg_req: list[int] = field(default_factory=list)
     seg_first: list[int] = field(default_factory=list)
     seg_last: list[int] = field(default_factory=list)
@@ -105,6 +113,8 @@ class EpisodeLog:
         self.container = np.full(n, -1, dtype=np.int16)
         self.cold_start = np.zeros(n, dtype=bool)
         self.load_wait_s = np.zeros(n)
+        self.cached_gpu_tokens = np.zeros(n, dtype=np.int64)
+        self.cached_host_tokens = np.zeros(n, dtype=np.int64)
         self.step_rows = [[] for _ in range(self.num_containers)]
 
     @property

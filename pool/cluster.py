@@ -136,7 +136,7 @@ class Cluster:
         first = self.engines[0]
         self.log = EpisodeLog(spec.arrival_s, spec.num_prompt_tokens, output, lo, hi,
                               spec.num_output_tokens > cfg.max_tokens, first.num_kv_blocks, first.block_size,
-                              len(self.engines))
+                              len(self.engines), spec.prefix)
         self.time = float(spec.arrival_s[0]) if len(spec) else 0.0
         ready = math.inf if self.pool.start_cold else -math.inf
         for engine in self.engines:
