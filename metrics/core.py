@@ -126,6 +126,18 @@ def queue_growth_slope(log: EpisodeLog) -> float:
     return total
 
 
+def prefix_hit_ratios(log: EpisodeLog) -> dict[str, float]:
+    """Prompt tokens found cached at first admission over prompt tokens of the admitted requests: in all, and the
+    host tier's part (NaN before any admission)."""
+    admitted = ~np.isnan(log.admit_s)
+    prompt = float(log.num_prompt_tokens[admitted].sum())
+    if not prompt:
+        return {"prefix_hit_ratio": float("nan"), "prefix_host_hit_ratio": float("nan")}
+    host = float(log.cached_host_tokens[admitted].sum())
+    return {"prefix_hit_ratio": (float(log.cached_gpu_tokens[admitted].sum()) + host) / prompt,
+            "prefix_host_hit_ratio": host / prompt}
+
+
 def summarize(log: EpisodeLog, ttft_slo_s: float = 2.0, itl_slo_s: float = 0.2) -> dict[str, float]:
     """The standard metric set of one episode."""
     gaps_per_request = inter_token_latencies(log)
@@ -158,6 +170,7 @@ def summarize(log: EpisodeLog, ttft_slo_s: float = 2.0, itl_slo_s: float = 0.2) 
         "kv_util_max": kv_max,
         "kv_util_std": kv_std,
         "num_preemptions": float(log.num_preemptions.sum()),
+        **prefix_hit_ratios(log),
         "num_cold_starts": float(np.count_nonzero(log.cold_start)),
         "queue_slope_rps": queue_growth_slope(log),
     }

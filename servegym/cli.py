@@ -14,6 +14,7 @@ from servegym.backends import load_profile, shipped_profiles
 from servegym.cli_args import (
     add_executor_args,
     executor_from_args,
+    json_object,
     non_negative_int,
     positive_int,
     writable_dir,
@@ -40,7 +41,7 @@ from servegym.experiments import FOLDER as SHIPPED_EXPERIMENTS
 from servegym.experiments import find_experiment, shipped_experiments
 from servegym.metrics import metric
 from servegym.policies import POLICIES, make_policy, policies_table
-from servegym.runner import make_env, run_episode, write_csvs
+from servegym.runner import make_env, run_episode, write_csvs, write_summary
 from servegym.stability import workload_stability
 from servegym.validation import count_arg
 from servegym.workloads import WORKLOADS, make_workload
@@ -70,10 +71,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     policy = make_policy(args.policy, **params)
     mode = args.length_mode or ("predicted" if policy.uses_output_lengths else EngineConfig().length_mode.value)
     mode = policy.engine_overrides().get("length_mode", mode)  # a policy's own setting wins (an rl: agent's)
-    engine = {"length_mode": mode}
+    given = json_object("--engine", args.engine)
+    if args.length_mode and given.get("length_mode", args.length_mode) != args.length_mode:
+        raise ValueError(f"--length-mode {args.length_mode} and --engine's length_mode "
+                         f"{given['length_mode']!r} disagree")
+    engine = {"length_mode": mode, **given}
+    pool = json_object("--pool", args.pool)
     args.profile = args.profile or profile_for(args.workload)
     env = make_env(policy, max_episode_steps=args.max_steps, workload=args.workload, profile=args.profile,
-                   engine=engine)
+                   engine=engine, pool=pool)
     mode_note = "" if args.length_mode else " (the policy reads output lengths)" if policy.uses_output_lengths else ""
     print(f"servegym run: policy={args.policy} workload={args.workload} profile={args.profile} seed={args.seed} "
           f"length mode={engine['length_mode']}{mode_note}")
@@ -87,13 +93,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         from servegym.evaluation.timeline import plot_timeline
 
         req, steps = write_csvs(result.log, args.out)
+        write_summary(result, args.out, {
+            "policy": args.policy, "params": params, "workload": args.workload, "profile": args.profile,
+            "seed": args.seed, "max_steps": args.max_steps, "engine": engine, "pool": pool,
+            "engine_overrides": policy.engine_overrides(), "pool_overrides": policy.pool_overrides()})
         try:
             timeline = plot_timeline({f"{args.policy} on {args.workload}, seed {args.seed}": result.log},
                                      Path(args.out) / "timeline.png")
         except ImportError:  # matplotlib comes with the eval extra
-            print(f"wrote {req} and {steps} (no timeline.png: matplotlib is missing; pip install 'servegym[eval]')")
+            print(f"wrote {req}, {steps}, summary.json, run.json (no timeline.png: matplotlib is missing; "
+                  "pip install 'servegym[eval]')")
         else:
-            print(f"wrote {req}, {steps} and {timeline}")
+            print(f"wrote {req}, {steps}, summary.json, run.json and {timeline}")
     if args.trace:
         from servegym.evaluation.trace import write_trace
 
@@ -302,7 +313,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--length-mode", choices=LENGTH_MODES, default=None)
     run.add_argument("--max-steps", type=positive_int, default=200_000,
                      help="truncate the episode after this many steps")
-    run.add_argument("--out", default=None, help="folder for requests.csv, steps.csv and timeline.png")
+    run.add_argument("--engine", default=None,
+                     help='engine settings as JSON, e.g. \'{"prefix_caching": true}\' (the policy\'s own win)')
+    run.add_argument("--pool", default=None, help='pool settings as JSON, e.g. \'{"num_containers": 4}\'')
+    run.add_argument("--out", default=None,
+                     help="folder for requests.csv, steps.csv, summary.json, run.json and timeline.png")
     run.add_argument("--trace", default=None, help="write the episode as Trace Event Format JSON (Perfetto)")
     run.add_argument("--params", default=None, help="policy parameters file (servegym tune's best_params.json)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +153,22 @@ def _progress_bar(env: gym.Env):
                 disable=None)
 
 
+def write_summary(result: EpisodeResult, out_dir: str | Path, run: dict[str, Any]) -> Path:
+    """Write ``summary.json`` (the episode's summary row: every metric of the registry by its name, NaN as null,
+    ``episode_return`` the rewards' sum) and ``run.json`` (``run``: what produced it, with the package version)."""
+    import json
+
+    from servegym import __version__
+    from servegym.metrics import METRICS
+
+    out = Path(out_dir)
+    values = {**result.summary, "episode_return": result.total_reward}
+    row = {name: (None if math.isnan(float(values[name])) else float(values[name])) for name in METRICS}
+    (out / "summary.json").write_text(json.dumps(row, indent=1) + "\n")
+    (out / "run.json").write_text(json.dumps({**run, "servegym": __version__}, indent=1, default=str) + "\n")
+    return out / "summary.json"
+
+
 def write_csvs(log: EpisodeLog, out_dir: str | Path) -> tuple[Path, Path]:
     """Write ``requests.csv`` (one row per request) and ``steps.csv`` (one row per iteration)."""
     out = Path(out_dir)
@@ -165,6 +182,8 @@ def write_csvs(log: EpisodeLog, out_dir: str | Path) -> tuple[Path, Path]:
         "num_preemptions": log.num_preemptions, "reject_reason": log.reject_reason, "truncated": log.truncated,
         "container": log.container, "cold_start": log.cold_start, "load_wait_s": log.load_wait_s,
     }
+    if log.prefix is not None:  # a workload with prefix chains: what each request found cached
+        columns.update(cached_gpu_tokens=log.cached_gpu_tokens, cached_host_tokens=log.cached_host_tokens)
     with req_path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(columns)
