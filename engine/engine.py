@@ -62,7 +62,7 @@ _STATE = (
     "num_kv_blocks", "block_size", "waiting_version", "num_running", "num_prefilling", "num_used_blocks",
     "token_load", "num_arrived", "num_finished", "num_rejected", "step_index", "_num_prefill_seqs",
     "_finish_countdown", "idle_tick_s", "clock", "ready_at", "idle_since", "itl_last", "itl_smoothed",
-    "kv_free_delta", "last_dt", "_kv_free_prev", "_cache", "host_load_s_per_token", "pending_load_s",
+    "kv_free_delta", "last_dt", "_kv_free_prev", "prefix_cache", "host_load_s_per_token", "pending_load_s",
 )
 """What :meth:`Engine.__reduce__` saves: every field that lives between steps (the plan buffers are rebuilt by
 each step), set back through the setters that bind the typed buffers."""
@@ -164,7 +164,7 @@ class Engine:
     _kv_free_prev = cython.declare(cython.double, visibility="public")
     last = cython.declare(object, visibility="public")
     """What the last iteration did (a :class:`~servegym.engine.table.StepOutcome`)."""
-    _cache = cython.declare(object, visibility="public")
+    prefix_cache = cython.declare(object, visibility="public")
     """The prefix cache (:class:`~servegym.engine.prefix_cache.PrefixCache`), or None with prefix caching off or a
     workload that shares no prefixes."""
     host_load_s_per_token = cython.declare(cython.double, visibility="public")
@@ -247,7 +247,7 @@ class Engine:
         self.backend.reset(rng)
         self._start(clock, ready_at)
         if self._config.prefix_caching and log.prefix is not None:
-            self._cache = PrefixCache(log.prefix, self.block_size,
+            self.prefix_cache = PrefixCache(log.prefix, self.block_size,
                                       self._config.host_kv_tokens // log.prefix.block_tokens)
 
     def _start(self, clock: float, ready_at: float) -> None:
@@ -268,7 +268,7 @@ class Engine:
         self._num_prefill_seqs = 0
         self._finish_countdown = 0
         self._phases = None
-        self._cache = None
+        self.prefix_cache = None
         self.pending_load_s = 0.0
 
     # ------------------------------------------------------------------ bindings
@@ -502,7 +502,7 @@ class Engine:
         generated: cython.longlong
         r: cython.longlong
         run: cython.longlong[:, ::1] = self.run
-        cache = self._cache
+        cache = self.prefix_cache
         hit: cython.longlong = 0
         for k in range(count):
             pos = positions[k]
@@ -660,7 +660,7 @@ class Engine:
             self.itl_last = dt
             self.itl_smoothed += self.smoothing * (dt - self.itl_smoothed)
         self.num_used_blocks += need
-        if self._cache is not None:
+        if self.prefix_cache is not None:
             self._reclaim()
         for i in range(n):
             if run[i, PREFILL_LEFT] == 0:
@@ -674,8 +674,8 @@ class Engine:
             kv = run[row, KV] + self.chunk[i] + self.done[i]
             run[row, KV] = kv
             run[row, PREFILL_LEFT] -= self.chunk[i]
-            if self._cache is not None:
-                self._cache.register(run[row, REQ], min(kv, run[row, PROMPT]))
+            if self.prefix_cache is not None:
+                self.prefix_cache.register(run[row, REQ], min(kv, run[row, PROMPT]))
             if not self.done[i]:
                 continue
             run[row, GEN] += 1
@@ -749,7 +749,7 @@ class Engine:
         """``(cached units, new blocks)`` of admitting ``rid`` now: the longest cached run of its chain (whole
         units only, never the last token to ingest), and the blocks its admission takes: free cached units it
         revives, units copied in from the host tier, and its first chunk's own blocks."""
-        cache = self._cache
+        cache = self.prefix_cache
         unit: cython.longlong = cache.unit_tokens
         gpu, host = cache.lookup(rid, _cacheable_units(self.prompt[rid], target, unit))
         hit: cython.longlong = gpu + host
@@ -767,7 +767,7 @@ class Engine:
     def _acquire(self, rid: cython.longlong, row: cython.Py_ssize_t, hit: cython.longlong) -> None:
         """Start the admitted row ``row`` after its ``hit`` cached units: reference them, count the blocks they
         take back into use, and charge host-tier copies to the next iteration."""
-        cache = self._cache
+        cache = self.prefix_cache
         cached: cython.longlong = hit * cache.unit_tokens
         revived, loaded = cache.acquire(rid, hit)
         self.num_used_blocks += (revived + loaded) * cache.unit_blocks
@@ -782,7 +782,7 @@ class Engine:
 
     def _reclaim(self) -> None:
         """Evict free cached units (least recently used first) until blocks in use plus cached fit the cache."""
-        cache = self._cache
+        cache = self.prefix_cache
         excess: cython.longlong = self.num_used_blocks + len(cache.free) * cache.unit_blocks - self.num_kv_blocks
         if excess > 0:
             cache.evict(_blocks(excess, cache.unit_blocks))
@@ -790,11 +790,11 @@ class Engine:
     @property
     def cached_free_blocks(self) -> int:
         """Blocks that hold cached prefixes no running request references (reusable, and evictable on demand)."""
-        return 0 if self._cache is None else len(self._cache.free) * self._cache.unit_blocks
+        return 0 if self.prefix_cache is None else len(self.prefix_cache.free) * self.prefix_cache.unit_blocks
 
     def cached_prompt_tokens(self, rid: int) -> tuple[int, int]:
         """``(GPU, host)`` prompt tokens of queued request ``rid`` that admitting it now would find cached."""
-        cache = self._cache
+        cache = self.prefix_cache
         if cache is None:
             return 0, 0
         target = self.prompt[rid] + self.generated_at_preemption[rid]
@@ -852,7 +852,7 @@ class Engine:
         i: cython.Py_ssize_t
         j: cython.Py_ssize_t
         kept: cython.Py_ssize_t = 0
-        cache = self._cache
+        cache = self.prefix_cache
         for i in range(n):
             if k < count and self.gone[k] == i:
                 self.num_used_blocks -= _blocks(run[i, KV], self.block_size)
@@ -929,8 +929,8 @@ class Engine:
         log, n, bs = self._log, self.num_running, self.block_size
         rows = self._run_arr[:n]
         held = int(num_blocks(rows[:, KV], bs).sum())
-        if self._cache is not None:
-            cache = self._cache
+        if self.prefix_cache is not None:
+            cache = self.prefix_cache
             cache.check(rows[:, REQ].tolist())
             shared = sum(cache.held_units(rid) for rid in rows[:, REQ].tolist())
             held += (sum(1 for c in cache.refs.values() if c) - shared) * cache.unit_blocks

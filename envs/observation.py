@@ -88,6 +88,23 @@ PROGRESS_SCHEMA = (
 (a time-limit feature). It tells the episode's length (its last arrival, its request count), which the env
 fixes at reset; every policy sees it, and the hand-coded ones do not read it."""
 
+PREFIX_SCHEMA = (
+    Feature("cached_free_blocks", "KV blocks holding cached prefixes no running request uses: reusable, and "
+            "evicted least recently used first when blocks run short"),
+    Feature("host_cached_tokens", "KV tokens of prefixes kept in the host-memory tier"),
+)
+"""``obs["prefix"]`` (with prefix caching only): the deciding container's prefix cache."""
+
+QUEUE_PREFIX_SCHEMA = (
+    Feature("cached_gpu_tokens", "prompt tokens admitting it now would find cached in GPU memory (not prefilled)"),
+    Feature("cached_host_tokens", "prompt tokens after those it would find in the host tier (copied back, not "
+            "prefilled)"),
+)
+"""``obs["queue_prefix"]`` (with prefix caching only): one row per visible waiting request, as ``obs["queue"]``."""
+
+PREFIX_KEYS = {"prefix": PREFIX_SCHEMA, "queue_prefix": QUEUE_PREFIX_SCHEMA}
+"""The keys an env with ``prefix_caching`` adds (the others' layouts are unchanged)."""
+
 SCHEMA = {"engine": ENGINE_SCHEMA, "queue": QUEUE_SCHEMA, "running": RUNNING_SCHEMA, "pool": POOL_SCHEMA,
           "progress": PROGRESS_SCHEMA}
 """Every observation key and its features: the spaces, the encoder, the accessors and the env docstring's
@@ -101,6 +118,7 @@ PROGRESS_FEATURES = tuple(f.name for f in PROGRESS_SCHEMA)
 ENGINE_INDEX = {name: i for i, name in enumerate(ENGINE_FEATURES)}
 POOL_INDEX = {name: i for i, name in enumerate(POOL_FEATURES)}
 QUEUE_INDEX = {name: i for i, name in enumerate(QUEUE_FEATURES)}
+QUEUE_PREFIX_FEATURES = tuple(f.name for f in QUEUE_PREFIX_SCHEMA)
 RUNNING_INDEX = {name: i for i, name in enumerate(RUNNING_FEATURES)}
 if (RUNNING_FEATURES, ENGINE_FEATURES, QUEUE_FEATURES) != (table.RUNNING_OBS_COLUMNS, table.ENGINE_FEATURES,
                                                             table.QUEUE_FEATURES):
@@ -125,14 +143,19 @@ def _box(schema: tuple[Feature, ...], rows: int) -> spaces.Box:
     return spaces.Box(low, high, dtype=np.float32)
 
 
-def observation_space(queue_window: int, running_slots: int, num_containers: int) -> spaces.Dict:
-    return spaces.Dict({
+def observation_space(queue_window: int, running_slots: int, num_containers: int,
+                      prefix: bool = False) -> spaces.Dict:
+    """The Dict space; ``prefix`` adds :data:`PREFIX_KEYS` (an env with prefix caching)."""
+    boxes = {
         "engine": _box(ENGINE_SCHEMA, 1),
         "queue": _box(QUEUE_SCHEMA, queue_window),
         "running": _box(RUNNING_SCHEMA, running_slots),
         "pool": _box(POOL_SCHEMA, num_containers),
         "progress": _box(PROGRESS_SCHEMA, 1),
-    })
+    }
+    if prefix:
+        boxes.update(prefix=_box(PREFIX_SCHEMA, 1), queue_prefix=_box(QUEUE_PREFIX_SCHEMA, queue_window))
+    return spaces.Dict(boxes)
 
 
 SCALED_BOUND = float(np.log1p(BIG))
@@ -158,10 +181,11 @@ def scale_observation(obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def schema_table() -> str:
     """The observation schema as a Markdown table (key, feature, bounds, meaning), for docs."""
     lines = ["| key | feature | bounds | meaning |", "|-----|---------|--------|---------|"]
-    for key, schema in SCHEMA.items():
+    for key, schema in {**SCHEMA, **PREFIX_KEYS}.items():
+        only = " (prefix caching only)" if key in PREFIX_KEYS else ""
         for f in schema:
             bounds = f"[{f.low:g}, {f.high:g}]".replace("1e+09", "BIG")
-            lines.append(f"| `{key}` | `{f.name}` | {bounds} | {f.meaning} |")
+            lines.append(f"| `{key}` | `{f.name}` | {bounds} | {f.meaning}{only} |")
     return "\n".join(lines)
 
 
@@ -171,6 +195,16 @@ def queue_matrix(obs: dict[str, np.ndarray]) -> np.ndarray:
     if q.ndim == 1:
         return q.reshape(-1, len(QUEUE_FEATURES))
     return q.reshape(*q.shape[:-1], -1, len(QUEUE_FEATURES))
+
+
+def queue_prefix_matrix(obs: dict[str, np.ndarray]) -> np.ndarray:
+    """``obs["queue_prefix"]`` as a ``(W, len(QUEUE_PREFIX_FEATURES))`` view; zeros of that shape for an
+    observation without prefix caching (nothing is cached)."""
+    q = obs.get("queue_prefix")
+    if q is None:
+        width = obs["queue"].shape[-1] // len(QUEUE_FEATURES)
+        return np.zeros((*obs["queue"].shape[:-1], width, len(QUEUE_PREFIX_FEATURES)), dtype=np.float32)
+    return q.reshape(*q.shape[:-1], -1, len(QUEUE_PREFIX_FEATURES))
 
 
 def running_matrix(obs: dict[str, np.ndarray]) -> np.ndarray:
@@ -185,21 +219,27 @@ class ObservationEncoder:
     """Builds observations from a pool's deciding engine.
 
     Every observation is one fresh float32 buffer in ``gymnasium.spaces.flatten``'s layout of the Dict space
-    (keys in sorted order: engine, pool, progress, queue, running): ``flat=True`` returns the buffer itself, otherwise a
-    dict of views into it. One allocation per step either way, and a flat observation costs nothing extra.
-    The engine writes its part itself (:meth:`~servegym.engine.Engine.observe`), queue window included.
+    (keys in sorted order: engine, pool, [prefix,] progress, queue, [queue_prefix,] running): ``flat=True`` returns
+    the buffer itself, otherwise a dict of views into it. One allocation per step either way, and a flat observation
+    costs nothing extra. The engine writes its part itself (:meth:`~servegym.engine.Engine.observe`), queue window
+    included.
     """
 
-    def __init__(self, queue_window: int, running_slots: int, num_containers: int = 1, flat: bool = False) -> None:
+    def __init__(self, queue_window: int, running_slots: int, num_containers: int = 1, flat: bool = False,
+                 prefix: bool = False) -> None:
         self.queue_window = queue_window
         self.running_slots = running_slots
         self.flat = flat
+        self.prefix = prefix
+        width = len(QUEUE_PREFIX_FEATURES) if prefix else 0
         sizes = {"engine": len(ENGINE_FEATURES), "pool": num_containers * len(POOL_FEATURES),
-                 "progress": len(PROGRESS_FEATURES), "queue": queue_window * len(QUEUE_FEATURES),
+                 "prefix": len(PREFIX_SCHEMA) if prefix else 0, "progress": len(PROGRESS_FEATURES),
+                 "queue": queue_window * len(QUEUE_FEATURES), "queue_prefix": queue_window * width,
                  "running": running_slots * len(RUNNING_FEATURES)}
-        bounds = np.cumsum([0, *sizes.values()]).tolist()
-        self._engine_end, self._pool_end, self._queue_start, self._queue_end = bounds[1:5]
-        self.size = bounds[-1]
+        bounds = dict(zip(sizes, np.cumsum(list(sizes.values())).tolist(), strict=True))
+        self._ends = bounds
+        """Each key's end offset in the flat buffer (keys in sorted order; a key's start is the previous end)."""
+        self.size = bounds["running"]
 
     def reset(self, engine: Engine) -> None:
         """Start an episode: read the per-episode constants."""
@@ -212,18 +252,32 @@ class ObservationEncoder:
         self._arrival_span = float(log.arrival_s[-1]) - self._first_arrival if log.num_requests else 0.0
 
     def encode(self, cluster: Cluster) -> dict[str, np.ndarray] | np.ndarray:
-        engine = cluster.engine
-        engine_end, pool_end, queue_start, queue_end = self._engine_end, self._pool_end, self._queue_start, \
-            self._queue_end
+        engine, ends = cluster.engine, self._ends
         buf = np.zeros(self.size, dtype=np.float32)
-        engine.observe(buf, queue_start, queue_end, self.queue_window, self._baseline, self._capacity,
-                       self._length_mode)
-        buf[engine_end:pool_end] = self._pool(cluster)
-        buf[pool_end:queue_start] = self._progress(cluster)
+        engine.observe(buf, ends["progress"], ends["queue_prefix"], self.queue_window, self._baseline,
+                       self._capacity, self._length_mode)
+        buf[ends["engine"] : ends["pool"]] = self._pool(cluster)
+        buf[ends["prefix"] : ends["progress"]] = self._progress(cluster)
+        if self.prefix:
+            self._prefix(engine, buf[ends["pool"] : ends["prefix"]], buf[ends["queue"] : ends["queue_prefix"]])
         if self.flat:
             return buf
-        return {"engine": buf[:engine_end], "pool": buf[engine_end:pool_end], "progress": buf[pool_end:queue_start],
-                "queue": buf[queue_start:queue_end], "running": buf[queue_end:]}
+        start, views = 0, {}
+        for key, end in ends.items():
+            if end > start or key not in PREFIX_KEYS:
+                views[key] = buf[start:end]
+            start = end
+        return views
+
+    def _prefix(self, engine: Engine, cache: np.ndarray, queue: np.ndarray) -> None:
+        """``obs["prefix"]`` and ``obs["queue_prefix"]``: the prefix cache and each visible request's hits."""
+        state = engine.prefix_cache
+        if state is None:
+            return
+        cache[0] = len(state.free) * state.unit_blocks
+        cache[1] = len(state.host) * state.unit_tokens
+        for i, rid in enumerate(engine.waiting[: self.queue_window].tolist()):
+            queue[2 * i], queue[2 * i + 1] = engine.cached_prompt_tokens(rid)
 
     @staticmethod
     def _pool(cluster: Cluster) -> list[float]:

@@ -69,7 +69,9 @@ class ServingEnv(gym.Env):
     A `Dict` of flat float32 boxes (SB3 `MultiInputPolicy`); `queue_matrix(obs)` and `running_matrix(obs)`
     give row views. Rows beyond the live count are zero. With `flat_obs=True`, one float32 `Box` instead:
     `gymnasium.spaces.flatten` of the Dict (keys in sorted order: engine, pool, progress, queue, running), built
-    in place at no extra cost, for `MlpPolicy` and cheap stacking in vector envs.
+    in place at no extra cost, for `MlpPolicy` and cheap stacking in vector envs. With
+    `engine={"prefix_caching": True}` two keys join (`prefix`, between pool and progress; `queue_prefix`, one row
+    per visible request, between queue and running; docs/KV_REUSE.md); the others keep their layout.
 
     Shapes: `engine` `({engine},)`, `queue` `(W * {queue},)`, `running` `(max_num_seqs * {running},)`, `pool`
     `(num_containers * {pool},)`, `progress` `({progress},)` (the episode's time and requests so far: an agent's
@@ -192,12 +194,13 @@ class ServingEnv(gym.Env):
         ``servegym.runner.IterationLimit``, a ``TimeLimit`` that counts iterations rather than steps)."""
         slots = self.engine_config.max_num_seqs
         self.action_space = spaces.MultiDiscrete(np.full(queue_window, queue_window + 1, dtype=np.int64))
-        self.dict_observation_space = observation_space(queue_window, slots, n)
+        prefix = self.engine_config.prefix_caching
+        self.dict_observation_space = observation_space(queue_window, slots, n, prefix)
         """The Dict space; with ``flat_obs`` the observation is ``spaces.flatten`` of it (hand-coded policies
         read ``spaces.unflatten(env.unwrapped.dict_observation_space, obs)``)."""
         self.observation_space = spaces.flatten_space(self.dict_observation_space) if flat_obs \
             else self.dict_observation_space
-        self._encoder = ObservationEncoder(queue_window, slots, n, flat=flat_obs)
+        self._encoder = ObservationEncoder(queue_window, slots, n, flat=flat_obs, prefix=prefix)
         self._warned_stall = self._warned_thrash = False
         self._clear_episode(0)
 

@@ -7,6 +7,7 @@ from servegym.policies import (  # noqa: F401  (each module registers its policy
     dynamic_batch,
     fcfs,
     flow_control,
+    lpm,
     mc,
     mc_sf,
     priority,

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from servegym.engine.kv import num_blocks
-from servegym.envs.observation import ENGINE_INDEX, QUEUE_INDEX, RUNNING_INDEX, length_mode_of, running_matrix
+from servegym.envs.observation import (
+    ENGINE_INDEX,
+    QUEUE_INDEX,
+    RUNNING_INDEX,
+    length_mode_of,
+    queue_prefix_matrix,
+    running_matrix,
+)
 from servegym.policies.base import Observation, engine_feature, output_estimate, ranks_action
 
 _PROMPT, _GENERATED, _WIDTH = QUEUE_INDEX["num_prompt_tokens"], QUEUE_INDEX["num_generated"], len(QUEUE_INDEX)
@@ -26,6 +33,13 @@ def visible_queue(obs: Observation, engine: list[float] | None = None) -> np.nda
     queue = obs["queue"]
     visible = min(int(engine[_WAITING]), queue.shape[0] // _WIDTH)
     return queue[: visible * _WIDTH].reshape(-1, _WIDTH)
+
+
+def cached_tokens(obs: Observation, count: int, host: bool = True) -> np.ndarray:
+    """Prompt tokens each of the first ``count`` visible waiting requests would find cached (GPU, plus the host
+    tier unless ``host=False``): zeros without prefix caching."""
+    cached = queue_prefix_matrix(obs)[:count]
+    return (cached[:, 0] + cached[:, 1] if host else cached[:, 0]).astype(np.float64)
 
 
 def running_rows(obs: Observation) -> np.ndarray:
@@ -94,13 +108,16 @@ def fcfs_count(obs: Observation, order: np.ndarray | None = None, budget_blocks:
     rows = visible_queue(obs, engine)
     if not rows.shape[0]:
         return 0
+    # Prompt tokens cached in GPU memory take no new blocks (whole blocks: a cached prefix is whole units).
+    hits = cached_tokens(obs, rows.shape[0], host=False) if "queue_prefix" in obs else np.zeros(rows.shape[0])
     if order is not None:
-        rows = rows[order]
+        rows, hits = rows[order], hits[order]
     budget = free_blocks(obs, engine) if budget_blocks is None else budget_blocks
     slots, block = free_slots(obs, engine), engine[_BLOCK]
     count, used = 0, 0.0
-    for prompt, generated in zip(rows[:, _PROMPT].tolist(), rows[:, _GENERATED].tolist(), strict=True):
-        used += num_blocks(prompt + generated + 1, block)
+    for prompt, generated, hit in zip(rows[:, _PROMPT].tolist(), rows[:, _GENERATED].tolist(), hits.tolist(),
+                                      strict=True):
+        used += num_blocks(prompt + generated + 1, block) - hit // block
         if count == slots or used > budget:
             break
         count += 1

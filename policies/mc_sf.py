@@ -10,6 +10,7 @@ import numpy as np
 from servegym.envs.observation import QUEUE_INDEX, length_mode_of
 from servegym.policies.base import Observation, Policy, output_estimate, ranks_action, register_policy
 from servegym.policies.common import (
+    cached_tokens,
     longest_feasible_prefix,
     upper_remaining_queue,
     upper_remaining_running,
@@ -30,7 +31,8 @@ def _check_order(name: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class MCShortestFirstParams(PolicyParams):
-    order: str = param("output", "sort key, shortest first: predicted output (the paper), prompt, or their total",
+    order: str = param("output", "sort key, shortest first: predicted output (the paper), prompt (its uncached "
+                       "part with prefix caching), or their total",
                        _check_order)
     memory_target: float = param(1.0, "the projected peak KV use may reach this fraction of the cache (the paper: 1)",
                                  positive_number)
@@ -58,6 +60,8 @@ class MCShortestFirst(Policy):
         mode = length_mode_of(obs)
         predicted = output_estimate(rows[:, QUEUE_INDEX["output_lo"]], rows[:, QUEUE_INDEX["output_hi"]], mode, None)
         prompt = rows[:, QUEUE_INDEX["num_prompt_tokens"]]
+        if "queue_prefix" in obs:  # a prompt's work is its uncached part
+            prompt = prompt - cached_tokens(obs, rows.shape[0])
         key = {"output": predicted, "prompt": prompt, "total": prompt + predicted}[self.params.order]
         order = np.argsort(key, kind="stable")
         rows = rows[order]

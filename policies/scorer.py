@@ -20,7 +20,7 @@ import numpy as np
 
 from servegym.envs.observation import QUEUE_INDEX, length_mode_of
 from servegym.policies.base import Observation, Policy, engine_feature, output_estimate, register_policy
-from servegym.policies.common import admit_by_score, visible_queue
+from servegym.policies.common import admit_by_score, cached_tokens, visible_queue
 from servegym.policies.params import PolicyParams, in_range, non_negative_number, param, positive_number
 
 if TYPE_CHECKING:
@@ -73,12 +73,14 @@ class Scorer(Policy):
 
 def scores(obs: Observation, output_weight: float, wait_weight: float) -> np.ndarray:
     """The scorer's score of each visible waiting request, queue order: ``wait_weight x wait - prompt -
-    output_weight x predicted output``."""
+    output_weight x predicted output``, the prompt counting only its uncached tokens (prefix caching)."""
     rows = visible_queue(obs)
     output = output_estimate(rows[:, QUEUE_INDEX["output_lo"]], rows[:, QUEUE_INDEX["output_hi"]],
                              length_mode_of(obs), None)
-    return wait_weight * rows[:, QUEUE_INDEX["wait_s"]] - rows[:, QUEUE_INDEX["num_prompt_tokens"]] \
-        - output_weight * output
+    prompt = rows[:, QUEUE_INDEX["num_prompt_tokens"]]
+    if "queue_prefix" in obs:
+        prompt = prompt - cached_tokens(obs, rows.shape[0])
+    return wait_weight * rows[:, QUEUE_INDEX["wait_s"]] - prompt - output_weight * output
 
 
 def memory_target(obs: Observation, target_base: float, target_slope: float) -> float:

@@ -10,7 +10,7 @@ import numpy as np
 from servegym.engine.kv import num_blocks
 from servegym.envs.observation import ENGINE_INDEX, QUEUE_INDEX, RUNNING_INDEX
 from servegym.policies.base import Observation, Policy, admit_first, register_policy
-from servegym.policies.common import engine_values, free_blocks, free_slots, visible_queue
+from servegym.policies.common import cached_tokens, engine_values, free_blocks, free_slots, visible_queue
 from servegym.policies.params import PolicyParams, param, positive_int
 
 if TYPE_CHECKING:
@@ -45,14 +45,18 @@ def budget_after_running(obs: Observation, budget: int, engine: list[float] | No
 
 
 def admit_within_budget(obs: Observation, budget_left: int, engine: list[float] | None = None) -> int:
-    """FCFS admissions while step tokens remain and each request's first chunk gets its KV blocks (``engine``:
-    :func:`~servegym.policies.common.engine_values`, if read)."""
+    """FCFS admissions while step tokens remain and each request's first chunk of uncached tokens gets its KV
+    blocks (``engine``: :func:`~servegym.policies.common.engine_values`, if read)."""
     engine = engine_values(obs) if engine is None else engine
     rows = visible_queue(obs, engine)[: free_slots(obs, engine)]
     block, chunk = engine[_BLOCK], engine[_CHUNK]
     blocks, count = free_blocks(obs, engine), 0
-    for prompt, generated in zip(rows[:, _PROMPT].tolist(), rows[:, _GENERATED].tolist(), strict=True):
-        target = prompt + generated
+    # With prefix caching, the cached prompt tokens are computed already: only the rest is scheduled (vLLM's
+    # num_new_tokens) and takes new blocks.
+    hits = cached_tokens(obs, rows.shape[0]) if "queue_prefix" in obs else np.zeros(rows.shape[0])
+    for prompt, generated, hit in zip(rows[:, _PROMPT].tolist(), rows[:, _GENERATED].tolist(), hits.tolist(),
+                                      strict=True):
+        target = prompt + generated - hit
         first = min(chunk, target, budget_left)
         need = num_blocks(first + (first == target), block)
         if budget_left <= 0 or need > blocks:

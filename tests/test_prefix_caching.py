@@ -80,7 +80,7 @@ def test_three_requests_sharing_a_two_unit_prefix():
     # (5). Units 10 and 11 (4 blocks) count once: 6 + 5 + 5 - 4 - 4 - 2 = 6 private blocks, 10 in all (16 without).
     assert eng.running[:, 1].tolist() == [24, 19, 17]
     assert eng.num_used_blocks == 10
-    assert eng._cache.refs == {10: 3, 11: 2}
+    assert eng.prefix_cache.refs == {10: 3, 11: 2}
 
 
 def test_free_units_are_evicted_least_recently_used_first_tail_before_head():
@@ -94,7 +94,7 @@ def test_free_units_are_evicted_least_recently_used_first_tail_before_head():
     cache = None
     for _ in range(40):
         step(env)
-        cache = env.unwrapped.cluster.engines[0]._cache
+        cache = env.unwrapped.cluster.engines[0].prefix_cache
         if env.unwrapped.cluster.log.finish_s[2] == env.unwrapped.cluster.log.finish_s[2]:
             break
     assert list(cache.free) == [1, 4, 3, 6, 5]
@@ -117,7 +117,7 @@ def test_a_unit_a_running_request_holds_is_never_evicted():
     log = env.unwrapped.cluster.log
     while log.finish_s[2] != log.finish_s[2]:
         step(env)
-    refs = env.unwrapped.cluster.engines[0]._cache.refs
+    refs = env.unwrapped.cluster.engines[0].prefix_cache.refs
     assert refs[3] == 1 and refs[4] == 1 and 2 not in refs and 1 in refs
 
 
@@ -184,3 +184,35 @@ def test_with_prefix_caching_off_a_shared_prefix_is_prefilled_again():
     step(env, 4)
     log = env.unwrapped.cluster.log
     assert log.steps()[3, 4] == 18 and log.cached_gpu_tokens.tolist() == [0, 0]
+
+
+def test_the_observation_shows_each_visible_requests_cached_tokens_and_the_free_cached_blocks():
+    # A (chain [1, 2], one output token) finishes: units 2 and 1 free, 4 blocks. B (prompt 17, chain [1, 2, 3])
+    # and C (prompt 16, chain [1, 2]) then wait: B would find 16 tokens cached, C only 8 (unit 2 holds its last
+    # token). Flat and Dict observations agree, in gymnasium.spaces.flatten's layout.
+    from gymnasium import spaces
+
+    from servegym.envs.observation import queue_prefix_matrix
+
+    work = workload([0.0, 1.0, 1.0], [16, 17, 16], [1, 5, 5], [[1, 2], [1, 2, 3], [1, 2]])
+    env = env_for(work)
+    step(env)  # A prefills and finishes
+    obs = None
+    while env.unwrapped.cluster.engines[0].waiting.size < 2:
+        obs, *_ = env.step(np.zeros(env.unwrapped.queue_window, dtype=np.int64))
+    assert obs["prefix"].tolist() == [4.0, 0.0]
+    assert queue_prefix_matrix(obs)[:3].tolist() == [[16.0, 0.0], [8.0, 0.0], [0.0, 0.0]]
+    flat = make_env(None, workload=work, backend=backend(), flat_obs=True,
+                    engine={"prefix_caching": True, "check_invariants": True})
+    flat.reset(seed=0)
+    step(flat)
+    while flat.unwrapped.cluster.engines[0].waiting.size < 2:
+        flat_obs, *_ = flat.step(np.zeros(flat.unwrapped.queue_window, dtype=np.int64))
+    assert np.array_equal(flat_obs, spaces.flatten(env.unwrapped.dict_observation_space, obs))
+    assert env.observation_space.contains(obs)
+
+
+def test_without_prefix_caching_the_observation_has_no_prefix_keys():
+    env = make_env(None, workload=workload([0.0], [16], [1], [[1, 2]]), backend=backend())
+    obs, _ = env.reset(seed=0)
+    assert "prefix" not in obs and "queue_prefix" not in obs
