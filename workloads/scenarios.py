@@ -4,7 +4,8 @@ The four TWP scenarios run on the default profile, ``a100-llama3-8b``. With the 
 prompt 245, mean output 65 tokens) and the default engine (``max_num_seqs=128``), FCFS there keeps its backlog
 near zero up to about 35 requests/s and serves at most about 36 requests/s when overloaded (measured by
 ``python benchmarks/capacity.py``). The scenarios sit below, near, above and in bursts over that capacity.
-Scenarios where KV memory binds run on ``a40-llama2-7b`` (53k KV tokens).
+Scenarios where KV memory binds run on ``a40-llama2-7b`` (53k KV tokens). The prefix-caching scenarios (the
+Mooncake traces and ``shared-prefix``) are pinned to ``a100-llama3-8b``: reuse needs a large KV cache.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import numpy as np
 from servegym.workloads.arrivals import Gamma, MarkovModulated, Poisson
 from servegym.workloads.base import Workload
 from servegym.workloads.lengths import Choice, PairedEmpirical, RangeMix
+from servegym.workloads.mooncake import MooncakeWorkload
+from servegym.workloads.sessions import SessionWorkload
 from servegym.workloads.synthetic import SyntheticWorkload
 from servegym.workloads.trace import TraceWorkload, bundled_trace
 
@@ -62,6 +65,42 @@ TRAIN_SPANS = ((0.0, 0.35), (0.65, 1.0))
 inside the rest, so no test request appears in any training or validation window. The held-out part is the middle,
 not the end, because the bundled trace is busier in its first two thirds: a held-out tail would test on lighter
 load (376 requests per 120 s in the middle, 272 outside it, 148 in the last 30%)."""
+
+PREFIX_PROFILE = "a100-llama3-8b"
+"""The profile of the prefix-caching scenarios: its large KV cache (28k blocks of 16 tokens) holds shared prefixes."""
+MOONCAKE_SHARDS = 6
+"""A Mooncake window keeps the sessions of one replica in 6 (session id mod 6, drawn per episode), at the trace's
+own pace: one GPU's share of a cluster that routes by session, every turn of its sessions included. The whole
+trace (3.4 requests/s of 12k-token prompts, 41k prompt tokens/s) would swamp one A100; a sixth of it loads the
+A100 profile to the edge of its KV cache in most windows (FCFS: about 300 requests per window, 0.8-0.9 of the
+cache in use and e2e means of 100-125 s in three of four windows drawn; measured by ``benchmarks/prefix_reuse.py``).
+Stretching time instead (a 4x slower replay) would keep too little of a session in a window: its turns come
+minutes apart, and a 30-s slice of the trace reuses 5% of its prompt tokens against 37% over the hour."""
+MOONCAKE_TIME_SCALE = 1.0
+"""Mooncake windows replay at the trace's own pace (sharding, not stretching, sets the load)."""
+MOONCAKE_WINDOW_S = 600.0
+"""Length of a Mooncake window: ten minutes, long enough for sessions to come back (the trace-only hit ratio of a
+600-s, one-in-6 window is about 0.27)."""
+MOONCAKE_MIN_REQUESTS = 20
+"""Mooncake windows keeping fewer requests (of sessions starting in the window's spans) are redrawn."""
+SHARED_PREFIX_SESSION_RATE = 2.0
+"""``shared-prefix``: sessions started per second (about 5 requests/s at 2.5 turns). Provisional."""
+SHARED_PREFIX_DURATION_S = 60.0
+"""``shared-prefix``: seconds over which sessions start."""
+
+
+def _mooncake(trace: str, spans: tuple[tuple[float, float], ...] = ((0.0, 1.0),)) -> MooncakeWorkload:
+    return MooncakeWorkload(trace, time_scale=MOONCAKE_TIME_SCALE, duration_s=MOONCAKE_WINDOW_S, random_window=True,
+                            min_requests=MOONCAKE_MIN_REQUESTS, spans=spans, shards=MOONCAKE_SHARDS)
+
+
+def _shared_prefix() -> SessionWorkload:
+    return SessionWorkload(SHARED_PREFIX_SESSION_RATE, SHARED_PREFIX_DURATION_S, num_system_prompts=4,
+                           system_prompt_tokens=RangeMix(((1000, 2000),), (1.0,)),
+                           turns=Choice((1, 2, 3, 4), (0.25, 0.25, 0.25, 0.25)),
+                           user_tokens=RangeMix(((20, 400),), (1.0,)), output=RangeMix(((20, 400),), (1.0,)),
+                           think_s=5.0, block_tokens=16)
+
 
 WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
     "low": (
@@ -132,11 +171,35 @@ WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
         lambda: _twp(7.0, RangeMix(((200, 800), (800, 2000)), (0.6, 0.4))),
         "TWP outputs with 200-2000-token prompts, Poisson 7 req/s on the A40's 53k KV tokens (preempts under FCFS)",
     ),
+    "mooncake-conversation": (
+        lambda: _mooncake("conversation", TRAIN_SPANS),
+        f"a random {MOONCAKE_WINDOW_S:g} s window of the Mooncake conversation trace (Apache-2.0; prefix chains, "
+        f"mean prompt 12k tokens), one replica's sessions in {MOONCAKE_SHARDS}, outside its held-out middle 35-65% "
+        "(sessions starting there are held out)",
+    ),
+    "mooncake-conversation-test": (
+        lambda: _mooncake("conversation", TEST_SPANS),
+        f"a random {MOONCAKE_WINDOW_S:g} s window of the held-out middle 35-65% of the Mooncake conversation trace, "
+        f"one replica's sessions in {MOONCAKE_SHARDS}, only sessions that start there",
+    ),
+    "mooncake-synthetic": (
+        lambda: _mooncake("synthetic"),
+        f"a random {MOONCAKE_WINDOW_S:g} s window of the Mooncake synthetic trace (Apache-2.0; multi-turn prefix "
+        f"chains, mean prompt 15k tokens), one replica's sessions in {MOONCAKE_SHARDS}",
+    ),
+    "shared-prefix": (
+        _shared_prefix,
+        f"chat sessions at {SHARED_PREFIX_SESSION_RATE:g}/s for {SHARED_PREFIX_DURATION_S:g} s over 4 shared system "
+        "prompts of 1,000-2,000 tokens, 1-4 turns of 20-400 user and output tokens, 5 s think time",
+    ),
 }
 
 
-SCENARIO_PROFILES = {"long-output": TIGHT_PROFILE, "tight-memory": TIGHT_PROFILE, "cpu-fidelity": "cpu-small-llama"}
-"""Scenarios set against a profile other than the default."""
+SCENARIO_PROFILES = {"long-output": TIGHT_PROFILE, "tight-memory": TIGHT_PROFILE, "cpu-fidelity": "cpu-small-llama",
+                     **dict.fromkeys(("mooncake-conversation", "mooncake-conversation-test", "mooncake-synthetic",
+                                      "shared-prefix"), PREFIX_PROFILE)}
+"""Scenarios set against a named profile (the rest run on the default): the memory-bound ones on the small A40, the
+prefix-caching ones pinned to the large A100 cache whatever the default becomes."""
 
 
 def profile_for(workload: object) -> str:

@@ -183,26 +183,34 @@ class TraceWorkload:
             raise ValueError("spans need random_window")
 
     def sample(self, rng: np.random.Generator) -> RequestSpec:
-        full = _read(str(Path(self.path).resolve()))
+        return self.replay(_read(str(Path(self.path).resolve())), rng)
+
+    def replay(self, full: RequestSpec, rng: np.random.Generator, kept: np.ndarray | None = None) -> RequestSpec:
+        """This replay's requests of the trace ``full`` (already read), their prefix chains and sessions with them.
+
+        ``kept`` (a mask over ``full``'s rows, random windows only) keeps just those rows of a window and counts only
+        them toward ``min_requests``; arrivals stay relative to the window's first trace request.
+        """
         if self.random_window:
-            return self._window(full, rng)
-        stop = None if self.max_requests is None else self.start + self.max_requests
-        arrival = full.arrival_s[self.start : stop]
-        if arrival.size == 0:
+            lo, hi = self.window_rows(full, rng, kept)
+            rows = np.arange(lo, hi) if kept is None else lo + np.flatnonzero(kept[lo:hi])
+            return full.take(rows, (full.arrival_s[rows] - full.arrival_s[lo]) * self.time_scale)
+        if kept is not None:
+            raise ValueError("kept needs random_window")
+        stop = len(full) if self.max_requests is None else min(len(full), self.start + self.max_requests)
+        if self.start >= len(full):
             raise TraceError(f"{self.path}: start={self.start} is past the last of {len(full)} requests")
-        arrival = (arrival - arrival[0]) * self.time_scale
-        keep = slice(None) if self.duration_s is None else arrival < self.duration_s
-        sl = slice(self.start, stop)
-        return RequestSpec(arrival[keep], full.num_prompt_tokens[sl][keep], full.num_output_tokens[sl][keep])
+        rows = np.arange(self.start, stop)
+        arrival = (full.arrival_s[rows] - full.arrival_s[self.start]) * self.time_scale
+        if self.duration_s is not None:
+            rows, arrival = rows[arrival < self.duration_s], arrival[arrival < self.duration_s]
+        return full.take(rows, arrival)
 
-    def _window(self, full: RequestSpec, rng: np.random.Generator) -> RequestSpec:
-        lo, hi = self.window_rows(full, rng)
-        arrival = (full.arrival_s[lo:hi] - full.arrival_s[lo]) * self.time_scale
-        return RequestSpec(arrival, full.num_prompt_tokens[lo:hi], full.num_output_tokens[lo:hi])
-
-    def window_rows(self, full: RequestSpec, rng: np.random.Generator) -> tuple[int, int]:
+    def window_rows(self, full: RequestSpec, rng: np.random.Generator,
+                    kept: np.ndarray | None = None) -> tuple[int, int]:
         """The trace rows ``[lo, hi)`` of a window of ``duration_s`` scaled seconds starting at a time drawn
-        uniformly within one of ``spans``, redrawn (up to 100 times) while it holds fewer than ``min_requests``."""
+        uniformly within one of ``spans``, redrawn (up to 100 times) while it holds fewer than ``min_requests``
+        (rows where the mask ``kept`` is True, when given)."""
         width = self.duration_s / self.time_scale
         bounds = [(float(full.arrival_s[-1]) * lo, float(full.arrival_s[-1]) * hi) for lo, hi in self.spans]
         room = np.array([max(0.0, last - first - width) for first, last in bounds])
@@ -214,7 +222,7 @@ class TraceWorkload:
             latest = max(first, last - width)
             begin = float(rng.uniform(first, latest)) if latest > first else first
             lo, hi = np.searchsorted(full.arrival_s, [begin, begin + width])
-            if hi - lo >= self.min_requests:
+            if (hi - lo if kept is None else np.count_nonzero(kept[lo:hi])) >= self.min_requests:
                 break
         else:
             raise TraceError(f"{self.path}: no window of {width:g} s holds {self.min_requests} requests")
