@@ -12,6 +12,8 @@ so that both see the same machine; the ratio is the best over the pairs (a share
 within a minute). ``--engine`` picks the engine (default: the compiled one when built, see
 ``servegym.engine.compiled``).
 
+``mooncake-conversation`` plays a window of the Mooncake conversation trace (one replica's sessions) with prefix
+caching on; ``x CP/step`` divides by the env steps the policy took rather than the iterations run.
 ``azure-5000`` replays the first 5,000 requests of the bundled Azure code trace; trace parsing is timed apart,
 once, cold. This benchmark compares with CartPole only: a comparison with another simulator runs both side by
 side as whole processes on the same requests (``benchmarks/vs_vidur.py``).
@@ -31,7 +33,9 @@ from servegym.policies import make_policy
 from servegym.runner import make_env, serving_env
 from servegym.workloads import TraceWorkload, bundled_trace, make_workload
 
-WORKLOADS = ("azure-5000", "medium", "burst")
+WORKLOADS = ("azure-5000", "medium", "burst", "mooncake-conversation")
+PREFIX_CACHED = {"mooncake-conversation"}
+"""Workloads played with prefix caching on (their requests carry prefix chains)."""
 CARTPOLE_PAIR_STEPS = 20_000
 """CartPole-v1 steps measured just before each episode run (about 0.1 s)."""
 
@@ -53,10 +57,11 @@ def cartpole_us(steps: int = 50_000) -> float:
     return (time.perf_counter() - start) / steps * 1e6
 
 
-def episode(policy_name: str, workload_name: str) -> tuple[int, float, int]:
+def episode(policy_name: str, workload_name: str) -> tuple[int, int, float, int]:
+    """(engine iterations, env steps, wall seconds, requests) of one seeded episode."""
     policy = make_policy(policy_name)
     env = make_env(policy, max_episode_steps=10**7, workload=workload(workload_name),
-                   engine={"length_mode": "predicted"})
+                   engine={"length_mode": "predicted", "prefix_caching": workload_name in PREFIX_CACHED})
     obs, _ = env.reset(seed=0)
     policy.reset()
     steps, done = 0, False
@@ -66,7 +71,7 @@ def episode(policy_name: str, workload_name: str) -> tuple[int, float, int]:
         steps += 1
         done = terminated or truncated
     wall = time.perf_counter() - start
-    return serving_env(env).num_steps, wall, env.unwrapped.cluster.log.num_requests
+    return serving_env(env).num_steps, steps, wall, env.unwrapped.cluster.log.num_requests
 
 
 def main() -> None:
@@ -83,20 +88,20 @@ def main() -> None:
     print(f"parse the bundled Azure trace (cold): {time.perf_counter() - start:.3f} s")
     cart = min(cartpole_us() for _ in range(args.repeats))
     print(f"CartPole-v1: {cart:.2f} us/step (best of {args.repeats}; each run below is paired with its own)")
-    print(f"{'workload':<12} {'policy':<13} {'iters':>7} {'wall s':>8} {'us/iter':>8} {'x CartPole':>10} "
-          f"{'requests/s':>11}")
+    print(f"{'workload':<22} {'policy':<13} {'iters':>7} {'steps':>7} {'wall s':>8} {'us/iter':>8} "
+          f"{'x CartPole':>10} {'x CP/step':>9} {'requests/s':>11}")
     for name in args.workloads:
         for policy in args.policies:
             runs = []
             for _ in range(args.repeats):
                 cart_us = cartpole_us(CARTPOLE_PAIR_STEPS)
-                steps, wall, requests = episode(policy, name)
-                runs.append((wall, steps, requests, wall / steps * 1e6 / cart_us))
-            wall, steps, requests, _ = min(runs)
-            ratio = min(run[3] for run in runs)
-            us = wall / steps * 1e6
-            print(f"{name:<12} {policy:<13} {steps:>7} {wall:>8.3f} {us:>8.1f} {ratio:>10.2f} "
-                  f"{requests / wall:>11.0f}")
+                iters, steps, wall, requests = episode(policy, name)
+                runs.append((wall, iters, steps, requests, wall / iters * 1e6 / cart_us, wall / steps * 1e6 / cart_us))
+            wall, iters, steps, requests, _, _ = min(runs)
+            ratio, per_step = min(run[4] for run in runs), min(run[5] for run in runs)
+            us = wall / iters * 1e6
+            print(f"{name:<22} {policy:<13} {iters:>7} {steps:>7} {wall:>8.3f} {us:>8.1f} {ratio:>10.2f} "
+                  f"{per_step:>9.2f} {requests / wall:>11.0f}")
 
 
 if __name__ == "__main__":

@@ -792,6 +792,15 @@ class Engine:
         """Blocks that hold cached prefixes no running request references (reusable, and evictable on demand)."""
         return 0 if self.prefix_cache is None else len(self.prefix_cache.free) * self.prefix_cache.unit_blocks
 
+    def queue_cached_tokens(self, window: int, out: np.ndarray) -> None:
+        """:meth:`cached_prompt_tokens` of the first ``window`` queued requests, as ``(GPU, host)`` pairs into
+        ``out`` (zeros are left where nothing is cached or prefix caching is off)."""
+        cache = self.prefix_cache
+        if cache is None or not len(self.waiting):
+            return
+        cache.lookup_tokens(self.waiting[:window].tolist(), self._log.num_prompt_tokens,
+                            self._log.num_generated_at_preemption, out)
+
     def cached_prompt_tokens(self, rid: int) -> tuple[int, int]:
         """``(GPU, host)`` prompt tokens of queued request ``rid`` that admitting it now would find cached."""
         cache = self.prefix_cache

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
+
 from servegym.workloads.base import PrefixChains
 
 
@@ -37,8 +39,10 @@ class PrefixCache:
         self.unit_tokens = chains.block_tokens
         self.unit_blocks = chains.block_tokens // block_size
         self.host_units = host_units
-        self._offsets = chains.offsets
-        self._hashes = chains.hashes
+        ends = chains.offsets[1:-1].tolist()
+        self._chains: list[list[int]] = [part.tolist() for part in np.split(chains.hashes, ends)] if len(chains) \
+            else []
+        """Each request's chain as a list (made once: lookups run on the per-step path)."""
         self.refs: dict[int, int] = {}
         """Every unit in GPU memory (held or free) and how many running requests reference it."""
         self.free: OrderedDict[int, None] = OrderedDict()
@@ -49,27 +53,54 @@ class PrefixCache:
         """Each running request's referenced units: a leading run of its chain."""
 
     def chain(self, request: int) -> list[int]:
-        return self._hashes[self._offsets[request] : self._offsets[request + 1]].tolist()
+        """``request``'s prefix-unit ids (the list itself: do not change it)."""
+        return self._chains[request]
 
     def lookup(self, request: int, max_units: int) -> tuple[int, int]:
         """``(GPU units, host units)`` in the longest leading run of ``request``'s chain, at most ``max_units``
         long, whose every unit is cached in GPU or host memory."""
         gpu = host = 0
-        for key in self.chain(request)[: max(0, max_units)]:
-            if key in self.refs:
+        refs, tier = self.refs, self.host
+        for key in self._chains[request]:
+            if gpu + host >= max_units:
+                break
+            if key in refs:
                 gpu += 1
-            elif key in self.host:
+            elif key in tier:
                 host += 1
             else:
                 break
         return gpu, host
+
+    def lookup_tokens(self, requests: list[int], prompt: np.ndarray, generated: np.ndarray, out: np.ndarray) -> None:
+        """:meth:`lookup` of each of ``requests`` in tokens, written to ``out`` as ``(GPU, host)`` pairs in turn
+        (the observation's ``queue_prefix`` rows); ``prompt`` and ``generated`` hold every request's prompt tokens
+        and output tokens to recompute, which cap its run (the engine's rule: whole prompt units, never the unit
+        of the last token to ingest)."""
+        unit, refs, tier, chains = self.unit_tokens, self.refs, self.host, self._chains
+        values: list[int] = []
+        for request in requests:
+            tokens = int(prompt[request])
+            cap = tokens // unit if generated[request] else (tokens - 1) // unit
+            gpu = host = 0  # lookup(), inlined: this runs for every visible request at every step
+            for key in chains[request]:
+                if gpu + host >= cap:
+                    break
+                if key in refs:
+                    gpu += 1
+                elif key in tier:
+                    host += 1
+                else:
+                    break
+            values += (gpu * unit, host * unit)
+        out[: len(values)] = values
 
     def acquire(self, request: int, units: int) -> tuple[int, int]:
         """Reference the first ``units`` of ``request``'s chain (each cached: :meth:`lookup` said so).
 
         Returns ``(revived, loaded)``: units that were free (their blocks are now in use again) and units copied
         in from the host tier (new blocks in use)."""
-        held = self.chain(request)[:units]
+        held = self._chains[request][:units]
         revived = loaded = 0
         for key in held:
             count = self.refs.get(key)
@@ -91,8 +122,7 @@ class PrefixCache:
         full = computed // self.unit_tokens
         if len(held) >= full:
             return
-        chain = self.chain(request)
-        for key in chain[len(held) : full]:
+        for key in self._chains[request][len(held) : full]:
             if key in self.refs:
                 return
             self.host.pop(key, None)  # a fresh GPU copy supersedes the host's

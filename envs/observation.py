@@ -276,8 +276,7 @@ class ObservationEncoder:
             return
         cache[0] = len(state.free) * state.unit_blocks
         cache[1] = len(state.host) * state.unit_tokens
-        for i, rid in enumerate(engine.waiting[: self.queue_window].tolist()):
-            queue[2 * i], queue[2 * i + 1] = engine.cached_prompt_tokens(rid)
+        engine.queue_cached_tokens(self.queue_window, queue)
 
     @staticmethod
     def _pool(cluster: Cluster) -> list[float]:
