@@ -109,6 +109,12 @@ TASKS: dict[str, Task] = {
         Task("slo-goodput", "Poisson 47 req/s, 1.35x the A100's capacity; the reward counts requests that meet "
              "TTFT <= 2 s and mean ITL (TPOT) <= 0.2 s, so some requests must be sacrificed for others",
              workload="high", engine=PREDICTED, reward="slo_goodput"),
+        Task("prefix-reuse", "random 600 s windows of the Mooncake conversation trace (12k-token prompts, multi-turn "
+             "sessions sharing prefixes), one replica's sessions in 5, on an A100 with prefix caching: which queued "
+             "prompt to prefill decides what stays cached and what is computed again; test windows hold only "
+             "sessions that start in the held-out middle 35-65% of the trace", workload="mooncake-conversation",
+             test_workload="mooncake-conversation-test", profile="a100-llama3-8b",
+             engine={**PREDICTED, "prefix_caching": True}, max_steps=200_000),
         Task("mixture", "each episode is drawn from relaxed, memory-tight or long-context: one policy for "
              "different GPUs, loads and lengths (generalisation)", components=("relaxed", "memory-tight",
                                                                               "long-context")),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, astuple, dataclass, field, fields
@@ -33,7 +34,7 @@ from servegym.pool import PoolConfig
 from servegym.runner import EpisodeResult, env_profile, make_env, run_episode
 
 DEFAULT_POLICIES = ("random", "random:count", "random:window", "random:rank", "random:score", "fcfs", "twp",
-                    "flow-control", "sarathi", "mc-sf", "vllm", "priority", "clairvoyant-greedy", ORACLE)
+                    "flow-control", "sarathi", "mc-sf", "vllm", "lpm", "priority", "clairvoyant-greedy", ORACLE)
 """The default field: the floors a scheduler must beat (random admission, which is the admit mode's uniform
 action, a uniformly random action of each other learning action mode, and FCFS), the seed papers' policies with
 their default parameters, the strongest baselines, and the clairvoyant greedy packer (true lengths; not a
@@ -97,9 +98,14 @@ class BenchRow:
     unfinished: int
     truncated: bool
     steps: int
+    prefix_hit_ratio: float = math.nan
+    """Prompt tokens found cached over prompt tokens admitted (0 without prefix caching; NaN in files written
+    before the column)."""
 
 
 COLUMNS = tuple(f.name for f in fields(BenchRow))
+OLD_COLUMNS = COLUMNS[:-1]
+"""The columns of a ``leaderboard.csv`` written before the prefix hit ratio (it reads as NaN)."""
 
 
 def make_entries(policies: Sequence[str] = DEFAULT_POLICIES, params_files: Sequence[str | Path] = (),
@@ -263,7 +269,7 @@ def bench_row(job: BenchJob, result: EpisodeResult) -> BenchRow:
     summary = result.summary
     return BenchRow(job.task, job.label, job.seed, float(result.total_reward), summary["goodput_rps"],
                     summary["e2e_mean_all_s"], summary["ttft_p99"], int(summary["num_unfinished"]),
-                    bool(result.truncated), int(result.steps))
+                    bool(result.truncated), int(result.steps), summary["prefix_hit_ratio"])
 
 
 def run_job(job: BenchJob) -> BenchRow:
@@ -321,7 +327,7 @@ def read_leaderboard(path: str | Path) -> list[BenchRow]:
     convert = {"int": int, "float": float, "str": str, "bool": lambda text: text == "True"}
     with Path(path).open(newline="") as handle:
         reader = csv.DictReader(handle)
-        if tuple(reader.fieldnames or ()) != COLUMNS:
+        if tuple(reader.fieldnames or ()) not in (COLUMNS, OLD_COLUMNS):
             raise ValueError(f"{path}: columns {reader.fieldnames} are not a leaderboard's {list(COLUMNS)}")
         return [BenchRow(**{k: convert[types[k]](v) for k, v in row.items()}) for row in reader]
 

@@ -52,7 +52,8 @@ shown and ranked as what it is, an unfinished agent, and never pooled with its f
 SENSITIVE = 0.15
 """Relative gain over both random and FCFS that makes a task decision-sensitive."""
 COLUMN_METRICS = {"episode_return": "episode_return", "goodput_rps": "goodput_rps",
-                  "e2e_mean_all_s": "e2e_mean_all_s", "ttft_p99_s": "ttft_p99", "unfinished": "num_unfinished"}
+                  "e2e_mean_all_s": "e2e_mean_all_s", "ttft_p99_s": "ttft_p99", "unfinished": "num_unfinished",
+                  "prefix_hit_ratio": "prefix_hit_ratio"}
 """``leaderboard.csv``'s score columns (``BenchRow`` fields, kept for the files already written) and the declared
 metric each holds (``servegym.metrics.METRICS``: header and direction)."""
 METRICS = tuple(COLUMN_METRICS)
@@ -277,10 +278,20 @@ def _versus(board: TaskBoard, score: Score) -> str:
     return f"{diff.mean:+.{digits}f}, CI [{diff.low:.{digits}f}, {diff.high:.{digits}f}]{verdict}"
 
 
+def shown_columns(task: str) -> tuple[str, ...]:
+    """The score columns of ``task``'s tables: the prefix hit ratio only where the task caches prefixes."""
+    cached = bool(get_task(task).engine.get("prefix_caching"))
+    return tuple(m for m in METRICS if cached or m != "prefix_hit_ratio")
+
+
+def _headers(task: str) -> list[str]:
+    return [HEADERS[METRICS.index(m)] for m in shown_columns(task)]
+
+
 def _rows(board: TaskBoard, scores: Sequence[Score], paired: bool) -> list[str]:
     lines = []
     for rank, score in enumerate(scores, 1):
-        cells = [_cell(*score.metrics[m]) for m in METRICS]
+        cells = [_cell(*score.metrics[m]) for m in shown_columns(board.task)]
         extra = f"{_score_cell(board.normalized(score))} | {_versus(board, score)} | " if paired else ""
         lines.append(f"| {rank} | {score.policy} | {extra}" + " | ".join(cells)
                      + f" | {score.truncated}/{score.episodes} |")
@@ -331,17 +342,18 @@ def task_table(board: TaskBoard) -> list[str]:
     episodes = max(s.episodes for s in (*board.scores, *board.engine_config))
     task = get_task(board.task)
     best = board.best_heuristic
+    headers = _headers(board.task)
     lines = [f"## {board.task}", "", f"{task.summary}.", "",
              f"Reward `{task.reward}`; ranked by `{board.ranking}` ({direction}); {episodes} seeds per policy; "
              f"best heuristic: `{best.policy if best else 'none'}`.", "",
-             "| # | policy | score | vs best heuristic (paired, 95% CI) | " + " | ".join(HEADERS) + " | truncated |",
-             "|---:|---|---:|---|" + "---:|" * (len(HEADERS) + 1),
+             "| # | policy | score | vs best heuristic (paired, 95% CI) | " + " | ".join(headers) + " | truncated |",
+             "|---:|---|---:|---|" + "---:|" * (len(headers) + 1),
              *_rows(board, board.scores, paired=True), "", *_interrupted_note(board), headroom_line(board), "",
              *([bound_line(board), ""] if board.score(ORACLE) else []), *agent_table(board)]
     if board.engine_config:
         lines += ["Engine-config track: each policy on its own engine settings, not the task's (not ranked against "
-                  "the table above).", "", "| # | policy | " + " | ".join(HEADERS) + " | truncated |",
-                  "|---:|---|" + "---:|" * (len(HEADERS) + 1), *_rows(board, board.engine_config, paired=False), ""]
+                  "the table above).", "", "| # | policy | " + " | ".join(headers) + " | truncated |",
+                  "|---:|---|" + "---:|" * (len(headers) + 1), *_rows(board, board.engine_config, paired=False), ""]
     return lines
 
 

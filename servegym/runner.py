@@ -16,6 +16,7 @@ from servegym import ENV_ID
 from servegym.backends import CalibratedBackend, Profile
 from servegym.engine import STEP_FIELDS, EpisodeLog, State
 from servegym.envs import MixtureEnv, ServingEnv
+from servegym.envs.tasks import TASKS
 from servegym.metrics import summarize
 from servegym.policies import Policy
 from servegym.validation import positive_int
@@ -71,6 +72,9 @@ def make_env(policy: Policy | None = None, max_episode_steps: int | None = None,
     """
     if max_episode_steps is not None:
         positive_int("max_episode_steps", max_episode_steps)
+    elif isinstance(env_kwargs.get("task"), str) and env_kwargs["task"] in TASKS:
+        # A task's episodes run to its own limit (the id's 20,000 steps, unless the task says more).
+        max_episode_steps = max(TASKS[env_kwargs["task"]].max_steps, gym.spec(ENV_ID).max_episode_steps)
     engine = dict(env_kwargs.pop("engine", None) or {})
     pool = dict(env_kwargs.pop("pool", None) or {})
     if policy is not None and apply_overrides:

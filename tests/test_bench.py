@@ -40,7 +40,7 @@ TASK_NAMES = ("relaxed", "memory-tight")
 POLICY_NAMES = ("random", "fcfs")
 SEEDS = TEST_SEEDS[:2]
 CSV_COLUMNS = ["task", "policy", "seed", "episode_return", "goodput_rps", "e2e_mean_all_s", "ttft_p99_s",
-               "unfinished", "truncated", "steps"]
+               "unfinished", "truncated", "steps", "prefix_hit_ratio"]
 
 
 @pytest.fixture(scope="module")
@@ -404,3 +404,16 @@ def test_agents_with_several_training_seeds_get_rliable_aggregates():
     # all three, s1 none: P = 0.5. IQM of the six: drop 1.0 and 1.8, mean of 1.1, 1.2, 1.6, 1.7 = 1.40.
     line = next(line for line in text.splitlines() if line.startswith("| rl:ppo__s* | 2 |"))
     assert "| 1.40 [" in line and line.endswith("| 0.50 [" + line.split("| 0.50 [")[1])
+
+
+def test_a_leaderboard_written_before_the_prefix_hit_column_still_reads(tmp_path):
+    # docs/bench/leaderboard.csv predates the column: its rows read with the ratio as NaN, and a table of a task
+    # without prefix caching does not show the column at all.
+    from servegym.evaluation.bench import read_leaderboard
+    from servegym.evaluation.leaderboard import shown_columns
+
+    old = tmp_path / "old.csv"
+    old.write_text(",".join(CSV_COLUMNS[:-1]) + "\nrelaxed,fcfs,900000,-10.5,1.0,2.0,3.0,0,False,7\n")
+    (row,) = read_leaderboard(old)
+    assert row.steps == 7 and math.isnan(row.prefix_hit_ratio)
+    assert "prefix_hit_ratio" not in shown_columns("relaxed") and "prefix_hit_ratio" in shown_columns("prefix-reuse")

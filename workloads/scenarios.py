@@ -68,19 +68,20 @@ load (376 requests per 120 s in the middle, 272 outside it, 148 in the last 30%)
 
 PREFIX_PROFILE = "a100-llama3-8b"
 """The profile of the prefix-caching scenarios: its large KV cache (28k blocks of 16 tokens) holds shared prefixes."""
-MOONCAKE_SHARDS = 6
-"""A Mooncake window keeps the sessions of one replica in 6 (session id mod 6, drawn per episode), at the trace's
+MOONCAKE_SHARDS = 5
+"""A Mooncake window keeps the sessions of one replica in 5 (session id mod 5, drawn per episode), at the trace's
 own pace: one GPU's share of a cluster that routes by session, every turn of its sessions included. The whole
-trace (3.4 requests/s of 12k-token prompts, 41k prompt tokens/s) would swamp one A100; a sixth of it loads the
-A100 profile to the edge of its KV cache in most windows (FCFS: about 300 requests per window, 0.8-0.9 of the
-cache in use and e2e means of 100-125 s in three of four windows drawn; measured by ``benchmarks/prefix_reuse.py``).
-Stretching time instead (a 4x slower replay) would keep too little of a session in a window: its turns come
-minutes apart, and a 30-s slice of the trace reuses 5% of its prompt tokens against 37% over the hour."""
+trace (3.4 requests/s of 12k-token prompts, 41k prompt tokens/s) would swamp one A100; a fifth of it loads the
+A100 profile near its KV cache's limit. Measured with FCFS and prefix caching, 4 seeds per side: training windows
+hold 357-390 requests, use 0.40-0.89 of the cache on average and have e2e means of 33-270 s; test windows (the
+trace's quieter middle) hold 316-352 requests, use 0.38-0.66 and have e2e means of 29-88 s. Stretching time
+instead (a 4x slower replay) would keep too little of a session in a window: its turns come minutes apart, and a
+30-s slice of the trace reuses 5% of its prompt tokens against 37% over the hour."""
 MOONCAKE_TIME_SCALE = 1.0
 """Mooncake windows replay at the trace's own pace (sharding, not stretching, sets the load)."""
 MOONCAKE_WINDOW_S = 600.0
 """Length of a Mooncake window: ten minutes, long enough for sessions to come back (the trace-only hit ratio of a
-600-s, one-in-6 window is about 0.27)."""
+600-s, one-in-5 training window is about 0.28)."""
 MOONCAKE_MIN_REQUESTS = 20
 """Mooncake windows keeping fewer requests (of sessions starting in the window's spans) are redrawn."""
 SHARED_PREFIX_SESSION_RATE = 2.0
