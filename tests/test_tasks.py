@@ -300,3 +300,19 @@ def test_a_mixture_component_replays_the_mixture_seed():
     obs, info = mixture.reset(seed=900_003)
     alone, _ = gym.make(ENV_ID, task=info["task"]).reset(seed=900_003)
     assert all(np.array_equal(obs[k], alone[k]) for k in obs)
+
+
+def test_every_task_id_runs_to_its_tasks_own_step_limit():
+    # prefix-reuse's 600 s windows run past 20,000 iterations: its id and make_env(task=...) allow its max_steps.
+    import gymnasium as gym
+
+    import servegym
+    from servegym.envs.tasks import TASKS
+    from servegym.runner import make_env
+
+    for task, _ in servegym.TASK_IDS.items():
+        limit = gym.spec(servegym.task_id(task)).max_episode_steps
+        assert limit == max(TASKS[task].max_steps, 20_000), task
+    assert TASKS["prefix-reuse"].max_steps == 200_000
+    env = make_env(task="prefix-reuse", split="test")
+    assert env.spec.max_episode_steps == 200_000

@@ -72,6 +72,8 @@ def test_the_wheel_ships_the_experiments_profiles_traces_and_compiled_core(insta
     assert {"servegym/rl/hyperparams/ppo.yml", "servegym/rl/hyperparams/ppo-residual.yml"} <= names  # --zoo ppo
     assert any(n.startswith("servegym/backends/profiles/") and n.endswith(".json") for n in names)
     assert any(n.startswith("servegym/workloads/data/") and n.endswith(".csv") for n in names)
+    assert {f"servegym/workloads/data/mooncake/{name}" for name in (
+        "conversation_trace.jsonl.xz", "synthetic_trace.jsonl.xz", "LICENSE-APACHE")} <= names  # the Mooncake traces
     assert "servegym/engine/engine.py" in names  # the source: what runs interpreted where nothing was compiled
     if servegym.engine.compiled_available():  # the tree's compiler built it, so the wheel's build must too
         assert any(n.startswith("servegym/engine/engine.") and n.endswith(".so") for n in names)
