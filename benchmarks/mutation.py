@@ -548,9 +548,10 @@ MUTATIONS: list[Mutation] = [
     # ------------------------------------------------------------------ flat observations
     m("flat-queue-before-pool", "envs/observation.py",
       "\"engine\": len(ENGINE_FEATURES), \"pool\": num_containers * len(POOL_FEATURES),\n"
-      "                 \"progress\": len(PROGRESS_FEATURES), \"queue\": queue_window * len(QUEUE_FEATURES),",
-      "\"engine\": len(ENGINE_FEATURES), \"queue\": queue_window * len(QUEUE_FEATURES),\n"
-      "                 \"progress\": len(PROGRESS_FEATURES), \"pool\": num_containers * len(POOL_FEATURES),",
+      "                 \"prefix\": len(PREFIX_SCHEMA) if prefix else 0, \"progress\": len(PROGRESS_FEATURES),",
+      "\"engine\": len(ENGINE_FEATURES), \"progress\": len(PROGRESS_FEATURES),\n"
+      "                 \"prefix\": len(PREFIX_SCHEMA) if prefix else 0, "
+      "\"pool\": num_containers * len(POOL_FEATURES),",
       "tests/test_flat_obs.py", "-k", "gymnasiums_flatten", kind="env"),
     m("flat-buffer-reused", "envs/observation.py",
       "buf = np.zeros(self.size, dtype=np.float32)",

@@ -25,7 +25,7 @@ from servegym.engine.config import EngineConfig, Recompute
 from servegym.engine.kv import num_blocks
 from servegym.engine.log import EpisodeLog, RejectReason, State
 from servegym.engine.preemption import pick_victims
-from servegym.engine.prefix_cache import PrefixCache
+from servegym.engine.prefix_cache import PrefixCache, cacheable_units
 from servegym.engine.table import ENGINE_FEATURES, IDLE, QUEUE_FEATURES, RUNNING_OBS_COLUMNS, Col, StepOutcome
 
 COMPILED: bool = cython.compiled
@@ -96,15 +96,6 @@ def _mod(a: cython.longlong, b: cython.longlong) -> cython.longlong:
     """Python's ``a % b`` for ``b > 0``: never negative."""
     r: cython.longlong = a % b
     return r + b if r < 0 else r
-
-
-@cython.cfunc
-@cython.inline
-@cython.exceptval(check=False)
-def _cacheable_units(prompt: cython.longlong, target: cython.longlong, unit: cython.longlong) -> cython.longlong:
-    """Prefix units a request ingesting ``target`` tokens (its prompt first) may find cached: whole units of its
-    prompt only, and never the unit holding the last token to ingest, which is always computed (vLLM's rule)."""
-    return min(prompt // unit, (target - 1) // unit)
 
 
 @cython.cfunc
@@ -751,7 +742,7 @@ class Engine:
         revives, units copied in from the host tier, and its first chunk's own blocks."""
         cache = self.prefix_cache
         unit: cython.longlong = cache.unit_tokens
-        gpu, host = cache.lookup(rid, _cacheable_units(self.prompt[rid], target, unit))
+        gpu, host = cache.lookup(rid, cacheable_units(self.prompt[rid], target, unit))
         hit: cython.longlong = gpu + host
         cached: cython.longlong = hit * unit
         first: cython.longlong = min(self.chunk_limit, target - cached)
@@ -807,7 +798,7 @@ class Engine:
         if cache is None:
             return 0, 0
         target = self.prompt[rid] + self.generated_at_preemption[rid]
-        gpu, host = cache.lookup(rid, _cacheable_units(self.prompt[rid], target, cache.unit_tokens))
+        gpu, host = cache.lookup(rid, cacheable_units(self.prompt[rid], target, cache.unit_tokens))
         return gpu * cache.unit_tokens, host * cache.unit_tokens
 
     # ------------------------------------------------------------------ preemption

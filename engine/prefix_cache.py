@@ -23,6 +23,12 @@ import numpy as np
 from servegym.workloads.base import PrefixChains
 
 
+def cacheable_units(prompt: int, target: int, unit: int) -> int:
+    """Prefix units a request ingesting ``target`` tokens (its prompt first) may find cached: whole units of its
+    prompt only, and never the unit holding the last token to ingest, which is always computed (vLLM's rule)."""
+    return min(prompt // unit, (target - 1) // unit)
+
+
 class PrefixCache:
     """The prefix units of one engine's KV cache (GPU) and of its host tier.
 
@@ -81,7 +87,7 @@ class PrefixCache:
         values: list[int] = []
         for request in requests:
             tokens = int(prompt[request])
-            cap = tokens // unit if generated[request] else (tokens - 1) // unit
+            cap = cacheable_units(tokens, tokens + int(generated[request]), unit)
             gpu = host = 0  # lookup(), inlined: this runs for every visible request at every step
             for key in chains[request]:
                 if gpu + host >= cap:

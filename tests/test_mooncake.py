@@ -224,3 +224,25 @@ def test_config_is_checked():
         MooncakeWorkload("")
     with pytest.raises(ValueError, match="unknown Mooncake trace"):
         mooncake_trace("toolagent")
+
+
+def test_a_sharded_window_keeps_one_replicas_sessions_and_seeds_pick_different_ones():
+    # shards=5: every kept request's session has the same residue mod 5, and over seeds more than one residue is
+    # drawn; the unsharded window over the same times holds sessions of several residues.
+    from servegym.workloads import MooncakeWorkload, read_mooncake
+    from servegym.workloads.mooncake import mooncake_trace
+
+    full = read_mooncake(str(mooncake_trace("conversation")), 1)
+    sharded = MooncakeWorkload("conversation", duration_s=600.0, random_window=True, shards=5)
+    residues = set()
+    for seed in range(8):
+        spec = sharded.sample(np.random.default_rng(seed))
+        kept = np.unique(spec.session % 5)
+        assert kept.size == 1
+        residues.add(int(kept[0]))
+    assert len(residues) > 1
+    whole = MooncakeWorkload("conversation", duration_s=600.0, random_window=True).sample(np.random.default_rng(0))
+    assert np.unique(whole.session % 5).size == 5
+    assert full.session.max() + 1 == 7373
+    with pytest.raises(ValueError, match="shards needs random_window"):
+        MooncakeWorkload("conversation", shards=2)

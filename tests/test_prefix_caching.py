@@ -15,6 +15,7 @@ import pytest
 from servegym.backends import CalibratedBackend, LatencyModel, Profile
 from servegym.engine import EngineConfig, compiled_available
 from servegym.engine.prefix_cache import PrefixCache
+from servegym.metrics import summarize
 from servegym.runner import make_env
 from servegym.workloads import FixedWorkload, PrefixChains, RequestSpec
 
@@ -150,12 +151,18 @@ def test_a_host_hit_is_charged_its_copy_to_the_iteration_that_loads_it():
                   backend_=slow, host_kv_tokens=16, host_link_bytes_s=1e9)
     log = env.unwrapped.cluster.log
     while log.finish_s[2] != log.finish_s[2]:
-        step(env)
+        obs, *_ = env.step(np.ones(env.unwrapped.queue_window, dtype=np.int64))
     assert log.cached_gpu_tokens.tolist() == [0, 0, 8]
     assert log.cached_host_tokens.tolist() == [0, 0, 8]
     last = log.steps()[-1]
     assert last[4] == 1
     assert last[1] == pytest.approx(L_MIN + chunk_s(1, 16) + 8 * 1e5 / 1e9, abs=1e-12)
+    # The hit ratio over the 65 admitted prompt tokens: 8 + 8 cached, 8 of them from the host.
+    summary = summarize(log)
+    assert summary["prefix_hit_ratio"] == pytest.approx(16 / 65, abs=1e-12)
+    assert summary["prefix_host_hit_ratio"] == pytest.approx(8 / 65, abs=1e-12)
+    # C's copy-back left the free list short: one more GPU unit, B's tail 8, went to the host.
+    assert obs["prefix"][1] == 8.0
 
 
 def test_the_host_link_of_a_shipped_profile_is_its_gpus_pcie_rate():
@@ -216,3 +223,39 @@ def test_without_prefix_caching_the_observation_has_no_prefix_keys():
     env = make_env(None, workload=workload([0.0], [16], [1], [[1, 2]]), backend=backend())
     obs, _ = env.reset(seed=0)
     assert "prefix" not in obs and "queue_prefix" not in obs
+
+
+def test_two_requests_computing_the_same_unit_cache_one_copy_and_stop_there():
+    # A (chain [1, 2]) and B (chain [1, 3]) prefill together: A registers units 1 and 2; B finds unit 1 cached by
+    # A, keeps its own copy private and registers nothing after it (its unit 3 is not a continuation of a cached
+    # chain). Blocks: 5 + 5, none shared.
+    env = env_for(workload([0.0, 0.0], [16, 16], [3, 3], [[1, 2], [1, 3]]))
+    step(env)
+    eng = env.unwrapped.cluster.engines[0]
+    assert eng.prefix_cache.refs == {1: 1, 2: 1}
+    assert eng.prefix_cache.held_units(1) == 0 and eng.num_used_blocks == 10
+
+
+def test_a_resumed_request_never_reuses_its_partial_last_prompt_unit():
+    # B's 12-token prompt fills unit 1 and a third of unit 2, whose id A (16 tokens) cached as a whole unit. As a
+    # preempted request with 6 tokens to recompute, B's last token to ingest lies past its prompt, yet only its
+    # whole prompt unit counts: 8 tokens, not 16.
+    env = env_for(workload([0.0, 1.0], [16, 12], [1, 5], [[1, 2], [1, 2]]))
+    step(env)
+    log = env.unwrapped.cluster.log
+    while env.unwrapped.cluster.engines[0].waiting.size < 1:
+        env.step(np.zeros(env.unwrapped.queue_window, dtype=np.int64))
+    assert env.unwrapped.cluster.engines[0].cached_prompt_tokens(1) == (8, 0)
+    log.num_generated_at_preemption[1] = 6
+    assert env.unwrapped.cluster.engines[0].cached_prompt_tokens(1) == (8, 0)
+
+
+def test_the_observation_counts_only_unreferenced_cached_blocks_as_free():
+    # A (chain [1, 2], 40 output tokens) runs holding both units; B waits: no cached block is free.
+    env = env_for(workload([0.0, 0.1], [16, 17], [40, 5], [[1, 2], [1, 2, 3]]))
+    step(env)
+    obs = None
+    while env.unwrapped.cluster.engines[0].waiting.size < 1:
+        obs, *_ = env.step(np.zeros(env.unwrapped.queue_window, dtype=np.int64))
+    assert obs["prefix"].tolist() == [0.0, 0.0]
+    assert obs["queue_prefix"][:2].tolist() == [16.0, 0.0]

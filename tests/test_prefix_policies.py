@@ -66,6 +66,13 @@ def test_vllm_budgets_only_the_uncached_tokens():
 def test_the_scorer_and_mc_sf_judge_a_prompt_by_its_uncached_part():
     _, obs = waiting_obs("scorer")
     assert scores(obs, 0.0, 0.0)[:2].tolist() == pytest.approx([-24.0, -1.0], abs=1e-9)
-    policy, obs = waiting_obs("mc-sf", order="prompt")
+    # MC-SF by prompt, where the whole prompts order the other way: B has 16 tokens, none cached; C 17, 16 cached.
+    work = workload([0.0, 1.0, 1.0], [16, 16, 17], [1, 5, 5], [[1, 2], [7, 8], [1, 2, 3]])
+    policy = make_policy("mc-sf", order="prompt")
+    env = make_env(policy, workload=work, backend=backend(), engine={"prefix_caching": True})
+    obs, _ = env.reset(seed=0)
+    obs, *_ = env.step(np.ones(env.unwrapped.queue_window, dtype=np.int64))
+    while env.unwrapped.cluster.engines[0].waiting.size < 2:
+        obs, *_ = env.step(np.zeros(env.unwrapped.queue_window, dtype=np.int64))
     action = policy.act(obs)
     assert action[1] == 1 and action[0] in (0, 2)  # C (slot 1) ranks first
