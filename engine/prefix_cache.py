@@ -29,6 +29,23 @@ def cacheable_units(prompt: int, target: int, unit: int) -> int:
     return min(prompt // unit, (target - 1) // unit)
 
 
+def _leading_run(chain: list[int], max_units: int, refs: dict[int, int],
+                 tier: OrderedDict[int, None]) -> tuple[int, int]:
+    """``(GPU units, host units)`` in the longest leading run of ``chain``, at most ``max_units`` long, whose every
+    unit is in ``refs`` (GPU memory) or ``tier`` (host memory)."""
+    gpu = host = 0
+    for key in chain:
+        if gpu + host >= max_units:
+            break
+        if key in refs:
+            gpu += 1
+        elif key in tier:
+            host += 1
+        else:
+            break
+    return gpu, host
+
+
 class PrefixCache:
     """The prefix units of one engine's KV cache (GPU) and of its host tier.
 
@@ -65,39 +82,19 @@ class PrefixCache:
     def lookup(self, request: int, max_units: int) -> tuple[int, int]:
         """``(GPU units, host units)`` in the longest leading run of ``request``'s chain, at most ``max_units``
         long, whose every unit is cached in GPU or host memory."""
-        gpu = host = 0
-        refs, tier = self.refs, self.host
-        for key in self._chains[request]:
-            if gpu + host >= max_units:
-                break
-            if key in refs:
-                gpu += 1
-            elif key in tier:
-                host += 1
-            else:
-                break
-        return gpu, host
+        return _leading_run(self._chains[request], max_units, self.refs, self.host)
 
     def lookup_tokens(self, requests: list[int], prompt: np.ndarray, generated: np.ndarray, out: np.ndarray) -> None:
         """:meth:`lookup` of each of ``requests`` in tokens, written to ``out`` as ``(GPU, host)`` pairs in turn
         (the observation's ``queue_prefix`` rows); ``prompt`` and ``generated`` hold every request's prompt tokens
-        and output tokens to recompute, which cap its run (the engine's rule: whole prompt units, never the unit
-        of the last token to ingest)."""
+        and output tokens to recompute, which cap its run (:func:`cacheable_units`). It runs for every visible
+        request at every step, so it reads the cache's fields once."""
         unit, refs, tier, chains = self.unit_tokens, self.refs, self.host, self._chains
         values: list[int] = []
         for request in requests:
             tokens = int(prompt[request])
-            cap = cacheable_units(tokens, tokens + int(generated[request]), unit)
-            gpu = host = 0  # lookup(), inlined: this runs for every visible request at every step
-            for key in chains[request]:
-                if gpu + host >= cap:
-                    break
-                if key in refs:
-                    gpu += 1
-                elif key in tier:
-                    host += 1
-                else:
-                    break
+            gpu, host = _leading_run(chains[request], cacheable_units(tokens, tokens + int(generated[request]), unit),
+                                     refs, tier)
             values += (gpu * unit, host * unit)
         out[: len(values)] = values
 

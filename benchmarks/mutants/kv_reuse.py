@@ -43,8 +43,9 @@ MUTATIONS = [
     ("pc-obs-host-free", "envs/observation.py", "        cache[0] = len(state.free) * state.unit_blocks",
      "        cache[0] = len(state.refs) * state.unit_blocks", (PC,), "env"),
     ("pc-obs-queue-cap-off", "engine/prefix_cache.py",
-     "            cap = cacheable_units(tokens, tokens + int(generated[request]), unit)",
-     "            cap = tokens // unit", (PC,), "env"),
+     "            gpu, host = _leading_run(chains[request], cacheable_units(tokens, tokens + int(generated[request]), "
+     "unit),", "            gpu, host = _leading_run(chains[request], cacheable_units(tokens, tokens + 1, unit),",
+     (PC,), "env"),
     ("lpm-shortest-match", "policies/lpm.py",
      '        order = np.argsort(-cached_tokens(obs, rows.shape[0]), kind="stable")',
      '        order = np.argsort(cached_tokens(obs, rows.shape[0]), kind="stable")', (POL,), "policy"),
