@@ -98,6 +98,25 @@ def _mod(a: cython.longlong, b: cython.longlong) -> cython.longlong:
     return r + b if r < 0 else r
 
 
+@cython.ccall
+def leading_run(chain: list, max_units: cython.longlong, refs: dict, tier: object) -> tuple:
+    """``(GPU units, host units)`` in the longest leading run of ``chain``, at most ``max_units`` long, whose every
+    unit is in ``refs`` (GPU memory) or ``tier`` (host memory): a prefix cache's match of a prompt, in time linear
+    in the run's length (dictionary probes), whatever the cache's size."""
+    gpu: cython.longlong = 0
+    host: cython.longlong = 0
+    for key in chain:
+        if gpu + host >= max_units:
+            break
+        if key in refs:
+            gpu += 1
+        elif key in tier:
+            host += 1
+        else:
+            break
+    return gpu, host
+
+
 @cython.cfunc
 @cython.inline
 @cython.exceptval(check=False)
@@ -239,7 +258,8 @@ class Engine:
         self._start(clock, ready_at)
         if self._config.prefix_caching and log.prefix is not None:
             self.prefix_cache = PrefixCache(log.prefix, self.block_size,
-                                      self._config.host_kv_tokens // log.prefix.block_tokens)
+                                            self._config.host_kv_tokens // log.prefix.block_tokens,
+                                            log.num_prompt_tokens)
 
     def _start(self, clock: float, ready_at: float) -> None:
         self.clock = clock
@@ -742,7 +762,8 @@ class Engine:
         revives, units copied in from the host tier, and its first chunk's own blocks."""
         cache = self.prefix_cache
         unit: cython.longlong = cache.unit_tokens
-        gpu, host = cache.lookup(rid, cacheable_units(self.prompt[rid], target, unit))
+        gpu, host = leading_run(cache.chain(rid), cacheable_units(self.prompt[rid], target, unit), cache.refs,
+                                cache.host)
         hit: cython.longlong = gpu + host
         cached: cython.longlong = hit * unit
         first: cython.longlong = min(self.chunk_limit, target - cached)
@@ -783,14 +804,26 @@ class Engine:
         """Blocks that hold cached prefixes no running request references (reusable, and evictable on demand)."""
         return 0 if self.prefix_cache is None else len(self.prefix_cache.free) * self.prefix_cache.unit_blocks
 
-    def queue_cached_tokens(self, window: int, out: np.ndarray) -> None:
+    def queue_cached_tokens(self, window: cython.Py_ssize_t, out: cython.float[::1]) -> None:
         """:meth:`cached_prompt_tokens` of the first ``window`` queued requests, as ``(GPU, host)`` pairs into
         ``out`` (zeros are left where nothing is cached or prefix caching is off)."""
         cache = self.prefix_cache
         if cache is None or not len(self.waiting):
             return
-        cache.lookup_tokens(self.waiting[:window].tolist(), self._log.num_prompt_tokens,
-                            self._log.num_generated_at_preemption, out)
+        waiting: cython.const[cython.longlong][:] = memoryview(self.waiting)
+        k: cython.Py_ssize_t = min(waiting.shape[0], window)
+        i: cython.Py_ssize_t
+        rid: cython.longlong
+        cap: cython.longlong
+        unit: cython.longlong = cache.unit_tokens
+        chains, fresh, resumed = cache.caps()
+        refs, tier = cache.refs, cache.host
+        for i in range(k):
+            rid = waiting[i]
+            cap = resumed[rid] if self.generated_at_preemption[rid] else fresh[rid]
+            gpu, host = leading_run(chains[rid], cap, refs, tier)
+            out[2 * i] = gpu * unit
+            out[2 * i + 1] = host * unit
 
     def cached_prompt_tokens(self, rid: int) -> tuple[int, int]:
         """``(GPU, host)`` prompt tokens of queued request ``rid`` that admitting it now would find cached."""
@@ -798,7 +831,8 @@ class Engine:
         if cache is None:
             return 0, 0
         target = self.prompt[rid] + self.generated_at_preemption[rid]
-        gpu, host = cache.lookup(rid, cacheable_units(self.prompt[rid], target, cache.unit_tokens))
+        gpu, host = leading_run(cache.chain(rid), cacheable_units(self.prompt[rid], target, cache.unit_tokens),
+                                cache.refs, cache.host)
         return gpu * cache.unit_tokens, host * cache.unit_tokens
 
     # ------------------------------------------------------------------ preemption

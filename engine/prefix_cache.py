@@ -29,23 +29,6 @@ def cacheable_units(prompt: int, target: int, unit: int) -> int:
     return min(prompt // unit, (target - 1) // unit)
 
 
-def _leading_run(chain: list[int], max_units: int, refs: dict[int, int],
-                 tier: OrderedDict[int, None]) -> tuple[int, int]:
-    """``(GPU units, host units)`` in the longest leading run of ``chain``, at most ``max_units`` long, whose every
-    unit is in ``refs`` (GPU memory) or ``tier`` (host memory)."""
-    gpu = host = 0
-    for key in chain:
-        if gpu + host >= max_units:
-            break
-        if key in refs:
-            gpu += 1
-        elif key in tier:
-            host += 1
-        else:
-            break
-    return gpu, host
-
-
 class PrefixCache:
     """The prefix units of one engine's KV cache (GPU) and of its host tier.
 
@@ -53,9 +36,11 @@ class PrefixCache:
         chains: the episode's prefix-block ids per request.
         block_size: the engine's tokens per KV block; a unit must be a whole number of them.
         host_units: units the host tier holds (0: no host tier).
+        prompt: each request's prompt tokens, for :meth:`caps` (None: all zero).
     """
 
-    def __init__(self, chains: PrefixChains, block_size: int, host_units: int = 0) -> None:
+    def __init__(self, chains: PrefixChains, block_size: int, host_units: int = 0,
+                 prompt: np.ndarray | None = None) -> None:
         if chains.block_tokens % block_size:
             raise ValueError(f"prefix blocks of {chains.block_tokens} tokens are not a whole number of the engine's "
                              f"{block_size}-token KV blocks")
@@ -66,6 +51,11 @@ class PrefixCache:
         self._chains: list[list[int]] = [part.tolist() for part in np.split(chains.hashes, ends)] if len(chains) \
             else []
         """Each request's chain as a list (made once: lookups run on the per-step path)."""
+        tokens = [0] * len(chains) if prompt is None else np.asarray(prompt).tolist()
+        self._cap_fresh = [cacheable_units(n, n, self.unit_tokens) for n in tokens]
+        self._cap_resumed = [cacheable_units(n, n + 1, self.unit_tokens) for n in tokens]
+        """:func:`cacheable_units` of each request before any output, and with output to recompute (any amount:
+        the cap is then its whole prompt units)."""
         self.refs: dict[int, int] = {}
         """Every unit in GPU memory (held or free) and how many running requests reference it."""
         self.free: OrderedDict[int, None] = OrderedDict()
@@ -79,27 +69,13 @@ class PrefixCache:
         """``request``'s prefix-unit ids (the list itself: do not change it)."""
         return self._chains[request]
 
-    def lookup(self, request: int, max_units: int) -> tuple[int, int]:
-        """``(GPU units, host units)`` in the longest leading run of ``request``'s chain, at most ``max_units``
-        long, whose every unit is cached in GPU or host memory."""
-        return _leading_run(self._chains[request], max_units, self.refs, self.host)
-
-    def lookup_tokens(self, requests: list[int], prompt: np.ndarray, generated: np.ndarray, out: np.ndarray) -> None:
-        """:meth:`lookup` of each of ``requests`` in tokens, written to ``out`` as ``(GPU, host)`` pairs in turn
-        (the observation's ``queue_prefix`` rows); ``prompt`` and ``generated`` hold every request's prompt tokens
-        and output tokens to recompute, which cap its run (:func:`cacheable_units`). It runs for every visible
-        request at every step, so it reads the cache's fields once."""
-        unit, refs, tier, chains = self.unit_tokens, self.refs, self.host, self._chains
-        values: list[int] = []
-        for request in requests:
-            tokens = int(prompt[request])
-            gpu, host = _leading_run(chains[request], cacheable_units(tokens, tokens + int(generated[request]), unit),
-                                     refs, tier)
-            values += (gpu * unit, host * unit)
-        out[: len(values)] = values
+    def caps(self) -> tuple[list[list[int]], list[int], list[int]]:
+        """Every request's chain, and its :func:`cacheable_units` before any output and with output to recompute
+        (made once: the engine's observation reads them for every visible request at every step)."""
+        return self._chains, self._cap_fresh, self._cap_resumed
 
     def acquire(self, request: int, units: int) -> tuple[int, int]:
-        """Reference the first ``units`` of ``request``'s chain (each cached: :meth:`lookup` said so).
+        """Reference the first ``units`` of ``request``'s chain (each cached: the engine's ``leading_run`` said so).
 
         Returns ``(revived, loaded)``: units that were free (their blocks are now in use again) and units copied
         in from the host tier (new blocks in use)."""

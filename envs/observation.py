@@ -262,10 +262,13 @@ class ObservationEncoder:
             self._prefix(engine, buf[ends["pool"] : ends["prefix"]], buf[ends["queue"] : ends["queue_prefix"]])
         if self.flat:
             return buf
+        if not self.prefix:
+            return {"engine": buf[: ends["engine"]], "pool": buf[ends["engine"] : ends["pool"]],
+                    "progress": buf[ends["prefix"] : ends["progress"]], "queue": buf[ends["progress"] : ends["queue"]],
+                    "running": buf[ends["queue_prefix"] :]}
         start, views = 0, {}
         for key, end in ends.items():
-            if end > start or key not in PREFIX_KEYS:
-                views[key] = buf[start:end]
+            views[key] = buf[start:end]
             start = end
         return views
 

@@ -109,14 +109,15 @@ def fcfs_count(obs: Observation, order: np.ndarray | None = None, budget_blocks:
     if not rows.shape[0]:
         return 0
     # Prompt tokens cached in GPU memory take no new blocks (whole blocks: a cached prefix is whole units).
-    hits = cached_tokens(obs, rows.shape[0], host=False) if "queue_prefix" in obs else np.zeros(rows.shape[0])
+    hits = cached_tokens(obs, rows.shape[0], host=False).tolist() if "queue_prefix" in obs else None
     if order is not None:
-        rows, hits = rows[order], hits[order]
+        rows = rows[order]
+        hits = None if hits is None else [hits[i] for i in order.tolist()]
     budget = free_blocks(obs, engine) if budget_blocks is None else budget_blocks
     slots, block = free_slots(obs, engine), engine[_BLOCK]
     count, used = 0, 0.0
-    for prompt, generated, hit in zip(rows[:, _PROMPT].tolist(), rows[:, _GENERATED].tolist(), hits.tolist(),
-                                      strict=True):
+    hits = hits or [0] * rows.shape[0]
+    for prompt, generated, hit in zip(rows[:, _PROMPT].tolist(), rows[:, _GENERATED].tolist(), hits, strict=True):
         used += num_blocks(prompt + generated + 1, block) - hit // block
         if count == slots or used > budget:
             break

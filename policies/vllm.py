@@ -53,8 +53,8 @@ def admit_within_budget(obs: Observation, budget_left: int, engine: list[float] 
     blocks, count = free_blocks(obs, engine), 0
     # With prefix caching, the cached prompt tokens are computed already: only the rest is scheduled (vLLM's
     # num_new_tokens) and takes new blocks.
-    hits = cached_tokens(obs, rows.shape[0]) if "queue_prefix" in obs else np.zeros(rows.shape[0])
-    for prompt, generated, hit in zip(rows[:, _PROMPT].tolist(), rows[:, _GENERATED].tolist(), hits.tolist(),
+    hits = cached_tokens(obs, rows.shape[0]).tolist() if "queue_prefix" in obs else [0] * rows.shape[0]
+    for prompt, generated, hit in zip(rows[:, _PROMPT].tolist(), rows[:, _GENERATED].tolist(), hits,
                                       strict=True):
         target = prompt + generated - hit
         first = min(chunk, target, budget_left)

@@ -42,10 +42,9 @@ MUTATIONS = [
      "        if True:", (PC,), "engine"),
     ("pc-obs-host-free", "envs/observation.py", "        cache[0] = len(state.free) * state.unit_blocks",
      "        cache[0] = len(state.refs) * state.unit_blocks", (PC,), "env"),
-    ("pc-obs-queue-cap-off", "engine/prefix_cache.py",
-     "            gpu, host = _leading_run(chains[request], cacheable_units(tokens, tokens + int(generated[request]), "
-     "unit),", "            gpu, host = _leading_run(chains[request], cacheable_units(tokens, tokens + 1, unit),",
-     (PC,), "env"),
+    ("pc-obs-queue-cap-off", "engine/engine.py",
+     "            cap = resumed[rid] if self.generated_at_preemption[rid] else fresh[rid]",
+     "            cap = resumed[rid]", (PC,), "env"),
     ("lpm-shortest-match", "policies/lpm.py",
      '        order = np.argsort(-cached_tokens(obs, rows.shape[0]), kind="stable")',
      '        order = np.argsort(cached_tokens(obs, rows.shape[0]), kind="stable")', (POL,), "policy"),
