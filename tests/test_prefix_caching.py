@@ -259,3 +259,24 @@ def test_the_observation_counts_only_unreferenced_cached_blocks_as_free():
         obs, *_ = env.step(np.zeros(env.unwrapped.queue_window, dtype=np.int64))
     assert obs["prefix"].tolist() == [0.0, 0.0]
     assert obs["queue_prefix"][:2].tolist() == [16.0, 0.0]
+
+
+def test_prefix_caching_on_a_workload_without_chains_changes_nothing_in_the_episode():
+    # Nothing to share: the same iterations, token times and step log as with prefix caching off (only the
+    # observation gains its two keys, all zeros).
+    from servegym.workloads import make_workload
+
+    logs = []
+    for on in (False, True):
+        env = make_env(None, workload=make_workload("burst"), engine={"prefix_caching": on, "num_kv_blocks": 300},
+                       max_episode_steps=400)
+        env.reset(seed=3)
+        for _ in range(400):
+            obs, _, terminated, truncated, _ = env.step(np.ones(env.unwrapped.queue_window, dtype=np.int64))
+            if terminated or truncated:
+                break
+        logs.append(env.unwrapped.cluster.log)
+        if on:
+            assert not obs["prefix"].any() and not obs["queue_prefix"].any()
+    assert np.array_equal(logs[0].steps(), logs[1].steps())
+    assert logs[0].seg_req == logs[1].seg_req and logs[0].seg_last == logs[1].seg_last
