@@ -277,7 +277,7 @@ class ObservationEncoder:
         state = engine.prefix_cache
         if state is None:
             return
-        cache[0] = len(state.free) * state.unit_blocks
+        cache[0] = engine.cached_free_blocks
         cache[1] = len(state.host) * state.unit_tokens
         engine.queue_cached_tokens(self.queue_window, queue)
 
