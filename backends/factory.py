@@ -17,11 +17,12 @@ BACKENDS = ("calibrated", "torch")
 
 def make_backends(backend: Backend | str | None, profile: str | Profile, engine: EngineConfig, containers: int,
                   backend_options: dict[str, Any] | None = None,
-                  latency_noise_cv: float | None = None) -> tuple[list[Backend], float]:
+                  latency_noise_cv: float | None = None, profiles: tuple[str, ...] = ()) -> tuple[list[Backend], float]:
     """One backend per container and the pool's cold start (s).
 
     ``backend``: None or ``"calibrated"`` prices iterations with ``profile`` (one :class:`CalibratedBackend`
-    per container; warns where the engine's limits exceed the profile's measured range); ``"torch"`` runs a real
+    per container, or ``profiles[c]`` for container ``c`` when given: a heterogeneous cluster; warns where the
+    engine's limits exceed a profile's measured range); ``"torch"`` runs a real
     model (``TorchBackend(**backend_options)``, sized by the engine's KV settings); an instance serves one
     container as it is.
     """
@@ -36,7 +37,13 @@ def make_backends(backend: Backend | str | None, profile: str | Profile, engine:
         if containers != 1:
             raise ValueError("a backend instance serves one container; use profile= for a pool")
         return [backend], 0.0
-    prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    for line in engine_range_warnings(prof, engine.max_num_seqs, engine.max_num_batched_tokens):
-        warnings.warn(line, RuntimeWarning, stacklevel=3)
-    return [CalibratedBackend(prof, noise_cv=latency_noise_cv) for _ in range(containers)], prof.cold_start_s
+    if profiles and len(profiles) != containers:
+        raise ValueError(f"{len(profiles)} profiles for {containers} containers")
+    chosen = {name: load_profile(name) for name in dict.fromkeys(profiles)} if profiles else \
+        {"": profile if isinstance(profile, Profile) else load_profile(profile)}
+    for prof in chosen.values():
+        for line in engine_range_warnings(prof, engine.max_num_seqs, engine.max_num_batched_tokens):
+            warnings.warn(line, RuntimeWarning, stacklevel=3)
+    per_container = [chosen[name] for name in profiles] if profiles else [chosen[""]] * containers
+    return ([CalibratedBackend(prof, noise_cv=latency_noise_cv) for prof in per_container],
+            max(prof.cold_start_s for prof in chosen.values()))

@@ -79,6 +79,8 @@ class EpisodeLog:
     num_containers: int = 1
     prefix: PrefixChains | None = None
     """Each request's prefix-block ids (None: the workload gave none; nothing is shared)."""
+    container_kv_blocks: tuple[int, ...] = ()
+    """Each container's KV blocks where they differ (a heterogeneous cluster); empty: ``num_kv_blocks`` each."""
     state: np.ndarray = field(init=False)
     admit_s: np.ndarray = field(init=False)
     first_token_s: np.ndarray = field(init=False)
@@ -140,6 +142,12 @@ class EpisodeLog:
         for r, first, last in zip(self.seg_req, self.seg_first, self.seg_last, strict=True):
             out[r].append(ends[self.container[r]][first : last + 1])
         return [np.concatenate(p) if p else np.zeros(0) for p in out]
+
+    def kv_blocks(self, container: np.ndarray) -> np.ndarray | int:
+        """The KV blocks of each given container (``num_kv_blocks`` unless the containers differ)."""
+        if not self.container_kv_blocks:
+            return self.num_kv_blocks
+        return np.asarray(self.container_kv_blocks)[np.asarray(container, dtype=np.int64)]
 
     def counts(self) -> dict[str, int]:
         """Requests per lifecycle bucket: ``num_arrived = num_waiting + num_running + num_finished +

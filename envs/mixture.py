@@ -7,7 +7,9 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
+from servegym.backends.calibrated import CalibratedBackend
 from servegym.engine import Engine, EngineConfig
+from servegym.envs.routing import RoutingEnv
 from servegym.envs.serving import ServingEnv
 from servegym.envs.tasks import SPLITS, Task, get_task
 from servegym.pool import Cluster, PoolConfig
@@ -146,4 +148,26 @@ def make_serving_env(task: str | Task | None = None, split: str | None = None, v
     settings = spec.env_kwargs(split if version >= 1 else None)
     engine = _merged(settings.pop("engine"), kwargs.pop("engine", None))
     pool = _merged(settings.pop("pool"), kwargs.pop("pool", None))
+    if spec.decision == "route":
+        return _routing_env(spec, {**settings, **kwargs, "engine": engine, "pool": pool})
     return ServingEnv(**{**settings, **kwargs, "engine": engine, "pool": pool})
+
+
+def _routing_env(spec: Task, kwargs: dict[str, Any]) -> RoutingEnv:
+    """A routing task's env: its serving env with ``Router.AGENT`` and the task's (or ``admission=``) policy
+    admitting inside the replicas; ``flat_obs`` flattens the routing observation. The serving env skips the
+    iterations with no admission to decide when the admission policy is stateless (the same episode)."""
+    from servegym.policies import make_policy
+
+    admission = make_policy(kwargs.pop("admission", spec.admission))
+    if admission.decision != "admission":
+        raise ValueError(f"admission must be an admission policy, got the {admission.decision} policy "
+                         f"{admission.name!r}")
+    flat = kwargs.pop("flat_obs", False)
+    kwargs.pop("decision_steps", None)
+    serving = ServingEnv(**{**kwargs, "pool": {**kwargs["pool"], "router": "agent"},
+                            "engine": {**kwargs["engine"], **admission.engine_overrides()},
+                            "decision_steps": admission.stateless})
+    backend = serving.cluster.engines[0].backend
+    admission.bind_profile(backend.profile if isinstance(backend, CalibratedBackend) else None)
+    return RoutingEnv(serving, admission, flat_obs=flat)

@@ -179,7 +179,8 @@ class ServingEnv(gym.Env):
         self.pool_config = _config("pool", pool, PoolConfig) or PoolConfig()
         n = self.pool_config.num_containers
         profile = profile if profile is not None else profile_for(workload)
-        backends, cold_start = make_backends(backend, profile, self.engine_config, n, backend_options, latency_noise_cv)
+        backends, cold_start = make_backends(backend, profile, self.engine_config, n, backend_options, latency_noise_cv,
+                                             self.pool_config.profiles)
         self.workload = make_workload(workload) if isinstance(workload, str) else workload
         self.cluster = Cluster(self.engine_config, self.pool_config, backends, self.workload, cold_start)
         self._engine_loop = n == 1 and not self.engine_config.check_invariants
@@ -281,9 +282,23 @@ class ServingEnv(gym.Env):
 
     def _ends_step(self, terminated: bool, truncated: bool) -> bool:
         """Whether the iteration just run is a step's last: the episode ended, the env steps every iteration, an
-        admission could succeed now, or the iteration limit is reached."""
+        admission could succeed now, a request waits to be routed, or the iteration limit is reached."""
         return terminated or truncated or not self.decision_steps or self.cluster.engine.can_admit() \
+            or self.cluster.awaiting_route \
             or (self.iteration_limit is not None and self._num_steps >= self.iteration_limit)
+
+    def route(self, container: int) -> float:
+        """With ``pool.router == "agent"``: send the request that waits to be routed to ``container``; return the
+        reward of its wait from arrival to now (``latency``: minus it; other rewards: 0)."""
+        _, lag = self.cluster.route(container)
+        if self.reward_name != "latency":
+            return 0.0
+        self._latency_charged += lag
+        return -lag
+
+    def observe(self) -> dict[str, np.ndarray] | np.ndarray:
+        """The observation of the current state (as ``step`` returns it), e.g. after :meth:`route`."""
+        return self._encoder.encode(self.cluster)
 
     def _iterations_left(self) -> int:
         """Iterations before ``max_steps`` or the iteration limit (the last of them may end the episode)."""

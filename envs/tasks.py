@@ -24,6 +24,10 @@ TEST_SEEDS = tuple(range(900_000, 900_030))
 """The frozen test set: the seeds every leaderboard row is measured on. Never train or select on these."""
 
 
+DECISIONS = ("admission", "route")
+"""What a task's policies decide (:attr:`Task.decision`)."""
+
+
 def _frozen(mapping: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
     return MappingProxyType(dict(mapping or {}))
 
@@ -55,8 +59,15 @@ class Task:
     and nothing runs: a policy that stops admitting cannot run the episode out."""
     components: tuple[str, ...] = ()
     """For a mixture task: the tasks it samples among, uniformly, per episode."""
+    decision: str = "admission"
+    """What a policy or agent decides: ``"admission"`` (the serving env) or ``"route"`` (which replica serves each
+    arrival: the routing env, :class:`~servegym.envs.routing.RoutingEnv`)."""
+    admission: str = "fcfs"
+    """For a routing task: the hand-coded policy that admits requests inside every replica."""
 
     def __post_init__(self) -> None:
+        if self.decision not in DECISIONS:
+            raise ValueError(f"decision must be one of {DECISIONS}, got {self.decision!r}")
         object.__setattr__(self, "engine", _frozen(self.engine))
         object.__setattr__(self, "pool", _frozen(self.pool))
 
@@ -115,6 +126,14 @@ TASKS: dict[str, Task] = {
              "sessions that start in the held-out middle 35-65% of the trace", workload="mooncake-conversation",
              test_workload="mooncake-conversation-test", profile="a100-llama3-8b",
              engine={**PREDICTED, "prefix_caching": True}, max_steps=200_000),
+        Task("cluster-routing", "random 300 s windows of the whole Mooncake conversation trace at its own rate "
+             "(3.4 req/s of 12k-token prompts, multi-turn sessions sharing prefixes) reach 8 A100 replicas with "
+             "prefix caching; the decision is which replica serves each arrival (FCFS admits inside each): a "
+             "replica that caches the session's prefix computes less, a loaded one makes it wait; test windows hold "
+             "only sessions that start in the held-out middle 35-65% of the trace", workload="mooncake-cluster",
+             test_workload="mooncake-cluster-test", profile="a100-llama3-8b",
+             engine={**PREDICTED, "prefix_caching": True}, pool={"num_containers": 8}, max_steps=1_000_000,
+             decision="route"),
         Task("mixture", "each episode is drawn from relaxed, memory-tight or long-context: one policy for "
              "different GPUs, loads and lengths (generalisation)", components=("relaxed", "memory-tight",
                                                                               "long-context")),

@@ -34,11 +34,13 @@ from servegym.pool import PoolConfig
 from servegym.runner import EpisodeResult, env_profile, make_env, run_episode
 
 DEFAULT_POLICIES = ("random", "random:count", "random:window", "random:rank", "random:score", "fcfs", "twp",
-                    "flow-control", "sarathi", "mc-sf", "vllm", "lpm", "priority", "clairvoyant-greedy", ORACLE)
+                    "flow-control", "sarathi", "mc-sf", "vllm", "lpm", "priority", "clairvoyant-greedy",
+                    "router-round-robin", "router-least-loaded", "router-least-kv", "router-power-of-two",
+                    "router-prefix-affinity", "router-kv-aware", ORACLE)
 """The default field: the floors a scheduler must beat (random admission, which is the admit mode's uniform
 action, a uniformly random action of each other learning action mode, and FCFS), the seed papers' policies with
 their default parameters, the strongest baselines, and the clairvoyant greedy packer (true lengths; not a
-bound), and the oracle (:mod:`servegym.evaluation.oracle`: a rollout planner over every other contestant of the
+bound), every router (on routing tasks, where the others do not play), and the oracle (:mod:`servegym.evaluation.oracle`: a rollout planner over every other contestant of the
 task, at or above each of them on every seed)."""
 
 
@@ -193,7 +195,22 @@ def own_settings(entry: Entry) -> tuple[dict[str, Any], dict[str, Any], bool]:
         mode = config.get("engine", {}).get("length_mode")
         return ({"length_mode": mode} if mode else {}), {}, False
     policy = make_policy(entry.policy, **entry.params)
+    if policy.decision == "route":  # its router is what it decides, on every track, not a setting
+        return policy.engine_overrides(), {}, type(policy).needs_overrides
     return policy.engine_overrides(), policy.pool_overrides(), type(policy).needs_overrides
+
+
+def entry_decision(entry: Entry) -> str | None:
+    """What the entry decides (``"admission"`` or ``"route"``; an agent's, from its run's action mode); None for
+    the oracle, which plays whatever its bases decide."""
+    if entry.policy == ORACLE:
+        return None
+    if entry.policy.startswith("rl:"):
+        config = json.loads((Path(entry.policy.removeprefix("rl:")) / "config.json").read_text())
+        return "route" if config.get("mode") == "route" else "admission"
+    if entry.policy.startswith("random:"):
+        return "admission"
+    return POLICIES[entry.policy].decision if entry.policy in POLICIES else "admission"
 
 
 def changed_settings(task: str, engine: dict[str, Any], pool: dict[str, Any]) -> dict[str, Any]:
@@ -228,7 +245,9 @@ def make_jobs(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[in
     settings = {entry.label: own_settings(entry) for entry in entries}
     jobs = []
     for task in tasks:
-        runs = [(entry, track) for entry in entries if entry.runs_on(task)
+        decision = get_task(task).decision
+        runs = [(entry, track) for entry in entries
+                if entry.runs_on(task) and entry_decision(entry) in (None, decision)
                 for track in tracks(task, entry, settings[entry.label])]
         bases = tuple(e for e, track in runs if track == TEST_TRACK and e.policy != ORACLE)
         for entry, track in runs:

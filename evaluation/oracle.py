@@ -84,11 +84,19 @@ def _finish(env: gym.Env, obs: dict, policy: Policy, total: float) -> tuple[list
     done = False
     while not done:
         action = np.array(policy.act(obs), copy=True)
-        obs, reward, terminated, truncated, _ = env.step(action)
+        obs, reward, terminated, truncated, info = env.step(action)
         actions.append(action)
-        total += float(reward)
+        total = _add(total, reward, info)
         done = terminated or truncated
     return actions, total
+
+
+def _add(total: float, reward: float, info: dict) -> float:
+    """``total`` plus a step's reward, term by term where the step lists its iterations' rewards (as
+    :func:`~servegym.runner.run_episode` sums them, so the oracle's return compares with the rows' to the bit)."""
+    for r in info.get("iteration_rewards", (reward,)):
+        total += float(r)
+    return total
 
 
 def plan_episode(env: gym.Env, bases: Mapping[str, Policy], seed: int, budget: Budget = Budget()) -> OracleEpisode:
@@ -123,8 +131,8 @@ def plan_episode(env: gym.Env, bases: Mapping[str, Policy], seed: int, budget: B
                     switches.append(f"{label}@{step}")
         for watcher in watchers.values():  # each watches the step it did not take
             watcher.act(obs)
-        obs, reward, terminated, truncated, _ = env.step(plan.actions[step])
-        total += float(reward)
+        obs, reward, terminated, truncated, info = env.step(plan.actions[step])
+        total = _add(total, reward, info)
         step += 1
         done = terminated or truncated
         if not done and step == len(plan.actions):

@@ -106,7 +106,7 @@ def kv_utilisation_stats(log: EpisodeLog) -> tuple[float, float, float]:
     steps = log.steps()
     if steps.size == 0:
         return 0.0, 0.0, 0.0
-    used = steps[:, STEP_FIELDS.index("num_used_blocks")] / log.num_kv_blocks
+    used = steps[:, STEP_FIELDS.index("num_used_blocks")] / log.kv_blocks(steps[:, STEP_FIELDS.index("container")])
     dt = steps[:, STEP_FIELDS.index("dt_s")]
     weights = dt if dt.sum() > 0 else np.ones_like(dt)
     mean = float(np.dot(used, weights) / weights.sum())

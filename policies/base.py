@@ -45,6 +45,10 @@ class Policy(ABC):
     """True when :meth:`act` is a function of the observation and the parameters alone (no filter, bucket or
     random stream advanced by a call): runners then skip the iterations with no admission decision to make
     without calling it (``decision_steps``), which leaves every episode unchanged."""
+    decision: ClassVar[str] = "admission"
+    """What :meth:`act` decides: ``"admission"`` (a ``MultiDiscrete`` action of the serving env) or ``"route"`` (the
+    replica of the routing env, :class:`~servegym.envs.routing.RoutingEnv`); a task is played by policies of its
+    own decision (:attr:`~servegym.envs.tasks.Task.decision`)."""
     Params: ClassVar[type[PolicyParams] | None] = None
     """The policy's parameters (a frozen :class:`PolicyParams` dataclass); None when it has none."""
 
@@ -154,6 +158,11 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
         raise ValueError(f"policy name {cls.name!r} is already registered by {POLICIES[cls.name].__name__}")
     POLICIES[cls.name] = cls
     return cls
+
+
+def deciding(decision: str) -> list[str]:
+    """The registered policies that decide ``decision`` (``"admission"`` or ``"route"``), by name."""
+    return sorted(name for name, cls in POLICIES.items() if cls.decision == decision)
 
 
 def policies_table() -> str:

@@ -1,4 +1,5 @@
-"""A serverless pool of engines with one workload, a router, keep-alive and cold starts, and an event clock.
+"""A pool of engines with one workload, a router, keep-alive and cold starts, and an event clock: a serverless
+pool, or (no keep-alive, warm from the start) a cluster of always-warm replicas, heterogeneous if ``profiles`` says.
 
 With several containers, each step advances the container whose decision is due first (the smallest clock
 among those with work); requests that arrived by then are routed first. With one warm container (the
@@ -20,7 +21,7 @@ from servegym.engine.config import EngineConfig, LengthMode, as_enum
 from servegym.engine.engine import Engine
 from servegym.engine.log import EpisodeLog
 from servegym.engine.table import StepOutcome
-from servegym.pool.routing import ROUTERS, Router
+from servegym.pool.routing import ROUTERS, Router, RouteState
 from servegym.validation import boolean, count, in_range, optional, positive_number
 from servegym.workloads.base import Workload
 
@@ -44,10 +45,28 @@ class PoolConfig:
     )
     start_cold: bool = field(default=False, metadata={"help": "containers start cold (scale from zero)"})
     router: Router = field(default=Router.LEAST_LOADED, metadata={"help": "routing rule for arrivals"})
+    prefix_weight: float = field(
+        default=1.0, metadata={"help": "kv_aware router: cost per KV block the arrival must prefill"}
+    )
+    load_weight: float = field(
+        default=1.0, metadata={"help": "kv_aware router: cost per KV block a replica holds in use or queued"}
+    )
+    profiles: tuple[str, ...] = field(
+        default=(), metadata={"help": "one calibrated profile per container (empty: the env's profile for all)"}
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "router", as_enum(Router, "router", self.router))
         count("num_containers", self.num_containers, "containers")
+        for name in ("prefix_weight", "load_weight"):
+            in_range(0.0, 1e6)(name, getattr(self, name))
+        if self.prefix_weight == self.load_weight == 0:
+            raise ValueError("prefix_weight and load_weight are both 0: the kv_aware router would have no cost")
+        if isinstance(self.profiles, str) or not all(isinstance(p, str) and p for p in self.profiles):
+            raise TypeError(f"profiles must be a sequence of profile names, got {self.profiles!r}")
+        object.__setattr__(self, "profiles", tuple(self.profiles))
+        if self.profiles and len(self.profiles) != self.num_containers:
+            raise ValueError(f"profiles names {len(self.profiles)} profiles for {self.num_containers} containers")
         for name in ("keep_alive_s", "cold_start_s"):
             optional(in_range(0.0, MAX_POOL_SECONDS))(name, getattr(self, name))
         positive_number("cold_start_scale", self.cold_start_scale)
@@ -102,7 +121,12 @@ class Cluster:
         if self.cold_start_s > MAX_POOL_SECONDS:
             raise ValueError(f"cold start {self.cold_start_s:g} s (cold_start_s x cold_start_scale) exceeds "
                              f"{MAX_POOL_SECONDS:g} s")
-        self._route = ROUTERS[pool.router]
+        blocks = tuple(e.num_kv_blocks for e in self.engines)
+        self._kv_blocks = blocks if len(set(blocks)) > 1 else ()
+        self._route = ROUTERS.get(pool.router)
+        """The router's rule (None for ``Router.AGENT``: :meth:`route` places each arrival)."""
+        self._route_rng: np.random.Generator | None = None
+        """The routing stream (``power_of_two``), spawned from the episode's generator at reset."""
         # Episode state, set by reset().
         self.log: EpisodeLog | None = None
         self.done = True
@@ -136,7 +160,7 @@ class Cluster:
         first = self.engines[0]
         self.log = EpisodeLog(spec.arrival_s, spec.num_prompt_tokens, output, lo, hi,
                               spec.num_output_tokens > cfg.max_tokens, first.num_kv_blocks, first.block_size,
-                              len(self.engines), spec.prefix)
+                              len(self.engines), spec.prefix, self._kv_blocks)
         self.time = float(spec.arrival_s[0]) if len(spec) else 0.0
         ready = math.inf if self.pool.start_cold else -math.inf
         for engine in self.engines:
@@ -145,6 +169,8 @@ class Cluster:
         self._num_requests = self.log.num_requests
         self._arrival_times = self.log.arrival_s.tolist()
         self._route_turn = 0
+        # A child stream, so that drawing it leaves the episode's own draws as they are without it.
+        self._route_rng = rng.spawn(1)[0] if self.pool.router is Router.POWER_OF_TWO else None
         self._num_in_system = 0
         self._pending_ends = []
         self.num_rejected = 0
@@ -184,6 +210,8 @@ class Cluster:
     def step(self, admit: np.ndarray) -> ClusterStep:
         if self.done:
             raise RuntimeError("the episode is over (workload exhausted, system empty); call reset()")
+        if self.awaiting_route:
+            raise RuntimeError(f"request {self._next_arrival} has arrived and waits to be routed: call route()")
         container = self.deciding
         engine = self.engines[container]
         out = engine.step(admit, self.next_arrival_s)
@@ -249,35 +277,84 @@ class Cluster:
             stop += 1
         if stop == self._next_arrival:
             return 0, 0, 0.0
+        if self._route is None:  # they wait for route()
+            return 0, 0, 0.0
         ids = np.arange(self._next_arrival, stop)
         if len(self.engines) == 1:  # the common case: no routing decision to make
             self._load_if_cold(self.engines[0])
-            groups = [(0, ids)]
-        else:
-            targets = np.array([self._pick() for _ in range(ids.size)])
-            groups = [(int(c), ids[targets == c]) for c in np.unique(targets)]
-        rejected, lag = 0, 0.0
-        for c, routed in groups:
-            engine = self.engines[c]
-            if engine.ready_at > self.time:  # they wait for the model to load
-                log.cold_start[routed] = True
-                log.load_wait_s[routed] = engine.ready_at - self.time
-            refused, waited = engine.receive(routed, self.time)
-            rejected += refused
-            lag += waited
-        self._num_in_system += ids.size - rejected
+            rejected, lag = self._deliver(0, ids)
+        else:  # one at a time: each router sees the arrivals routed before it
+            rejected, lag = 0, 0.0
+            for rid in ids.tolist():
+                refused, waited = self._deliver(self._pick(rid), np.array([rid], dtype=np.int64))
+                rejected += refused
+                lag += waited
         self._next_arrival = stop
-        self.num_rejected += rejected
         return ids.size, rejected, lag
 
-    def _pick(self) -> int:
-        """Route one arrival: the router's choice among the containers, which starts loading if cold."""
-        engines, now = self.engines, self.time
-        load = np.array([e.waiting.size + e.num_running for e in engines], dtype=np.int64)
-        holds = np.array([not self.is_cold(e, now) for e in engines])
-        c = self._route(load, holds, self._route_turn)
+    def _deliver(self, c: int, ids: np.ndarray) -> tuple[int, float]:
+        """Queue arrivals ``ids`` at container ``c`` now; return (rejected, summed lag)."""
+        engine, log = self.engines[c], self.log
+        if engine.ready_at > self.time:  # they wait for the model to load
+            log.cold_start[ids] = True
+            log.load_wait_s[ids] = engine.ready_at - self.time
+        rejected, lag = engine.receive(ids, self.time)
+        self._num_in_system += ids.size - rejected
+        self.num_rejected += rejected
+        return rejected, lag
+
+    # ------------------------------------------------------------------ routing
+    @property
+    def awaiting_route(self) -> bool:
+        """``Router.AGENT``: a request has arrived and waits for :meth:`route` (always False for other routers)."""
+        return self._route is None and self._next_arrival < self._num_requests \
+            and self._arrival_times[self._next_arrival] <= self.time
+
+    def route(self, container: int) -> tuple[int, float]:
+        """``Router.AGENT``: send the request that waits to be routed to ``container`` (which starts loading if
+        cold). Returns (rejected: 0 or 1, its lag from arrival to now); ``done`` is updated."""
+        if not self.awaiting_route:
+            raise RuntimeError("no request waits to be routed (the router is not 'agent', or none has arrived)")
+        if not 0 <= container < len(self.engines):
+            raise ValueError(f"container must be in [0, {len(self.engines)}), got {container!r}")
         self._route_turn += 1
-        self._load_if_cold(engines[c])
+        self._load_if_cold(self.engines[container])
+        rid = self._next_arrival
+        rejected, lag = self._deliver(container, np.array([rid], dtype=np.int64))
+        self._next_arrival += 1
+        self._choose()
+        self._update_done()
+        if self.config.check_invariants:
+            self.check_invariants()
+        return rejected, lag
+
+    @property
+    def routing_request(self) -> int:
+        """The id of the next request to arrive: the one :meth:`route` places when ``awaiting_route``."""
+        return self._next_arrival
+
+    def route_state(self, rid: int) -> RouteState:
+        """What a router sees of the containers now for request ``rid``."""
+        engines, log = self.engines, self.log
+        prompt = int(log.num_prompt_tokens[rid])
+        cached = np.array([sum(e.cached_prompt_tokens(rid)) for e in engines], dtype=np.int64)
+        return RouteState(
+            load=np.array([e.waiting.size + e.num_running for e in engines], dtype=np.int64),
+            free_blocks=np.array([e.num_kv_blocks - e.num_used_blocks for e in engines], dtype=np.int64),
+            used_blocks=np.array([e.num_used_blocks for e in engines], dtype=np.int64),
+            queued_blocks=np.array([-(-int(log.num_prompt_tokens[e.waiting].sum()) // e.block_size) for e in engines],
+                                   dtype=np.int64),
+            cached_tokens=cached,
+            fits=np.array([prompt + int(log.output_lo[rid]) <= e.num_kv_blocks * e.block_size for e in engines]),
+            holds_model=np.array([not self.is_cold(e, self.time) for e in engines]),
+            prompt_tokens=prompt, block_size=engines[0].block_size, turn=self._route_turn,
+            prefix_weight=self.pool.prefix_weight, load_weight=self.pool.load_weight, rng=self._route_rng)
+
+    def _pick(self, rid: int) -> int:
+        """Route arrival ``rid``: the router's choice among the containers, which starts loading if cold."""
+        c = self._route(self.route_state(rid))
+        self._route_turn += 1
+        self._load_if_cold(self.engines[c])
         return c
 
     def _load_if_cold(self, engine: Engine) -> None:

@@ -23,7 +23,7 @@ ENV_CHANGES = {
 """What each version changed, newest first."""
 TASK_IDS = {"relaxed": "Relaxed", "memory-tight": "MemoryTight", "long-context": "LongContext",
             "serverless-burst": "ServerlessBurst", "slo-goodput": "SloGoodput", "prefix-reuse": "PrefixReuse",
-            "mixture": "Mixture"}
+            "cluster-routing": "ClusterRouting", "mixture": "Mixture"}
 """Benchmark task -> the name of its own id, ``servegym/<Name>-v1`` (``gym.make(id)`` is the task's env)."""
 
 
@@ -33,7 +33,7 @@ def task_id(task: str) -> str:
 
 
 _ENTRY = "servegym.envs.mixture:make_serving_env"
-TASK_MAX_STEPS = {"prefix-reuse": 200_000}
+TASK_MAX_STEPS = {"prefix-reuse": 200_000, "cluster-routing": 1_000_000}
 """Tasks whose episodes run past the ids' 20,000 steps (their ``Task.max_steps``; tests check the two agree)."""
 for _id, _kwargs in ((ENV_ID, {"version": 1}), (LEGACY_ENV_ID, {"version": 0}),
                      *((task_id(task), {"version": 1, "task": task, "id_task": task}) for task in TASK_IDS)):

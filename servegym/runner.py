@@ -16,7 +16,8 @@ from servegym import ENV_ID
 from servegym.backends import CalibratedBackend, Profile
 from servegym.engine import STEP_FIELDS, EpisodeLog, State
 from servegym.envs import MixtureEnv, ServingEnv
-from servegym.envs.tasks import TASKS
+from servegym.envs.routing import RoutingEnv
+from servegym.envs.tasks import TASKS, get_task
 from servegym.metrics import summarize
 from servegym.policies import Policy
 from servegym.validation import positive_int
@@ -53,7 +54,7 @@ class IterationLimit(gym.Wrapper):
 
 def _serving_envs(env: gym.Env) -> list[ServingEnv]:
     inner = env.unwrapped
-    return list(inner.components.values()) if isinstance(inner, MixtureEnv) else [inner]
+    return list(inner.components.values()) if isinstance(inner, MixtureEnv) else [serving_env(env)]
 
 
 def make_env(policy: Policy | None = None, max_episode_steps: int | None = None, apply_overrides: bool = True,
@@ -81,6 +82,8 @@ def make_env(policy: Policy | None = None, max_episode_steps: int | None = None,
         engine = {**engine, **policy.engine_overrides()}
         pool = {**pool, **policy.pool_overrides()}
     skip = (policy is not None and policy.stateless) if skip_idle is None else bool(skip_idle)
+    if _decision(env_kwargs) == "route":
+        skip = False  # the routing env steps once per arrival; its serving env skips what its admission allows
     if skip and not env_kwargs.get("decision_steps", True):
         skip = False  # the caller asked for one iteration a step
     if not skip:
@@ -96,9 +99,16 @@ def make_env(policy: Policy | None = None, max_episode_steps: int | None = None,
     return env
 
 
+def _decision(env_kwargs: dict[str, Any]) -> str:
+    task = env_kwargs.get("task")
+    return get_task(task).decision if task is not None else "admission"
+
+
 def env_profile(env: gym.Env) -> Profile | None:
     """The latency profile of a serving env's calibrated backends; None for another backend or a mixture."""
     inner = env.unwrapped
+    if isinstance(inner, RoutingEnv):
+        inner = inner.serving
     if not isinstance(inner, ServingEnv):
         return None
     backend = inner.cluster.engines[0].backend
@@ -140,6 +150,8 @@ def serving_env(env: gym.Env) -> ServingEnv:
     inner = env.unwrapped
     if isinstance(inner, MixtureEnv):
         inner = inner.current
+    if isinstance(inner, RoutingEnv):
+        inner = inner.serving
     if not isinstance(inner, ServingEnv):
         raise TypeError(f"expected a ServingEnv, got {type(inner).__name__}")
     return inner

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servegym.policies import POLICIES, make_policy
+from servegym.policies import POLICIES, deciding, make_policy
 from servegym.runner import IterationLimit, make_env, run_episode, serving_env
 from tests.conftest import fixed
 
-STATELESS = sorted(name for name, cls in POLICIES.items() if cls.stateless)
-STATEFUL = sorted(name for name, cls in POLICIES.items() if not cls.stateless)
+STATELESS = sorted(name for name in deciding("admission") if POLICIES[name].stateless)
+STATEFUL = sorted(name for name in deciding("admission") if not POLICIES[name].stateless)
 LOG_ARRAYS = ("state", "admit_s", "first_token_s", "finish_s", "num_preemptions", "reject_reason", "container",
               "cold_start", "num_generated_at_preemption")
 

@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 from servegym.envs import queue_matrix
-from servegym.policies import POLICIES, Policy, make_policy, register_policy
+from servegym.policies import POLICIES, Policy, deciding, make_policy, register_policy
 from servegym.runner import make_env
 from servegym.workloads import WORKLOADS
 from tests.conformance import assert_deterministic, assert_scored_by_evaluate_policy, assert_valid_actions
 from tests.conftest import fixed
 
-ALL = sorted(POLICIES)
+ALL = deciding("admission")
+"""The admission policies (the routers have their own suite: tests/test_routers.py)."""
 
 
 def test_registry_refuses_duplicates_and_nameless_policies():

@@ -49,7 +49,8 @@ def test_search_space_produces_valid_parameters(name):
         trial = study.ask()
         params = POLICIES[name].search_space(trial)
         policy = make_policy(name, **params)
-        env = make_env(policy, workload="low", strict_actions=True, max_episode_steps=60)
+        env = make_env(policy, workload="low", strict_actions=True, max_episode_steps=60) \
+            if policy.decision == "admission" else make_env(policy, task="cluster-routing", max_episode_steps=60)
         obs, _ = env.reset(seed=0)
         for _ in range(60):
             obs, _, terminated, truncated, _ = env.step(policy.act(obs))

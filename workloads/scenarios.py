@@ -84,15 +84,19 @@ MOONCAKE_WINDOW_S = 600.0
 600-s, one-in-5 training window is about 0.28)."""
 MOONCAKE_MIN_REQUESTS = 20
 """Mooncake windows keeping fewer requests (of sessions starting in the window's spans) are redrawn."""
+CLUSTER_WINDOW_S = 300.0
+"""Length of a cluster window: every session of the Mooncake conversation trace (no sharding, about 1,000 requests
+in five minutes) for a cluster of replicas to route."""
 SHARED_PREFIX_SESSION_RATE = 2.0
 """``shared-prefix``: sessions started per second (about 5 requests/s at 2.5 turns). Provisional."""
 SHARED_PREFIX_DURATION_S = 60.0
 """``shared-prefix``: seconds over which sessions start."""
 
 
-def _mooncake(trace: str, spans: tuple[tuple[float, float], ...] = ((0.0, 1.0),)) -> MooncakeWorkload:
-    return MooncakeWorkload(trace, time_scale=MOONCAKE_TIME_SCALE, duration_s=MOONCAKE_WINDOW_S, random_window=True,
-                            min_requests=MOONCAKE_MIN_REQUESTS, spans=spans, shards=MOONCAKE_SHARDS)
+def _mooncake(trace: str, spans: tuple[tuple[float, float], ...] = ((0.0, 1.0),), shards: int = MOONCAKE_SHARDS,
+              window_s: float = MOONCAKE_WINDOW_S) -> MooncakeWorkload:
+    return MooncakeWorkload(trace, time_scale=MOONCAKE_TIME_SCALE, duration_s=window_s, random_window=True,
+                            min_requests=MOONCAKE_MIN_REQUESTS, spans=spans, shards=shards)
 
 
 def _shared_prefix() -> SessionWorkload:
@@ -183,6 +187,16 @@ WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
         f"a random {MOONCAKE_WINDOW_S:g} s window of the held-out middle 35-65% of the Mooncake conversation trace, "
         f"one replica's sessions in {MOONCAKE_SHARDS}, only sessions that start there",
     ),
+    "mooncake-cluster": (
+        lambda: _mooncake("conversation", TRAIN_SPANS, shards=1, window_s=CLUSTER_WINDOW_S),
+        f"a random {CLUSTER_WINDOW_S:g} s window of the whole Mooncake conversation trace at its own rate (3.4 req/s, "
+        "41k prompt tokens/s: a cluster's load), outside its held-out middle 35-65%",
+    ),
+    "mooncake-cluster-test": (
+        lambda: _mooncake("conversation", TEST_SPANS, shards=1, window_s=CLUSTER_WINDOW_S),
+        f"a random {CLUSTER_WINDOW_S:g} s window of the held-out middle 35-65% of the whole Mooncake conversation "
+        "trace, only sessions that start there",
+    ),
     "mooncake-synthetic": (
         lambda: _mooncake("synthetic"),
         f"a random {MOONCAKE_WINDOW_S:g} s window of the Mooncake synthetic trace (Apache-2.0; multi-turn prefix "
@@ -197,7 +211,8 @@ WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
 
 
 SCENARIO_PROFILES = {"long-output": TIGHT_PROFILE, "tight-memory": TIGHT_PROFILE, "cpu-fidelity": "cpu-small-llama",
-                     **dict.fromkeys(("mooncake-conversation", "mooncake-conversation-test", "mooncake-synthetic",
+                     **dict.fromkeys(("mooncake-conversation", "mooncake-conversation-test", "mooncake-cluster",
+                                      "mooncake-cluster-test", "mooncake-synthetic",
                                       "shared-prefix"), PREFIX_PROFILE)}
 """Scenarios set against a named profile (the rest run on the default): the memory-bound ones on the small A40, the
 prefix-caching ones pinned to the large A100 cache whatever the default becomes."""
