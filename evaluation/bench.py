@@ -40,8 +40,9 @@ DEFAULT_POLICIES = ("random", "random:count", "random:window", "random:rank", "r
 """The default field: the floors a scheduler must beat (random admission, which is the admit mode's uniform
 action, a uniformly random action of each other learning action mode, and FCFS), the seed papers' policies with
 their default parameters, the strongest baselines, and the clairvoyant greedy packer (true lengths; not a
-bound), every router (on routing tasks, where the others do not play), and the oracle (:mod:`servegym.evaluation.oracle`: a rollout planner over every other contestant of the
-task, at or above each of them on every seed)."""
+bound), every router (on routing tasks, where the others do not play), and the oracle
+(:mod:`servegym.evaluation.oracle`: a rollout planner over every other contestant of the task, at or above each of
+them on every seed)."""
 
 
 @dataclass(frozen=True)

@@ -271,7 +271,7 @@ class Cluster:
 
     def _route_arrivals(self) -> tuple[int, int, float]:
         """Route every request that arrived by ``self.time``; return (arrived, rejected, summed lag)."""
-        log, times, now, n = self.log, self._arrival_times, self.time, self._num_requests
+        times, now, n = self._arrival_times, self.time, self._num_requests
         stop = self._next_arrival
         while stop < n and times[stop] <= now:  # arrivals come a few at a time: a scan beats a search
             stop += 1

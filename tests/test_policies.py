@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from servegym.envs import queue_matrix
-from servegym.policies import POLICIES, Policy, deciding, make_policy, register_policy
+from servegym.policies import Policy, deciding, make_policy, register_policy
 from servegym.runner import make_env
 from servegym.workloads import WORKLOADS
 from tests.conformance import assert_deterministic, assert_scored_by_evaluate_policy, assert_valid_actions
