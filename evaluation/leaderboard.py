@@ -49,6 +49,12 @@ ENGINE_CONFIG_SUFFIX = " [engine-config]"
 INTERRUPTED_MARK = " [interrupted]"
 """Label mark of a trained agent whose training stopped before its timesteps (its ``config.json`` says so): it is
 shown and ranked as what it is, an unfinished agent, and never pooled with its finished training seeds."""
+FLOORS = {"admission": ("random", "fcfs"), "route": ("router-round-robin", "router-round-robin")}
+"""Per task decision (``Task.decision``): the random floor and the score's 0 (FCFS admits in arrival order; a routing
+task's arrival-order rule is round-robin, which is also its decision-blind floor)."""
+ROUTING_BASE = "router-round-robin"
+"""What a routing task's routers are compared with, seed by seed (:func:`routing_table`)."""
+ROUTING_COLUMNS = ("prefix_hit_ratio", "e2e_mean_all_s", "episode_return")
 SENSITIVE = 0.15
 """Relative gain over both random and FCFS that makes a task decision-sensitive."""
 COLUMN_METRICS = {"episode_return": "episode_return", "goodput_rps": "goodput_rps",
@@ -127,13 +133,19 @@ class TaskBoard:
         return next((s for s in self.scores if is_heuristic(s.policy)), None)
 
     @property
+    def floors(self) -> tuple[str, str]:
+        """The labels of the random floor and of the score's 0 (:data:`FLOORS`)."""
+        return FLOORS[get_task(self.task).decision]
+
+    @property
     def anchor(self) -> Score | None:
         """The score's 100: the oracle, or the best heuristic on a board without one."""
         return self.score(ORACLE) or self.best_heuristic
 
     def normalized(self, score: Score) -> float:
-        """0 = FCFS, 100 = :attr:`anchor`, on the ranking metric; NaN when they tie or one is missing."""
-        fcfs, best = self.score("fcfs"), self.anchor
+        """0 = FCFS (round-robin on a routing task), 100 = :attr:`anchor`, on the ranking metric; NaN when they tie
+        or one is missing."""
+        fcfs, best = self.score(self.floors[1]), self.anchor
         if fcfs is None or best is None:
             return math.nan
         span = best.mean(self.ranking) - fcfs.mean(self.ranking)
@@ -166,7 +178,7 @@ class TaskBoard:
     def verdict(self) -> str:
         """``decision-sensitive``, ``flat``, or ``undetermined`` (random or FCFS, or every candidate, missing, or
         fewer than ``MIN_VERDICT_SEEDS`` episodes of one of them)."""
-        random, fcfs = self.score("random"), self.score("fcfs")
+        random, fcfs = (self.score(label) for label in self.floors)
         best = self.best
         if random is None or fcfs is None or best is None:
             return "undetermined"
@@ -225,23 +237,26 @@ def headroom_line(board: TaskBoard) -> str:
     best = board.best
     if best is None:
         return f"**Headroom** on `{board.ranking}`: no candidate policy → **{board.verdict}**."
-    gains = ", ".join(f"{_percent(board.gain(best, ref))} vs {name}"
-                      for name, ref in (("random", board.score("random")), ("FCFS", board.score("fcfs")))
-                      if ref is not None)
+    gains = ", ".join(f"{_percent(board.gain(best, board.score(label)))} vs {_floor_name(label)}"
+                      for label in dict.fromkeys(board.floors) if board.score(label) is not None)
     value = best.mean(board.ranking)
     text = f"best policy `{best.policy}` ({value:.{_decimals(value)}f}" + (f"; {gains})" if gains else ")")
     return f"**Headroom** on `{board.ranking}`: {text} → **{board.verdict}**.{_left(board, best)}"
 
 
+def _floor_name(label: str) -> str:
+    return "FCFS" if label == "fcfs" else label
+
+
 def _left(board: TaskBoard, best: Score) -> str:
     """What the oracle leaves to gain over ``best`` (empty without an oracle)."""
-    oracle, fcfs = board.score(ORACLE), board.score("fcfs")
+    oracle, fcfs = board.score(ORACLE), board.score(board.floors[1])
     if oracle is None:
         return ""
     value = oracle.mean(board.ranking)
     text = f" The oracle reaches {value:.{_decimals(value)}f}"
     if fcfs is not None:
-        text += f" ({_percent(board.gain(oracle, fcfs))} vs FCFS)"
+        text += f" ({_percent(board.gain(oracle, fcfs))} vs {_floor_name(board.floors[1])})"
     gap = paired_difference(oracle.per_seed, best.per_seed)
     digits = _decimals(gap.mean)
     return (text + f"; oracle minus `{best.policy}`, paired: {gap.mean:+.{digits}f}, CI [{gap.low:.{digits}f}, "
@@ -337,7 +352,33 @@ def _interrupted_note(board: TaskBoard) -> list[str]:
             "not a finished result and cannot be submitted.", ""]
 
 
-def task_table(board: TaskBoard) -> list[str]:
+def routing_table(board: TaskBoard, rows: Sequence[BenchRow]) -> list[str]:
+    """On a routing task: each router and agent minus :data:`ROUTING_BASE` on the prefix hit ratio, the mean
+    end-to-end latency and the return, paired over the seeds both ran, with 95% CIs."""
+    if get_task(board.task).decision != "route" or board.score(ROUTING_BASE) is None:
+        return []
+
+    def per_seed(label: str, column: str) -> dict[int, float]:
+        return {r.seed: float(getattr(r, column)) for r in rows if r.task == board.task and r.policy == label}
+
+    names = [metric(COLUMN_METRICS[c]).header for c in ROUTING_COLUMNS]
+    lines = [f"Versus `{ROUTING_BASE}`, paired per seed (mean difference, 95% CI; *better*/*worse* when the whole "
+             "interval is):", "", "| policy | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for score in board.scores:
+        if score.policy in (ROUTING_BASE, ORACLE):
+            continue
+        cells = []
+        for column in ROUTING_COLUMNS:
+            diff = paired_difference(per_seed(score.policy, column), per_seed(ROUTING_BASE, column))
+            digits = 3 if column == "prefix_hit_ratio" else _decimals(diff.mean)
+            mark = "" if diff.low <= 0 <= diff.high else \
+                (" (better)" if (diff.low > 0) != LOWER_IS_BETTER[column] else " (worse)")
+            cells.append(f"{diff.mean:+.{digits}f} [{diff.low:.{digits}f}, {diff.high:.{digits}f}]{mark}")
+        lines.append(f"| {score.policy} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def task_table(board: TaskBoard, rows: Sequence[BenchRow] = ()) -> list[str]:
     direction = "lower is better" if board.lower_is_better else "higher is better"
     episodes = max(s.episodes for s in (*board.scores, *board.engine_config))
     task = get_task(board.task)
@@ -349,7 +390,8 @@ def task_table(board: TaskBoard) -> list[str]:
              "| # | policy | score | vs best heuristic (paired, 95% CI) | " + " | ".join(headers) + " | truncated |",
              "|---:|---|---:|---|" + "---:|" * (len(headers) + 1),
              *_rows(board, board.scores, paired=True), "", *_interrupted_note(board), headroom_line(board), "",
-             *([bound_line(board), ""] if board.score(ORACLE) else []), *agent_table(board)]
+             *([bound_line(board), ""] if board.score(ORACLE) else []), *agent_table(board),
+             *routing_table(board, rows)]
     if board.engine_config:
         lines += ["Engine-config track: each policy on its own engine settings, not the task's (not ranked against "
                   "the table above).", "", "| # | policy | " + " | ".join(headers) + " | truncated |",
@@ -373,7 +415,8 @@ def markdown(rows: Sequence[BenchRow], command: str = "servegym bench",
         "workload and its held-out test data, "
         "profile, engine, pool, reward, length mode) on the frozen test seeds, whatever a policy or an agent "
         "would set for itself; a policy that changes those settings also runs in its task's *engine-config* "
-        "track, shown apart. Cells are mean ± 95% CI half-width over seeds. *Score* is 0 for FCFS and 100 for the "
+        "track, shown apart. Cells are mean ± 95% CI half-width over seeds. *Score* is 0 for FCFS (round-robin on a "
+        "routing task, whose contestants route arrivals and admit by FCFS) and 100 for the "
         "task's oracle on the ranking metric (the best hand-coded heuristic where no oracle ran); *vs best "
         "heuristic* is the per-seed paired difference on that metric. The *oracle* is a clairvoyant rollout "
         f"planner on copies of the task's env: every other test-track policy plays the whole episode, then at "
@@ -396,5 +439,5 @@ def markdown(rows: Sequence[BenchRow], command: str = "servegym bench",
                      f"{', '.join(groups['undetermined'])}")
     lines.append("")
     for board in task_boards:
-        lines += task_table(board)
+        lines += task_table(board, rows)
     return "\n".join(lines)
