@@ -121,6 +121,9 @@ class Cluster:
         if self.cold_start_s > MAX_POOL_SECONDS:
             raise ValueError(f"cold start {self.cold_start_s:g} s (cold_start_s x cold_start_scale) exceeds "
                              f"{MAX_POOL_SECONDS:g} s")
+        if len({e.block_size for e in self.engines}) > 1:
+            raise ValueError("every container's KV block size must be the same (the log and prefix chains count in "
+                             f"one): got {[e.block_size for e in self.engines]}")
         blocks = tuple(e.num_kv_blocks for e in self.engines)
         self._kv_blocks = blocks if len(set(blocks)) > 1 else ()
         self._route = ROUTERS.get(pool.router)
