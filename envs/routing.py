@@ -9,6 +9,7 @@ import numpy as np
 from gymnasium import spaces
 
 from servegym.envs.serving import ServingEnv
+from servegym.pool.cluster import Cluster
 from servegym.pool.routing import Router, RouteState
 
 REPLICA_FEATURES = ("num_waiting", "num_running", "used_blocks", "queued_blocks", "free_blocks", "cached_tokens",
@@ -28,7 +29,9 @@ class RoutingEnv(gym.Env):
     ## Action Space
     ``Discrete(N)``: the replica that receives the arriving request. A replica whose KV cache cannot hold the
     request even at its shortest possible output is masked out by :meth:`action_masks` (sb3-contrib's
-    ``MaskablePPO``); routed there anyway, the request is rejected, as a router would have it.
+    ``MaskablePPO``); routed there anyway, the request is rejected, and under the latency reward that step also
+    pays the serving env's ``truncation_penalty_s`` (the price of an unserved request; ``info["misrouted"]``), so
+    dropping a request is never cheaper than serving it.
 
     ## Observation Space
     ``Dict``: ``replicas`` ``Box(0, 2**31, (N, 8), float32)``, one row per replica with the columns of
@@ -75,7 +78,7 @@ class RoutingEnv(gym.Env):
         self._ended = False
 
     @property
-    def cluster(self):
+    def cluster(self) -> Cluster:
         return self.serving.cluster
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
@@ -91,12 +94,18 @@ class RoutingEnv(gym.Env):
         cluster = self.cluster
         rewards: list[float] = []
         info: dict[str, Any] = {}
-        terminated = truncated = False
+        terminated = truncated = misrouted = False
         if cluster.awaiting_route:
             chosen = np.asarray(action)
             if chosen.ndim != 0 or chosen.dtype.kind not in "iu" or not 0 <= chosen < self.num_replicas:
                 raise ValueError(f"action must be a replica index in [0, {self.num_replicas}), got {action!r}")
-            rewards.append(self.serving.route(int(action)))
+            allowed, rejected = self.action_masks()[int(chosen)], cluster.num_rejected
+            rewards.append(self.serving.route(int(chosen)))
+            if not allowed and cluster.num_rejected > rejected and self.serving.reward_name == "latency":
+                # A rejection the route caused (another replica could hold it): priced as an unserved request,
+                # or dropping requests would be the cheapest route under the latency reward.
+                rewards.append(-self.serving.truncation_penalty_s)
+                misrouted = True
             self._inner_obs = self.serving.observe()
         while not cluster.awaiting_route:
             if cluster.done and rewards:
@@ -110,7 +119,7 @@ class RoutingEnv(gym.Env):
         reward = 0.0
         for r in rewards:
             reward += r
-        info = self._info(info)
+        info = {**self._info(info), "misrouted": misrouted}
         info["iteration_rewards"] = rewards
         return self._observe(), reward, terminated, truncated, info
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
 from servegym.backends import load_profile
 from servegym.engine import STEP_INDEX, EngineConfig
+from servegym.envs.tasks import get_task
 from servegym.evaluation.executor import PROCESSES, Executor, RunStore, progress_bar, run_stored
 from servegym.evaluation.spec import Experiment, PolicySpec, WorkloadSpec, check_workload
 from servegym.metrics import inter_token_latencies, summarize
@@ -31,6 +32,15 @@ class Task:
     max_steps: int
     ttft_slo_s: float
     itl_slo_s: float
+    task: str | None = None
+    """The benchmark task whose env the run plays (the experiment's); None: the plain serving env."""
+    split: str = "test"
+
+    def __repr__(self) -> str:
+        """The run store's key (``repr``, as the dataclass writes it); a run without a task leaves its task and
+        split out, so it keeps the key it had before experiments took a task (its stored result is reused)."""
+        names = [f.name for f in fields(self) if self.task is not None or f.name not in ("task", "split")]
+        return f"{type(self).__qualname__}({', '.join(f'{name}={getattr(self, name)!r}' for name in names)})"
 
 
 @dataclass
@@ -46,10 +56,11 @@ class TaskResult:
 
 
 def tasks(experiment: Experiment) -> list[Task]:
+    own = get_task(experiment.task).profile if experiment.task is not None else None
     return [
-        Task(policy, workload, seed, experiment.profile or profile_for(workload.source), experiment.engine,
+        Task(policy, workload, seed, experiment.profile or own or profile_for(workload.source), experiment.engine,
              experiment.pool, experiment.max_steps,
-             experiment.ttft_slo_s, experiment.itl_slo_s)
+             experiment.ttft_slo_s, experiment.itl_slo_s, experiment.task, experiment.split)
         for workload in experiment.workloads for policy in experiment.policies for seed in experiment.seeds
     ]
 
@@ -98,8 +109,10 @@ def check_inputs(experiment: Experiment, todo: list[Task]) -> None:
 def episode(task: Task) -> tuple[Policy, EpisodeResult]:
     """The task's episode, on exactly the settings :func:`run_task` scores, and the policy that ran it."""
     policy = make_policy(task.policy.name, **_params(task))
+    # With a task: its env (a routing task's: RoutingEnv), the experiment's settings merged on top of its own.
+    on_task = {"task": task.task, "split": task.split} if task.task is not None else {}
     env = make_env(policy, max_episode_steps=task.max_steps, workload=task.workload.build(), profile=task.profile,
-                   engine=_engine(task), pool=task.pool)
+                   engine=_engine(task), pool=task.pool, **on_task)
     try:
         return policy, run_episode(env, policy, seed=task.seed)
     finally:

@@ -77,7 +77,7 @@ class _Plan:
     """The episode's return when it follows ``actions``, summed step by step as the env pays it."""
 
 
-def _finish(env: gym.Env, obs: dict, policy: Policy, total: float) -> tuple[list[np.ndarray], float]:
+def play_to_end(env: gym.Env, obs: dict, policy: Policy, total: float) -> tuple[list[np.ndarray], float]:
     """Let ``policy`` play ``env`` from ``obs`` to the episode's end; its actions and the return so far plus its
     rewards (summed in the order the env pays them, so a replay sums to the same float)."""
     actions: list[np.ndarray] = []
@@ -86,12 +86,12 @@ def _finish(env: gym.Env, obs: dict, policy: Policy, total: float) -> tuple[list
         action = np.array(policy.act(obs), copy=True)
         obs, reward, terminated, truncated, info = env.step(action)
         actions.append(action)
-        total = _add(total, reward, info)
+        total = add_rewards(total, reward, info)
         done = terminated or truncated
     return actions, total
 
 
-def _add(total: float, reward: float, info: dict) -> float:
+def add_rewards(total: float, reward: float, info: dict) -> float:
     """``total`` plus a step's reward, term by term where the step lists its iterations' rewards (as
     :func:`~servegym.runner.run_episode` sums them, so the oracle's return compares with the rows' to the bit)."""
     for r in info.get("iteration_rewards", (reward,)):
@@ -111,7 +111,7 @@ def plan_episode(env: gym.Env, bases: Mapping[str, Policy], seed: int, budget: B
     sweep: dict[str, float] = {}
     plan, switches = None, []
     for label, policy in fresh.items():
-        actions, total = _finish(copy.deepcopy(env), obs, copy.deepcopy(policy), 0.0)
+        actions, total = play_to_end(copy.deepcopy(env), obs, copy.deepcopy(policy), 0.0)
         sweep[label] = total
         if plan is None or total > plan.total:
             plan, switches = _Plan(actions, total), [f"{label}@0"]
@@ -124,7 +124,7 @@ def plan_episode(env: gym.Env, bases: Mapping[str, Policy], seed: int, budget: B
     while not done:
         if step in points:
             for label, watcher in watchers.items():
-                tail, end = _finish(copy.deepcopy(env), obs, copy.deepcopy(watcher), total)
+                tail, end = play_to_end(copy.deepcopy(env), obs, copy.deepcopy(watcher), total)
                 tails += 1
                 if end > plan.total:
                     plan = _Plan(plan.actions[:step] + tail, end)
@@ -132,7 +132,7 @@ def plan_episode(env: gym.Env, bases: Mapping[str, Policy], seed: int, budget: B
         for watcher in watchers.values():  # each watches the step it did not take
             watcher.act(obs)
         obs, reward, terminated, truncated, info = env.step(plan.actions[step])
-        total = _add(total, reward, info)
+        total = add_rewards(total, reward, info)
         step += 1
         done = terminated or truncated
         if not done and step == len(plan.actions):

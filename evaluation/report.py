@@ -88,6 +88,10 @@ def markdown_summary(experiment: Experiment, results: list[TaskResult]) -> str:
     if experiment.description:
         lines += [experiment.description.strip(), ""]
     profile = f"`{experiment.profile}`" if experiment.profile else "each workload's own (`servegym workloads`)"
+    if experiment.task is not None:
+        profile = f"`{experiment.profile}`" if experiment.profile else "the task's"
+        lines += [f"Every run plays task `{experiment.task}` ({experiment.split} data): its settings, with the "
+                  "overrides below on top.", ""]
     lines += [f"Profile {profile}; {seeds} seed{'s' * (seeds != 1)} per cell; mean ± 95% confidence half-width "
               f"(Student t, n = {seeds}). Engine overrides: `{experiment.engine or {}}`; pool: "
               f"`{experiment.pool or {}}`.", ""]

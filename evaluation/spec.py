@@ -12,6 +12,7 @@ import numpy as np
 from servegym.backends import load_profile
 from servegym.engine import EngineConfig
 from servegym.engine.config import LENGTH_MODES
+from servegym.envs.tasks import SPLITS, TASKS, Task
 from servegym.policies import POLICIES, make_policy
 from servegym.pool import PoolConfig
 from servegym.validation import COUNT_LIMITS, count
@@ -82,6 +83,13 @@ class Experiment:
     max_steps: int = 200_000
     ttft_slo_s: float = 2.0
     itl_slo_s: float = 0.2
+    task: str | None = None
+    """A benchmark task (``servegym tasks``) whose env every run plays: its workload (unless ``workloads`` name
+    others), profile, engine, pool, reward and limits, with ``engine``/``pool``/``profile`` on top. A routing task
+    (``cluster-routing``) is played by router policies, each deciding which replica serves an arrival; None: the
+    plain serving env, played by admission policies."""
+    split: str = "test"
+    """With ``task``: its held-out test data or its training data (``train``)."""
 
     def __post_init__(self) -> None:
         check_seed_count(len(self.seeds))
@@ -92,7 +100,7 @@ class Experiment:
 
 
 TOP_KEYS = {"name", "description", "profile", "seeds", "engine", "pool", "max_steps", "policies", "workloads",
-            "length_modes", "ttft_slo_s", "itl_slo_s"}
+            "length_modes", "ttft_slo_s", "itl_slo_s", "task", "split"}
 
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -110,9 +118,10 @@ def experiment_from_dict(data: Any, source: str = "<experiment>", base: Path | N
     unknown = set(data) - TOP_KEYS
     if unknown:
         raise fail(f"unknown key(s) {sorted(unknown)}; allowed: {sorted(TOP_KEYS)}")
-    for key in ("name", "policies", "workloads"):
+    for key in ("name", "policies", *(() if "task" in data else ("workloads",))):
         if key not in data:
             raise fail(f"missing key {key!r}")
+    task, split = _task(data, fail)
     if not isinstance(data["name"], str) or not NAME_PATTERN.fullmatch(data["name"]):
         raise fail(f"name must be a plain folder name (letters, digits, '.', '_', '-'), got {data['name']!r}")
     seeds = _seeds(data.get("seeds", 10), fail)
@@ -122,11 +131,13 @@ def experiment_from_dict(data: Any, source: str = "<experiment>", base: Path | N
         dupes = sorted({t for t in titles if titles.count(t) > 1})
         raise fail(f"policies: labels must be unique (each is one row of the results), repeated: {dupes}; give "
                    "repeats a distinct label")
+    _check_decisions(policies, task, fail)
     modes = data.get("length_modes", [None])
     if not isinstance(modes, list) or not modes or any(m is not None and m not in LENGTH_MODES for m in modes):
         raise fail(f"length_modes must be a list of known/predicted/unknown, got {modes!r}")
     workloads = []
-    for item in _list(data["workloads"], "workloads", fail):
+    listed = data["workloads"] if "workloads" in data else [{"label": task.name, "name": task.workload_for(split)}]
+    for item in _list(listed, "workloads", fail):
         label, src, params = _workload(item, fail)
         if isinstance(src, dict) and isinstance(src.get("trace"), dict):
             path = src["trace"].get("path", "bundled")
@@ -142,7 +153,7 @@ def experiment_from_dict(data: Any, source: str = "<experiment>", base: Path | N
         if not isinstance(value, dict):
             raise fail(f"{key} must be a mapping")
         _check_config(key, config, value, fail)
-    max_steps = data.get("max_steps", 200_000)
+    max_steps = data.get("max_steps", task.max_steps if task is not None else 200_000)
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise fail(f"max_steps must be a positive int, got {max_steps!r}")
     for key in ("ttft_slo_s", "itl_slo_s"):
@@ -162,6 +173,7 @@ def experiment_from_dict(data: Any, source: str = "<experiment>", base: Path | N
         profile=profile,
         engine=dict(data.get("engine", {})), pool=dict(data.get("pool", {})), max_steps=max_steps,
         ttft_slo_s=float(data.get("ttft_slo_s", 2.0)), itl_slo_s=float(data.get("itl_slo_s", 0.2)),
+        task=task.name if task is not None else None, split=split,
     )
     for w in experiment.workloads:
         try:
@@ -169,6 +181,45 @@ def experiment_from_dict(data: Any, source: str = "<experiment>", base: Path | N
         except (ValueError, TypeError, KeyError, OSError) as err:
             raise fail(f"workload {w.label!r}: {err}") from None
     return experiment
+
+
+def _task(data: dict[str, Any], fail) -> tuple[Task | None, str]:
+    """The experiment's ``task`` (None without one) and ``split``; a mixture task is refused (each episode is
+    another component's, no one grid cell)."""
+    name = data.get("task")
+    if name is None:
+        if "split" in data:
+            raise fail("split picks a task's data: give task too")
+        return None, "test"
+    if name not in TASKS:
+        raise fail(f"unknown task {name!r}; tasks: {sorted(TASKS)}")
+    task = TASKS[name]
+    if task.is_mixture:
+        raise fail(f"task {name!r} is a mixture of {list(task.components)}; compare its components (or run "
+                   "servegym bench --tasks mixture)")
+    split = data.get("split", "test")
+    if split not in SPLITS:
+        raise fail(f"split must be one of {list(SPLITS)}, got {split!r}")
+    return task, split
+
+
+def _check_decisions(policies: tuple[PolicySpec, ...], task: Task | None, fail) -> None:
+    """Every policy decides what the runs' env asks: the routing env's replica on a routing task, an admission
+    everywhere else."""
+    from servegym.evaluation.bench import Entry, entry_decision
+
+    wanted = task.decision if task is not None else "admission"
+    routing = sorted(name for name, t in TASKS.items() if t.decision == "route")
+    for spec in policies:
+        decision = entry_decision(Entry(spec.title, spec.name, spec.params))
+        if decision == wanted:
+            continue
+        if decision == "route":
+            where = f"task {task.name} decides admissions" if task is not None else "the experiment has no task"
+            raise fail(f"policy {spec.title!r} routes arrivals among replicas, but {where}: give a routing task "
+                       f"(task: {' or '.join(routing)})")
+        raise fail(f"policy {spec.title!r} decides admissions, but task {task.name} decides routes: give router "
+                   "policies (servegym policies lists the router-* ones)")
 
 
 def check_workload(workload: WorkloadSpec) -> None:

@@ -109,8 +109,10 @@ def kv_utilisation_stats(log: EpisodeLog) -> tuple[float, float, float]:
     used = steps[:, STEP_FIELDS.index("num_used_blocks")] / log.kv_blocks(steps[:, STEP_FIELDS.index("container")])
     dt = steps[:, STEP_FIELDS.index("dt_s")]
     weights = dt if dt.sum() > 0 else np.ones_like(dt)
-    mean = float(np.dot(used, weights) / weights.sum())
-    std = float(np.sqrt(np.dot((used - mean) ** 2, weights) / weights.sum()))
+    # Elementwise products summed by numpy's pairwise sum, not np.dot: BLAS splits long dot products across
+    # threads, so their last bits would depend on the thread count (a Ray worker runs one).
+    mean = float((used * weights).sum() / weights.sum())
+    std = float(np.sqrt(((used - mean) ** 2 * weights).sum() / weights.sum()))
     return mean, std, float(used.max())
 
 

@@ -27,6 +27,7 @@ from servegym.cli_train import add_train_parser
 from servegym.cli_tune import add_tune_parser
 from servegym.engine import EngineConfig
 from servegym.engine.config import LENGTH_MODES
+from servegym.envs.tasks import SPLITS, TASKS
 from servegym.evaluation.executor import (
     FolderLock,
     Interrupted,
@@ -68,27 +69,51 @@ def cmd_run(args: argparse.Namespace) -> int:
         name, params = read_params(args.params)
         if name != args.policy:
             raise ValueError(f"{args.params} holds parameters of {name!r}, not of --policy {args.policy!r}")
+    task = _run_task(args, params)
     policy = make_policy(args.policy, **params)
-    mode = args.length_mode or ("predicted" if policy.uses_output_lengths else EngineConfig().length_mode.value)
-    mode = policy.engine_overrides().get("length_mode", mode)  # a policy's own setting wins (an rl: agent's)
     given = json_object("--engine", args.engine)
     if args.length_mode and given.get("length_mode", args.length_mode) != args.length_mode:
         raise ValueError(f"--length-mode {args.length_mode} and --engine's length_mode "
                          f"{given['length_mode']!r} disagree")
-    engine = {"length_mode": mode, **given}
     pool = json_object("--pool", args.pool)
-    args.profile = args.profile or profile_for(args.workload)
-    env = make_env(policy, max_episode_steps=args.max_steps, workload=args.workload, profile=args.profile,
-                   engine=engine, pool=pool)
-    mode_note = "" if args.length_mode else " (the policy reads output lengths)" if policy.uses_output_lengths else ""
-    print(f"servegym run: policy={args.policy} workload={args.workload} profile={args.profile} seed={args.seed} "
-          f"length mode={engine['length_mode']}{mode_note}")
+    if task is None:
+        mode = args.length_mode or ("predicted" if policy.uses_output_lengths else EngineConfig().length_mode.value)
+        mode = policy.engine_overrides().get("length_mode", mode)  # a policy's own setting wins (an rl: agent's)
+        engine = {"length_mode": mode, **given}
+        args.workload = args.workload or "medium"
+        args.profile = args.profile or profile_for(args.workload)
+        env = make_env(policy, max_episode_steps=args.max_steps, workload=args.workload, profile=args.profile,
+                       engine=engine, pool=pool)
+        mode_note = "" if args.length_mode else " (the policy reads output lengths)" if policy.uses_output_lengths \
+            else ""
+        where = f"workload={args.workload} profile={args.profile}"
+    else:  # the task's settings, with the options given on top
+        engine = {**({"length_mode": args.length_mode} if args.length_mode else {}), **given}
+        chosen = {key: value for key, value in (("workload", args.workload), ("profile", args.profile)) if value}
+        env = make_env(policy, max_episode_steps=args.max_steps, task=task.name, split=args.split, engine=engine,
+                       pool=pool, **chosen)
+        if not task.is_mixture:
+            args.workload = args.workload or task.workload_for(args.split)
+            args.profile = args.profile or task.profile or profile_for(args.workload)
+            engine = {**task.engine, **engine}
+        mode_note = ""
+        where = f"task={task.name} ({args.split} split)" + (f" workload={args.workload} profile={args.profile}"
+                                                            if not task.is_mixture else "")
+    shown_mode = engine.get("length_mode", "each component's" if task else EngineConfig().length_mode.value)
+    print(f"servegym run: policy={args.policy} {where} seed={args.seed} length mode={shown_mode}{mode_note}")
+    if args.counterfactual_k is not None:
+        import copy
+
+        replay = copy.deepcopy((env, policy))  # before the episode: the same env and policy, fresh
     result = run_episode(env, policy, seed=args.seed, progress=not args.quiet)
     print(f"{result.steps} steps{' (truncated)' if result.truncated else ''}, "
           f"reward {result.total_reward:.2f}")
     print(format_summary(result.summary))
-    print("stability (flow-control paper's conditions for this workload):")
-    print(_stability_text(args.workload, args.profile, EngineConfig(**{**engine, **policy.engine_overrides()})))
+    if task is None or not (task.is_mixture or task.decision == "route"):
+        # A mixture has no one workload; a routing task's cluster is not the one engine the conditions are for.
+        print("stability (flow-control paper's conditions for this workload):")
+        print(_stability_text(args.workload, args.profile, EngineConfig(**{**engine, **policy.engine_overrides()})))
+    decisions = _counterfactual(args, *replay, result.total_reward) if args.counterfactual_k is not None else None
     if args.out:
         from servegym.evaluation.timeline import plot_timeline
 
@@ -96,21 +121,75 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_summary(result, args.out, {
             "policy": args.policy, "params": params, "workload": args.workload, "profile": args.profile,
             "seed": args.seed, "max_steps": args.max_steps, "engine": engine, "pool": pool,
-            "engine_overrides": policy.engine_overrides(), "pool_overrides": policy.pool_overrides()})
+            "engine_overrides": policy.engine_overrides(), "pool_overrides": policy.pool_overrides(),
+            **({"task": task.name, "split": args.split} if task else {}),
+            **({"counterfactual_k": args.counterfactual_k} if decisions is not None else {})})
+        written = f"{req}, {steps}, summary.json, run.json"
+        if decisions is not None:
+            from servegym.evaluation.counterfactual import write_counterfactual
+
+            path = write_counterfactual(decisions, Path(args.out) / "counterfactual.csv",
+                                        env.unwrapped.num_replicas)
+            written += f", {path.name}"
         try:
-            timeline = plot_timeline({f"{args.policy} on {args.workload}, seed {args.seed}": result.log},
-                                     Path(args.out) / "timeline.png")
+            label = f"{args.policy} on {task.name if task else args.workload}, seed {args.seed}"
+            timeline = plot_timeline({label: result.log}, Path(args.out) / "timeline.png")
         except ImportError:  # matplotlib comes with the eval extra
-            print(f"wrote {req}, {steps}, summary.json, run.json (no timeline.png: matplotlib is missing; "
-                  "pip install 'servegym[eval]')")
+            print(f"wrote {written} (no timeline.png: matplotlib is missing; pip install 'servegym[eval]')")
         else:
-            print(f"wrote {req}, {steps}, summary.json, run.json and {timeline}")
+            print(f"wrote {written} and {timeline}")
     if args.trace:
         from servegym.evaluation.trace import write_trace
 
         print(f"wrote {write_trace(result.log, args.trace)} (Trace Event Format: open it in ui.perfetto.dev or "
               "chrome://tracing)")
     return 0
+
+
+def _run_task(args: argparse.Namespace, params: dict):
+    """The benchmark task ``servegym run`` plays (None: a plain serving env), checked against the policy and
+    ``--counterfactual-k`` before anything runs: a router plays a routing task, every other policy an
+    admission one, and counterfactual regret replays routing decisions."""
+    from servegym.envs.tasks import TASKS, get_task
+    from servegym.evaluation.bench import Entry, entry_decision
+
+    task = get_task(args.task) if args.task else None
+    if args.split is not None and task is None:
+        raise ValueError(f"--split {args.split} picks a task's data: give --task")
+    args.split = args.split or "test"
+    if args.policy not in POLICIES and not args.policy.startswith("rl:"):
+        return task  # make_policy names the registered ones
+    decision = entry_decision(Entry(args.policy, args.policy, params))
+    routing = sorted(name for name, t in TASKS.items() if t.decision == "route")
+    wanted = task.decision if task is not None else "admission"
+    if decision != wanted:
+        if decision == "route":
+            raise ValueError(f"{args.policy} routes arrivals among replicas: run it on a routing task "
+                             f"(--task {' or '.join(routing)})")
+        raise ValueError(f"task {task.name} decides routes; {args.policy} decides admissions (run a router: "
+                         "servegym policies lists the router-* ones)")
+    if args.counterfactual_k is not None and (task is None or task.decision != "route"):
+        given = f"task {task.name}, which decides admissions" if task is not None else "a run without --task"
+        raise ValueError(f"--counterfactual-k replays routing decisions: it needs a routing task (--task "
+                         f"{' or '.join(routing)}), not {given}")
+    return task
+
+
+def _counterfactual(args: argparse.Namespace, env, policy, episode_return: float) -> list:
+    """Every replica's return at the first ``--counterfactual-k`` routing decisions of the run's episode
+    (replayed on ``env``/``policy``, fresh copies of the run's), with a line on the regret."""
+    from servegym.evaluation.counterfactual import counterfactual_regret
+
+    print(f"counterfactual: every replica at the first {args.counterfactual_k} routing decisions", flush=True)
+    decisions = counterfactual_regret(env, policy, args.seed, args.counterfactual_k)
+    if decisions and decisions[0].returns[decisions[0].chosen] != episode_return:
+        raise RuntimeError(f"the replayed episode returned {decisions[0].returns[decisions[0].chosen]!r}, the run "
+                           f"{episode_return!r}: the env is not deterministic under copy")
+    regrets = [d.regret for d in decisions]
+    worse = sum(r > 0 for r in regrets)
+    print(f"  {len(decisions)} decisions: {worse} with a better replica, mean regret "
+          f"{sum(regrets) / max(len(regrets), 1):.3f}, max {max(regrets, default=0.0):.3f} (reward units)")
+    return decisions
 
 
 def _stability_text(workload: str, profile: str, config: EngineConfig, eps: float = 0.1) -> str:
@@ -305,10 +384,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one episode of a policy and print its metrics")
     run.add_argument("--policy", default="fcfs", help=f"one of {sorted(POLICIES)}, or rl:RUN_DIR")
-    run.add_argument("--workload", default="medium", choices=sorted(WORKLOADS))
+    run.add_argument("--task", default=None, choices=sorted(TASKS),
+                     help="play a benchmark task's env (servegym tasks): its workload, profile, engine, pool and "
+                          "reward, the options below on top; a routing task (cluster-routing) takes a router "
+                          "policy (router-*)")
+    run.add_argument("--split", default=None, choices=SPLITS,
+                     help="with --task: its training or held-out test data (default: test)")
+    run.add_argument("--workload", default=None, choices=sorted(WORKLOADS),
+                     help="default: the task's, else medium")
     run.add_argument("--profile", default=None,
                      help=f"shipped profile ({', '.join(shipped_profiles())}) or a JSON path; default: the "
-                          "workload's own (servegym workloads)")
+                          "task's, else the workload's own (servegym workloads)")
     run.add_argument("--seed", type=non_negative_int, default=0)
     run.add_argument("--length-mode", choices=LENGTH_MODES, default=None)
     run.add_argument("--max-steps", type=positive_int, default=200_000,
@@ -320,6 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="folder for requests.csv, steps.csv, summary.json, run.json and timeline.png")
     run.add_argument("--trace", default=None, help="write the episode as Trace Event Format JSON (Perfetto)")
     run.add_argument("--params", default=None, help="policy parameters file (servegym tune's best_params.json)")
+    run.add_argument("--counterfactual-k", type=positive_int, default=None, metavar="K",
+                     help="on a routing task: at each of the first K routing decisions, roll every replica out on "
+                          "a copy of the env (the policy finishing the episode) and write counterfactual.csv (each "
+                          "replica's return, the best, the regret) beside summary.json in --out")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
     comp = sub.add_parser("compare", help="run policies x workloads x seeds; write results, tables and plots")

@@ -6,6 +6,7 @@ slow test at the end lets a command start and stop its own.
 
 from __future__ import annotations
 
+import csv
 import itertools
 import os
 import signal
@@ -92,6 +93,33 @@ def test_compare_on_ray_gives_the_process_pools_results(tmp_path, local_ray, ray
     assert ray_calls == [12]
     for name in ("results.csv", "summary.md"):
         assert (tmp_path / "ray" / name).read_text() == (tmp_path / "pool" / name).read_text()
+
+
+BLAS_SUMMED = {"kv_util_mean", "kv_util_std"}
+"""Metrics summed by ``np.dot``: OpenBLAS splits a long dot product across its threads, and a Ray task runs with
+one (``OMP_NUM_THREADS=1``), so they may differ in the last bits from a worker process's on the same episode."""
+
+
+def test_compare_on_ray_plays_a_routing_task_as_the_process_pool_does(tmp_path, local_ray, ray_calls):
+    from tests.test_compare_routing import ROUTING_GRID
+
+    spec = tmp_path / "routing.yaml"
+    spec.write_text(ROUTING_GRID)
+    rows = {}
+    for executor in ("process", "ray"):
+        argv = ["compare", str(spec), "--out", str(tmp_path / executor), "--workers", "2", "--no-plots", "--quiet",
+                "--executor", executor]
+        assert main(argv) == 0
+        with (tmp_path / executor / "results.csv").open() as handle:
+            rows[executor] = {tuple(row[:4]): row[4] for row in list(csv.reader(handle))[1:]}
+    assert ray_calls == [2]  # two routers x one seed, both as Ray tasks
+    assert rows["ray"].keys() == rows["process"].keys()
+    assert {policy for policy, *_ in rows["ray"]} == {"router-round-robin", "router-least-loaded"}
+    for key, value in rows["ray"].items():
+        if key[3] in BLAS_SUMMED:
+            assert float(value) == pytest.approx(float(rows["process"][key]), rel=1e-12)
+        else:
+            assert value == rows["process"][key], key
 
 
 def test_bench_on_ray_gives_the_process_pools_leaderboard(tmp_path, local_ray, ray_calls):

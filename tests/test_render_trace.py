@@ -79,8 +79,9 @@ def test_a_panel_holds_the_engines_own_counts():
 
 def test_a_pool_draws_one_panel_per_container_in_its_state():
     # serverless-burst: 4 containers starting cold; the first arrival starts container 0's load (13 s), so at
-    # reset it is loading and the others cold; when the load completes it is idle until the step admits, then
-    # it runs while container 1 loads for the queue it could not take.
+    # reset it is loading and the others cold. The arrivals during the load are routed one at a time to the
+    # least loaded container, warm or not, so they spread over all four and start the other three loading; when
+    # container 0's load completes it is idle until the step admits, then it runs while the others still load.
     env = gym.make(servegym.task_id("serverless-burst"), render_mode="rgb_array")
     env.reset(seed=0)
     unwrapped = env.unwrapped
@@ -96,8 +97,8 @@ def test_a_pool_draws_one_panel_per_container_in_its_state():
     for _ in range(2):
         env.step(admit_all(env))
         seen.append(states())
-    assert seen == [["loading", "cold", "cold", "cold"], ["idle", "loading", "cold", "cold"],
-                    ["running", "loading", "cold", "cold"]]
+    assert seen == [["loading", "cold", "cold", "cold"], ["idle", "loading", "loading", "loading"],
+                    ["running", "loading", "loading", "loading"]]
     env.close()
 
 
