@@ -231,7 +231,7 @@ MUTATIONS: list[Mutation] = [
       "weights = dt if dt.sum() > 0 else np.ones_like(dt)", "weights = np.ones_like(dt)",
       METRICS, kind="metrics"),
     m("kv-util-std-not-time-weighted", "metrics/core.py",
-      "std = float(np.sqrt(np.dot((used - mean) ** 2, weights) / weights.sum()))", "std = float(used.std())",
+      "std = float(np.sqrt(((used - mean) ** 2 * weights).sum() / weights.sum()))", "std = float(used.std())",
       METRICS, kind="metrics"),
     m("makespan-from-zero", "metrics/core.py",
       "return float(max(ends) - log.arrival_s[0])", "return float(max(ends))",
@@ -641,20 +641,7 @@ MUTATIONS: list[Mutation] = [
     m("random-seed-not-restarted", "policies/random_admit.py",
       "self.rng = np.random.default_rng(self.params.seed)", "self.rng = np.random.default_rng()",
       "tests/test_policies.py", "-k", "deterministic and random", kind="policy"),
-    # ------------------------------------------------------------------ pool routing
-    m("least-loaded-picks-most-loaded", "pool/routing.py",
-      "def least_loaded(load: np.ndarray, holds_model: np.ndarray, turn: int) -> int:\n"
-      "    return int(np.argmin(load))",
-      "def least_loaded(load: np.ndarray, holds_model: np.ndarray, turn: int) -> int:\n"
-      "    return int(np.argmax(load))",
-      "tests/test_pool.py", "-k", "router or warm_first", kind="pool"),
-    m("round-robin-turn-off-by-one", "pool/routing.py",
-      "return turn % load.size", "return (turn + 1) % load.size",
-      "tests/test_pool.py", "-k", "router or warm_first", kind="pool"),
-    m("warm-first-ignores-load", "pool/routing.py",
-      "return int(np.argmin(np.where(holds_model, load, np.iinfo(np.int64).max)))",
-      "return int(np.argmax(holds_model))",
-      "tests/test_pool.py", "-k", "router or warm_first", kind="pool"),
+    # pool routing: benchmarks/mutants/routing.py
     # ------------------------------------------------------------------ the iteration (engine/engine.py, interpreted)
     m("core-chunk-starts-at-budget", "engine/engine.py",
       "            if wanted >= budget:", "            if wanted > budget:", *ITERATION, kind="engine"),

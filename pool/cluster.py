@@ -345,8 +345,8 @@ class Cluster:
             load=np.array([e.waiting.size + e.num_running for e in engines], dtype=np.int64),
             free_blocks=np.array([e.num_kv_blocks - e.num_used_blocks for e in engines], dtype=np.int64),
             used_blocks=np.array([e.num_used_blocks for e in engines], dtype=np.int64),
-            queued_blocks=np.array([-(-int(log.num_prompt_tokens[e.waiting].sum()) // e.block_size) for e in engines],
-                                   dtype=np.int64),
+            queued_blocks=np.array([int((-(-log.num_prompt_tokens[e.waiting] // e.block_size)).sum())
+                                    for e in engines], dtype=np.int64),
             cached_tokens=cached,
             fits=np.array([prompt + int(log.output_lo[rid]) <= e.num_kv_blocks * e.block_size for e in engines]),
             holds_model=np.array([not self.is_cold(e, self.time) for e in engines]),

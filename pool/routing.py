@@ -47,7 +47,8 @@ class RouteState(NamedTuple):
     used_blocks: np.ndarray
     """KV blocks in use by running requests."""
     queued_blocks: np.ndarray
-    """KV blocks the queued requests' prompts will take."""
+    """KV blocks the queued requests' prompts will take, each prompt rounded up to whole blocks (prefix-cache hits
+    not subtracted: what they will find cached can change before they are admitted)."""
     cached_tokens: np.ndarray
     """Prompt tokens of the arriving request the replica holds cached (GPU plus host tier; 0 without caching)."""
     fits: np.ndarray

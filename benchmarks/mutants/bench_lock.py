@@ -19,7 +19,7 @@ MUTATIONS = [
     ("leaderboard-engine-config-ranked", "evaluation/leaderboard.py",
      "    return label.endswith(ENGINE_CONFIG_SUFFIX)", "    return False", (BENCH,), "bench"),
     ("leaderboard-score-anchored-on-random", "evaluation/leaderboard.py",
-     'fcfs, best = self.score("fcfs"), self.anchor', 'fcfs, best = self.score("random"), self.anchor',
+     "fcfs, best = self.score(self.floors[1]), self.anchor", "fcfs, best = self.score(self.floors[0]), self.anchor",
      (BENCH,), "bench"),
     ("leaderboard-versus-unpaired", "evaluation/leaderboard.py",
      "return None if best is None else paired_difference(score.per_seed, best.per_seed)",
