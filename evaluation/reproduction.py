@@ -338,6 +338,12 @@ def flow_claims(table: Table, setting: str) -> list[Claim]:
 
 
 CHANGES = [
+    "The TWP pool experiments (two containers) re-run after the pool began routing arrivals one at a time, each "
+    "router seeing the ones routed before it (issue 50): before, the arrivals of one iteration all went to the "
+    "container that was least loaded before any of them. Every TWP number in a pool moved, no verdict changed "
+    "(cold pool, 18 req/s: TWP's throughput over ServerlessLLM -5% [-7%, -2%] -> +3% [-0%, 5%]); the KV "
+    "utilisation metrics are now summed without BLAS (the same bits on any thread count), which moved the "
+    "flow-control rows' KV figures in their last digits only.",
     "Flow control runs in the regime its paper describes (docs/FLOW_REGIME.md, `servegym flow-regime`): at 95% of "
     "the necessary bound, with evictions that lose the request's progress (`recompute: restart`), and the trace "
     "with the KV cache capped at 32,000 tokens (at 192,000 it never passed 48% and every budget tied FCFS). Before, "

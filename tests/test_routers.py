@@ -217,15 +217,15 @@ def _agent_cluster(workload, **pool) -> ServingEnv:
 
 def test_cluster_route_state_by_hand():
     """Bugs: load counting only queued requests; free blocks not net of used ones; queued blocks floored or
-    rounded as one sum; fits
-    judged on the longest output (or on the first container's capacity); the routed count (turn) not kept; the
-    pool's weights not passed.
+    rounded as one sum; fits judged on the longest output, on the first container's capacity or by a strict
+    comparison (a request that exactly fills the cache fits); the routed count (turn) not kept; the pool's weights
+    not passed.
 
     Containers: 0 is an A40 (3321 blocks of 16 = 53136 tokens), 1 and 2 are A100s (7353 blocks = 117648 tokens).
     Three requests at t = 0 are routed by hand: prompts 100 and 200 to container 0, 50 to container 1. One
     iteration of container 0 admits both of its requests whole: ceil(101/16) + ceil(201/16) = 7 + 13 = 20 blocks.
     Lengths are unknown (output_lo 1, output_hi 2048)."""
-    workload = fixed([0.0, 0.0, 0.0, 5.0, 6.0], [100, 200, 50, 60000, 53000], [50, 50, 50, 10, 10])
+    workload = fixed([0.0, 0.0, 0.0, 5.0, 6.0], [100, 200, 50, 60000, 53135], [50, 50, 50, 10, 10])
     env = _agent_cluster(workload, prefix_weight=2.0, load_weight=0.5,
                          profiles=("a40-llama2-7b", "a100-llama2-7b", "a100-llama2-7b"))
     env.reset(seed=0)
@@ -246,7 +246,8 @@ def test_cluster_route_state_by_hand():
     assert s.holds_model.tolist() == [True, True, True]  # a warm cluster
     assert (s.prompt_tokens, s.block_size, s.turn) == (60000, 16, 3)
     assert (s.prefix_weight, s.load_weight, s.rng) == (2.0, 0.5, None)
-    # 53000 + output_lo 1 = 53001 <= 53136: fits the A40 at its shortest output (53000 + 2048 would not).
+    # 53135 + output_lo 1 = 53136 = 3321 x 16: exactly fills the A40 at its shortest output, so it fits there
+    # (53135 + output_hi 2048 would not; nor would 53136 < 53136).
     assert cluster.route_state(4).fits.tolist() == [True, True, True]
 
 
@@ -372,6 +373,32 @@ def test_routing_env_action_masks():
     assert -env.serving.truncation_penalty_s not in info["iteration_rewards"]
 
 
+def test_router_policies_read_the_fits_column():
+    """Bug: a router policy's RouteState rebuilt without the observation's fits column (every replica taken to fit),
+    so that the policy routes to a replica whose KV cache cannot hold the request, which the pool's router never
+    does.
+
+    Container 0 is an A40 and idle, 1 and 2 are A100s, also idle: request 1 (60000 tokens) fits only 1 and 2. By
+    load, free blocks and cached tokens replicas 1 and 2 tie (0 load, 7353 free, nothing cached), so every rule
+    picks replica 1; replica 0 would win the tie by index were it taken to fit."""
+    workload = fixed([0.0, 1.0], [100, 60000], [5, 5])
+    env = routing_env(workload=workload, profiles=("a40-llama2-7b", "a100-llama2-7b", "a100-llama2-7b"))
+    env.reset(seed=0)
+    obs, *_ = env.step(0)
+    assert env.cluster.routing_request == 1
+    assert sum(e.waiting.size + e.num_running for e in env.cluster.engines) == 0  # request 0 has finished
+    assert route_state(obs).fits.tolist() == [False, True, True]
+    for name in ("router-least-loaded", "router-round-robin", "router-least-kv", "router-prefix-affinity",
+                 "router-kv-aware", "router-power-of-two"):
+        policy = make_policy(name)
+        policy.reset()
+        assert policy.act(obs) in (1, 2), name
+    # Round robin at turn 1 gives replica 1 its turn whatever fits says; at turn 0 it must skip replica 0.
+    turn_zero = {"replicas": obs["replicas"], "request": obs["request"].copy()}
+    turn_zero["request"][REQUEST_FEATURES.index("turn")] = 0
+    assert make_policy("router-round-robin").act(turn_zero) == 1
+
+
 @pytest.mark.parametrize("action", [3, -1, 1.0, np.float32(1.0), np.array([0, 1]), True, "1"])
 def test_routing_env_refuses_bad_actions_and_changes_nothing(action):
     """Bugs: an out-of-range, float, boolean or array action accepted (or wrapped around, or truncated to an int);
@@ -461,6 +488,25 @@ def test_kv_aware_weights_change_the_episode():
                         make_policy("fcfs"), seed=0).log.container
             for w in ({}, {"prefix_weight": 8.0, "load_weight": 0.25})]
     assert not np.array_equal(logs[0], logs[1])
+
+
+def test_pool_router_draws_from_its_own_stream():
+    """Bug: the pool's power_of_two router drawing from the episode's generator rather than a child stream, so that
+    its draws shift every later draw of the episode (here the latency noise). Replaying its routing decisions in a
+    routing env, which draws nothing to route, must then run the same episode: the same finish times exactly."""
+    kwargs = {**POOL_BASE, "latency_noise_cv": 0.2}
+    ruled = run_episode(ServingEnv(**kwargs, pool={"num_containers": 3, "router": "power_of_two"}),
+                        make_policy("fcfs"), seed=0)
+    routes = ruled.log.container
+    assert len(set(routes.tolist())) == 3  # the draws spread the arrivals: every replica is used
+    env = RoutingEnv(ServingEnv(**kwargs, pool={"num_containers": 3, "router": "agent"}), make_policy("fcfs"))
+    env.reset(seed=0)
+    done = False
+    while not done:
+        _, _, terminated, truncated, _ = env.step(int(routes[env.cluster.routing_request]))
+        done = terminated or truncated
+    np.testing.assert_array_equal(env.cluster.log.container, routes)
+    np.testing.assert_array_equal(env.cluster.log.finish_s, ruled.log.finish_s)
 
 
 # ---------------------------------------------------------------------------------------------------- heterogeneous
