@@ -39,7 +39,7 @@ def _load(kv_ax, queue_ax, log: EpisodeLog) -> None:
         if not steps.size:
             continue
         end = steps[:, STEP_INDEX["end_s"]]
-        kv_ax.step(end, steps[:, STEP_INDEX["num_used_blocks"]] / log.num_kv_blocks, where="pre", lw=0.8,
+        kv_ax.step(end, steps[:, STEP_INDEX["num_used_blocks"]] / log.kv_blocks(c), where="pre", lw=0.8,
                    label=f"container {c}")
         queue_ax.step(end, steps[:, STEP_INDEX["num_waiting"]], where="pre", lw=0.8, label=f"container {c}")
     kv_ax.set(ylabel="KV in use", ylim=(0, 1.05))

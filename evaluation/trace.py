@@ -133,6 +133,7 @@ def trace_events(log: EpisodeLog, end_s: float | None = None) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"source": "servegym", "time": "simulated seconds, written as microseconds",
                           "requests": log.num_requests, "kv_blocks": log.num_kv_blocks,
+                          "container_kv_blocks": [int(log.kv_blocks(c)) for c in range(log.num_containers)],
                           "block_size": log.block_size, "phases": list(PHASES)}}
 
 

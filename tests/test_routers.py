@@ -577,3 +577,30 @@ def test_prefix_affinity_caches_more_than_round_robin():
         env = ServingEnv(**POOL_BASE, pool={"num_containers": 3, "router": router})
         ratios[router] = summarize(run_episode(env, make_policy("fcfs"), seed=0).log)["prefix_hit_ratio"]
     assert ratios["prefix_affinity"] > ratios["round_robin"] + 0.05, ratios
+
+
+def test_heterogeneous_cluster_plots_and_traces_each_container_by_its_own_capacity():
+    """Bugs: the timeline's KV panel and the trace's metadata sizing every container by container 0's cache (on
+    an A40 + A100 cluster the A100's use was drawn 2.2x too high, 7353 / 3321)."""
+    from servegym.evaluation import timeline
+    from servegym.evaluation.trace import trace_events
+
+    env = ServingEnv(workload="low", pool={"num_containers": 2, "profiles": ("a40-llama2-7b", "a100-llama2-7b"),
+                                           "router": "round_robin"}, max_steps=400)
+    run_episode(env, make_policy("fcfs"), seed=0)
+    log = env.cluster.log
+    assert trace_events(log)["otherData"]["container_kv_blocks"] == [3321, 7353]
+
+    drawn: dict[str, np.ndarray] = {}
+
+    class Axes:
+        def step(self, x, y, label="", **kwargs):
+            drawn.setdefault(label, np.asarray(y))
+
+        def __getattr__(self, name):  # set, legend, ...: nothing this test reads
+            return lambda *args, **kwargs: None
+
+    timeline._load(Axes(), Axes(), log)
+    for c, capacity in enumerate((3321, 7353)):
+        used = log.steps(c)[:, STEP_INDEX["num_used_blocks"]]
+        np.testing.assert_allclose(drawn[f"container {c}"], used / capacity, rtol=1e-12)
