@@ -19,7 +19,7 @@ from servegym.envs import MixtureEnv, ServingEnv
 from servegym.envs.routing import RoutingEnv
 from servegym.envs.tasks import TASKS, get_task
 from servegym.metrics import summarize
-from servegym.policies import Policy
+from servegym.policies import Policy, deciding
 from servegym.validation import positive_int
 
 
@@ -78,11 +78,15 @@ def make_env(policy: Policy | None = None, max_episode_steps: int | None = None,
         max_episode_steps = max(TASKS[env_kwargs["task"]].max_steps, gym.spec(ENV_ID).max_episode_steps)
     engine = dict(env_kwargs.pop("engine", None) or {})
     pool = dict(env_kwargs.pop("pool", None) or {})
+    decision = _decision(env_kwargs)
+    if policy is not None and policy.decision != decision:
+        raise ValueError(f"policy {policy.name!r} decides {policy.decision}, but task {env_kwargs.get('task')!r} "
+                         f"decides {decision}: pick one of {deciding(decision)}")
     if policy is not None and apply_overrides:
         engine = {**engine, **policy.engine_overrides()}
         pool = {**pool, **policy.pool_overrides()}
     skip = (policy is not None and policy.stateless) if skip_idle is None else bool(skip_idle)
-    if _decision(env_kwargs) == "route":
+    if decision == "route":
         skip = False  # the routing env steps once per arrival; its serving env skips what its admission allows
     if skip and not env_kwargs.get("decision_steps", True):
         skip = False  # the caller asked for one iteration a step

@@ -301,6 +301,16 @@ def test_cluster_routing_task_builds_a_routing_env():
     check_env(inner, skip_render_check=True)
 
 
+def test_a_policy_deciding_the_wrong_thing_is_refused_by_name():
+    """Bug: an admission policy on a routing task fails deep inside ``act`` (KeyError 'engine'), or a router on an
+    admission task runs its env unchecked."""
+    from servegym.runner import make_env
+    with pytest.raises(ValueError, match="'fcfs' decides admission.*router-round-robin"):
+        make_env(make_policy("fcfs"), task="cluster-routing", split="test")
+    with pytest.raises(ValueError, match="'router-least-loaded' decides route.*fcfs"):
+        make_env(make_policy("router-least-loaded"), task="slo-goodput", split="test")
+
+
 def test_routing_env_conserves_requests_and_observes_the_replicas_at_every_step():
     """Bugs: a request lost or counted twice between routing and admission; observation columns swapped or stale
     (e.g. waiting and running exchanged, free blocks not net of used ones)."""
