@@ -305,9 +305,9 @@ def test_a_policy_deciding_the_wrong_thing_is_refused_by_name():
     """Bug: an admission policy on a routing task fails deep inside ``act`` (KeyError 'engine'), or a router on an
     admission task runs its env unchecked."""
     from servegym.runner import make_env
-    with pytest.raises(ValueError, match="'fcfs' decides admission.*router-round-robin"):
+    with pytest.raises(ValueError, match=r"'fcfs' decides admission.*router-round-robin"):
         make_env(make_policy("fcfs"), task="cluster-routing", split="test")
-    with pytest.raises(ValueError, match="'router-least-loaded' decides route.*fcfs"):
+    with pytest.raises(ValueError, match=r"'router-least-loaded' decides route.*fcfs"):
         make_env(make_policy("router-least-loaded"), task="slo-goodput", split="test")
 
 
