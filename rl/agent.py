@@ -21,10 +21,13 @@ from servegym.rl.evaluation import BEST_MODEL, BEST_STATS, FINAL_MODEL, FINAL_ST
 from servegym.rl.train import algorithm_class, latest_checkpoint
 from servegym.rl.wrappers import (
     RESIDUAL_SCALE,
+    ROUTE_MODE,
     count_action,
     params_action,
     rank_action,
     rank_grid,
+    route_masks,
+    route_observation,
     score_action,
     score_base,
     window_action,
@@ -33,7 +36,9 @@ from servegym.rl.wrappers import (
 
 class RLPolicy(Policy):
     """Drives the unwrapped env with a trained SB3 model: it normalises observations with the run's saved
-    statistics, predicts deterministically, and maps the action through the run's action mode."""
+    statistics, predicts deterministically, and maps the action through the run's action mode. A run of the
+    ``route`` mode is a router (:attr:`decision` ``"route"``): on its routing task's env it returns the replica
+    of each arrival, ``np.int64``."""
 
     source = "stable-baselines3 agent trained by servegym train"
     rule = "learned admission controller"
@@ -50,6 +55,11 @@ class RLPolicy(Policy):
         self.model = algorithm_class(self.config["algo"]).load(model_path, device="cpu")
         self.model_path = model_path
         self.mode = self.config["mode"]
+        if self.mode == ROUTE_MODE:
+            # An instance attribute over the ClassVar: what this run decides (servegym bench pairs it with
+            # routing tasks; entry_decision reads the same from config.json).
+            self.decision = "route"
+            self.rule = "learned router"
         if self.mode == "rank" and self.config.get("rank_grid", rank_grid()) != rank_grid():
             raise ValueError(f"{self.run} was trained with rank actions {self.config['rank_grid']}, but this servegym "
                              f"maps them to {rank_grid()}; retrain it")
@@ -80,6 +90,9 @@ class RLPolicy(Policy):
     def _normalise(self, obs: Observation) -> Observation:
         """The keys the agent was trained on (a run from before ``obs["progress"]`` has none), scaled or
         normalised as in its training."""
+        if self.mode == ROUTE_MODE:  # the flat vector it trained on, from the env's Dict (or a flat_obs env)
+            obs = route_observation(obs)
+            return obs if self._vec_normalize is None else self._vec_normalize.normalize_obs(obs)
         space = self.model.observation_space
         if isinstance(space, gym.spaces.Dict) and len(space.spaces) != len(obs):
             obs = {key: obs[key] for key in space.spaces}
@@ -88,15 +101,20 @@ class RLPolicy(Policy):
         return obs if self._vec_normalize is None else self._vec_normalize.normalize_obs(obs)
 
     def masks(self, obs: Observation) -> np.ndarray:
-        """The action mask the agent was trained with (admit mode: empty slots may only be 0)."""
+        """The action mask the agent was trained with (admit mode: empty slots may only be 0; route mode: the
+        replicas that can hold the arriving request)."""
+        if self.mode == ROUTE_MODE:
+            return route_masks(obs, self.model.action_space.n)
         visible = visible_queue(obs).shape[0]
         if self.mode == "admit":
             return slot_action_masks(obs["queue"].shape[0] // len(QUEUE_FEATURES), visible, 2)
         return count_action_masks(self.model.action_space.n, visible)
 
-    def act(self, obs: Observation) -> np.ndarray:
+    def act(self, obs: Observation) -> np.ndarray | np.int64:
         kwargs = {"action_masks": self.masks(obs)} if self.config["algo"] == "maskable-ppo" else {}
         action, _ = self.model.predict(self._normalise(obs), deterministic=True, **kwargs)
+        if self.mode == ROUTE_MODE:
+            return np.int64(np.asarray(action).reshape(-1)[0])
         if self.mode == "count":
             return count_action(obs, int(np.asarray(action).reshape(-1)[0]))
         if self.mode == "window":

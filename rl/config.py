@@ -10,14 +10,17 @@ from typing import Any
 
 from servegym import ENV_ID
 from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS, get_task
-from servegym.rl.wrappers import OBSERVATIONS, RESIDUAL_SCALE
+from servegym.rl.wrappers import OBSERVATIONS, RESIDUAL_SCALE, ROUTE_MODE
 from servegym.validation import count, count_arg
 
 ALGOS = ("ppo", "a2c", "dqn", "sac", "maskable-ppo")
 DEFAULT_MODE = {"ppo": "count", "a2c": "count", "dqn": "count", "sac": "window", "maskable-ppo": "admit"}
-COMPATIBLE = {"ppo": {"admit", "window", "count", "rank", "score", "params"},
-              "a2c": {"admit", "window", "count", "rank", "score", "params"},
-              "dqn": {"count"}, "sac": {"window", "score", "params"}, "maskable-ppo": {"admit", "count"}}
+COMPATIBLE = {"ppo": {"admit", "window", "count", "rank", "score", "params", ROUTE_MODE},
+              "a2c": {"admit", "window", "count", "rank", "score", "params", ROUTE_MODE},
+              "dqn": {"count", ROUTE_MODE}, "sac": {"window", "score", "params"},
+              "maskable-ppo": {"admit", "count", ROUTE_MODE}}
+"""The action modes each algorithm can use. On a routing task (``Task.decision == "route"``) the mode is always
+``route``, the default there (:meth:`TrainConfig.resolved_mode`), for PPO, A2C, DQN and MaskablePPO."""
 COUNTS = {"timesteps": "steps", "n_envs": "envs", "max_episode_steps": "steps", "eval_freq": "steps",
           "eval_episodes": "seeds", "checkpoint_freq": "steps", "imitate_episodes": "seeds", "torch_threads": "workers"}
 """The config's counts and their kind in :data:`servegym.validation.COUNT_LIMITS` (one rule, one message)."""
@@ -29,7 +32,7 @@ class TrainConfig:
     algo: str = "ppo"
     mode: str | None = None
     """Action mode (see :mod:`servegym.rl.wrappers`); default per algorithm: PPO/A2C/DQN count, SAC window,
-    MaskablePPO admit."""
+    MaskablePPO admit; on a routing task ``route``, its only mode."""
     task: str | None = None
     """A benchmark task (``servegym tasks``); the fields below override its settings."""
     workload: str | None = None
@@ -63,9 +66,11 @@ class TrainConfig:
     episode on the same seed (:mod:`servegym.rl.reference`); validation and test returns are not."""
     imitate: str | None = None
     """A ``scorer`` params file (``servegym tune``'s ``best_params.json``): before reinforcement learning, the
-    ``score``-mode policy is fitted to that scorer's decisions (:mod:`servegym.rl.imitation`)."""
+    ``score``-mode policy is fitted to that scorer's decisions (:mod:`servegym.rl.imitation`). In the ``route``
+    mode a router instead, by name (``router-kv-aware``) or params file (``servegym tune --policy router-...``):
+    the policy's replica choice is fitted to that router's (:func:`~servegym.rl.imitation.imitate_router`)."""
     imitate_episodes: int = 8
-    """Training episodes of the scorer to imitate."""
+    """Training episodes of the scorer (or router) to imitate."""
     score_base: str | None = None
     """A ``scorer`` params file: in the ``score`` mode the agent's action is a residual on that scorer's decision
     (:class:`~servegym.rl.wrappers.ScoreAdmit`; action 0 is the scorer), in the ``params`` mode it moves that
@@ -90,6 +95,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
             raise ValueError(f"algo must be one of {ALGOS}, got {self.algo!r}")
+        if self.task is not None:
+            get_task(self.task)
+        self._check_decision()
         if self.resolved_mode not in COMPATIBLE[self.algo]:
             raise ValueError(f"{self.algo} cannot use mode {self.resolved_mode!r}; it supports "
                              f"{sorted(COMPATIBLE[self.algo])}")
@@ -103,15 +111,18 @@ class TrainConfig:
             # SB3 seeds env i's first episode with seed + i: it must stay a training seed.
             raise ValueError(f"seed must be in [0, {len(TRAIN_SEEDS) - self.n_envs}] (seed + env index must stay "
                              f"in TRAIN_SEEDS), got {self.seed}")
-        if self.task is not None:
-            get_task(self.task)
         if isinstance(self.env, dict) and "split" in self.env:
             raise ValueError(f"env split={self.env['split']!r}: training always uses a task's training data (the "
                              "test split is held out for servegym bench)")
         if not (isinstance(self.reward_scale, int | float) and math.isfinite(self.reward_scale)
                 and self.reward_scale > 0):
             raise ValueError(f"reward_scale must be a finite number > 0, got {self.reward_scale!r}")
-        if self.imitate is not None and (self.resolved_mode != "score" or self.algo not in ("ppo", "a2c")):
+        if self.imitate is not None and self.resolved_mode == ROUTE_MODE:
+            if self.algo not in ("ppo", "a2c", "maskable-ppo"):
+                raise ValueError(f"imitate warm-starts PPO, A2C or MaskablePPO in the {ROUTE_MODE!r} mode, not "
+                                 f"{self.algo}")
+            router_expert(self.imitate)
+        elif self.imitate is not None and (self.resolved_mode != "score" or self.algo not in ("ppo", "a2c")):
             raise ValueError(f"imitate warm-starts PPO or A2C in the score mode, not {self.algo} in "
                              f"{self.resolved_mode!r}")
         if self.observation not in OBSERVATIONS:
@@ -155,8 +166,43 @@ class TrainConfig:
             raise ValueError(f"env must not hold {sorted(clash)}: they have their own fields")
 
     @property
+    def decision(self) -> str:
+        """What the task's policies decide: ``"route"`` on a routing task, else ``"admission"``."""
+        return get_task(self.task).decision if self.task is not None else "admission"
+
+    @property
     def resolved_mode(self) -> str:
-        return self.mode or DEFAULT_MODE[self.algo]
+        if self.mode is not None:
+            return self.mode
+        return ROUTE_MODE if self.decision == "route" else DEFAULT_MODE[self.algo]
+
+    def _check_decision(self) -> None:
+        """The route mode on routing tasks only, and only the route mode there; and what it cannot combine with."""
+        mode = self.resolved_mode
+        if self.decision == "route":
+            if mode != ROUTE_MODE:
+                raise ValueError(f"task {self.task!r} decides which replica serves each arrival: its only action "
+                                 f"mode is {ROUTE_MODE!r} (the default there), not {mode!r}")
+            if self.algo not in {a for a, modes in COMPATIBLE.items() if ROUTE_MODE in modes}:
+                raise ValueError(f"{self.algo} cannot route: task {self.task!r} (mode {ROUTE_MODE!r}, a Discrete "
+                                 "replica action) trains with ppo, maskable-ppo, a2c or dqn")
+            unsupported = {"reward_reference": "it replays an admission policy on a single engine",
+                           "score_base": "it is an admission scorer",
+                           "discount_half_life_s": "a routing step spans many engine iterations and the env "
+                                                   "reports no step_s"}
+            for name, why in unsupported.items():
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} is not for the {ROUTE_MODE!r} mode: {why}")
+            if self.observation != "raw":
+                raise ValueError(f"observation {self.observation!r} scales the serving env's admission "
+                                 f"observation; the {ROUTE_MODE!r} mode sees the routing env's counts, flattened "
+                                 "(normalised by VecNormalize): use observation 'raw'")
+        elif mode == ROUTE_MODE:
+            where = f"task {self.task!r}" if self.task is not None else \
+                f"workload {self.workload or 'burst'!r} (no routing task)"
+            raise ValueError(f"the {ROUTE_MODE!r} mode routes arrivals on a routing task (cluster-routing); "
+                             f"{where} decides admission: use one of its modes "
+                             f"({', '.join(sorted(m for m in COMPATIBLE[self.algo] if m != ROUTE_MODE))})")
 
     @property
     def run_name(self) -> str:
@@ -200,3 +246,26 @@ def scorer_params(path: str, field_name: str) -> dict[str, Any]:
         raise ValueError(f"{field_name}: {path} holds {name!r} parameters; it needs a scorer's (servegym tune "
                          "--policy scorer)")
     return params
+
+
+def router_expert(spec: str) -> tuple[str, dict[str, Any]]:
+    """The router a ``route``-mode agent imitates: a router policy's name (``router-kv-aware``) or a params file of
+    one (``servegym tune --policy router-...``'s ``best_params.json``), as ``(name, params)``."""
+    from pathlib import Path
+
+    from servegym.policies import make_policy
+
+    if Path(spec).is_file():
+        from servegym.tuning.study import read_params
+
+        name, params = read_params(spec)
+    else:
+        name, params = spec, {}
+    try:
+        decision = make_policy(name, **params).decision
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"imitate: {spec!r} is neither a router policy nor a params file of one ({err})") from None
+    if decision != "route":
+        raise ValueError(f"imitate: {spec!r} is {name!r}, an admission policy; the {ROUTE_MODE!r} mode imitates a "
+                         "router (router-kv-aware, router-least-loaded, ...)")
+    return name, params

@@ -119,8 +119,13 @@ def policy_for(algo: str, action_space: spaces.Space, mode: str | None = None) -
     """The policy to pass as the first argument of ``algorithm_class(algo)(...)``: for PPO and A2C in the
     ``score`` mode the network shared across queue slots (:class:`~servegym.rl.equivariant.ScorePolicy`), the
     batched-slot policy for PPO, A2C and MaskablePPO on an equal-size ``MultiDiscrete`` (the ``admit`` mode),
-    else ``"MultiInputPolicy"``.
+    in the ``route`` mode the network shared across replicas (:func:`~servegym.rl.route_policy.route_policy`; DQN:
+    ``"MlpPolicy"`` on the flat observation), else ``"MultiInputPolicy"``.
     """
+    if mode == "route":
+        from servegym.rl.route_policy import route_policy
+
+        return route_policy(algo)
     if mode == "score" and algo in ("ppo", "a2c"):
         from servegym.rl.equivariant import ScorePolicy
 

@@ -6,6 +6,9 @@ reads, is kept) and its memory target mapped back (:func:`~servegym.rl.wrappers.
 :func:`imitate` plays the scorer on training seeds, then fits the policy's mean action to those actions by
 squared error over the visible slots and the target, so PPO starts where the tuned scorer is and can learn what
 a fixed formula cannot: scores that depend on the state.
+
+In the ``route`` mode (a routing task) :func:`imitate_router` does the same for a router: its replica choices
+on training episodes, fitted by cross-entropy, so PPO starts as that router.
 """
 
 from __future__ import annotations
@@ -78,3 +81,59 @@ def imitate(model: Any, env_kwargs: dict[str, Any], params: dict[str, Any], epis
             total += loss.item() * len(index)
         losses.append(total / len(order))
     return {"demonstration_steps": float(len(actions)), "first_loss": losses[0], "last_loss": losses[-1]}
+
+
+def route_demonstrations(env_kwargs: dict[str, Any], router: str, params: dict[str, Any], episodes: int,
+                         first_seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A router's flat observations (:func:`~servegym.rl.wrappers.route_observation`) and replica choices over
+    ``episodes`` training episodes of the routing env from seed ``first_seed``."""
+    import gymnasium as gym
+
+    from servegym import ENV_ID
+    from servegym.rl.wrappers import route_observation
+
+    expert = make_policy(router, **params)
+    env = gym.make(ENV_ID, **env_kwargs)
+    observations, actions = [], []
+    for k in range(episodes):
+        obs, _ = env.reset(seed=TRAIN_SEEDS[(first_seed + k) % len(TRAIN_SEEDS)])
+        expert.reset()
+        done = False
+        while not done:
+            action = int(expert.act(obs))
+            observations.append(route_observation(obs))
+            actions.append(action)
+            obs, _, terminated, truncated, _ = env.step(np.int64(action))
+            done = terminated or truncated
+    env.close()
+    return np.stack(observations), np.asarray(actions, dtype=np.int64)
+
+
+def imitate_router(model: Any, env_kwargs: dict[str, Any], router: str, params: dict[str, Any], episodes: int = 8,
+                   epochs: int = 20, batch_size: int = 256, seed: int = 0) -> dict[str, float]:
+    """Fit ``model.policy``'s replica distribution to a router's choices (cross-entropy), a warm start for the
+    ``route`` mode; the fit's first and last losses and how often the fitted policy's mode matches the router."""
+    import torch
+
+    obs, actions = route_demonstrations(env_kwargs, router, params, episodes, first_seed=seed * 10_007)
+    policy = model.policy
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    x, target = torch.as_tensor(obs), torch.as_tensor(actions)
+    rng = np.random.default_rng(seed)
+    losses = []
+    for _ in range(epochs):
+        order = rng.permutation(len(actions))
+        total = 0.0
+        for start in range(0, len(order), batch_size):
+            index = order[start:start + batch_size]
+            logits = policy.get_distribution(x[index]).distribution.logits
+            loss = torch.nn.functional.cross_entropy(logits, target[index])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(index)
+        losses.append(total / len(order))
+    with torch.no_grad():
+        agree = float((policy.get_distribution(x).distribution.logits.argmax(dim=1) == target).float().mean())
+    return {"demonstration_steps": float(len(actions)), "first_loss": losses[0], "last_loss": losses[-1],
+            "agreement": agree}

@@ -40,9 +40,10 @@ import gymnasium as gym
 from servegym import ENV_ID
 from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS
 from servegym.rl.algorithms import algorithm_class, check_hyperparams
-from servegym.rl.config import TrainConfig, scorer_params
+from servegym.rl.config import TrainConfig, router_expert, scorer_params
 from servegym.rl.evaluation import FINAL_MODEL, FINAL_STATS, SeedListEval, write_json
 from servegym.rl.fast_dist import policy_for
+from servegym.rl.route_policy import normalizes_observations
 from servegym.rl.stopping import StopOnSignals, TrainingInterrupted, end_processes, spawned_children
 from servegym.rl.wrappers import ScaledObservation, TrainSeeds, rank_grid, wrap
 
@@ -99,8 +100,11 @@ def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
 
 
 def _imitate(model: BaseAlgorithm, cfg: TrainConfig) -> dict[str, float]:
-    from servegym.rl.imitation import imitate
+    from servegym.rl.imitation import imitate, imitate_router
 
+    if cfg.resolved_mode == "route":
+        return imitate_router(model, cfg.env_kwargs(), *router_expert(cfg.imitate), cfg.imitate_episodes,
+                              seed=cfg.seed)
     return imitate(model, cfg.env_kwargs(), scorer_params(cfg.imitate, "imitate"), cfg.imitate_episodes,
                    seed=cfg.seed)
 
@@ -190,7 +194,8 @@ def _from_scratch(run: Path, cfg: TrainConfig, progress: bool, subprocess: bool,
 
         venv = _vec_env(cfg, subprocess)
         if cfg.normalize:
-            venv = VecNormalize(venv, norm_obs=True, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99))
+            venv = VecNormalize(venv, norm_obs=normalizes_observations(cfg.algo, cfg.resolved_mode), norm_reward=True,
+                                gamma=cfg.hyperparams.get("gamma", 0.99))
         policy = policy_for(cfg.algo, venv.action_space, cfg.resolved_mode)
         try:
             session.model = algorithm_class(cfg.algo)(policy, venv, seed=cfg.seed, verbose=0,

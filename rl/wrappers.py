@@ -22,10 +22,14 @@ action through a pure function, so a trained agent can later drive the unwrapped
   residual on a tuned scorer's decision.
 * :class:`ParamsAdmit` - ``Box(-1, 1, (4,))``: a tuned scorer's four parameters, moved each step (a scorer
   whose parameters depend on the state).
+* :class:`RouteReplica` - ``Discrete(N)``, the routing env's own action (a routing task's only mode, ``route``):
+  the replica that serves the arriving request, seen through the flat observation (:func:`route_observation`),
+  with the env's ``action_masks()``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -384,15 +388,75 @@ class ScaledObservation(gym.ObservationWrapper, gym.utils.RecordConstructorArgs)
         return scale_observation(observation)
 
 
+def route_observation(obs: Observation | np.ndarray) -> np.ndarray:
+    """A routing observation as the ``route`` mode's agent sees it: ``spaces.flatten`` of the routing env's Dict
+    (``replicas`` row by row, then ``request``; what ``flat_obs=True`` gives), float32. A flat one is kept."""
+    if not isinstance(obs, dict):
+        return np.asarray(obs, dtype=np.float32).reshape(-1)
+    return spaces.flatten(_route_space(obs["replicas"].shape, obs["request"].shape), obs).astype(np.float32, copy=False)
+
+
+@functools.lru_cache(maxsize=8)
+def _route_space(replicas: tuple[int, ...], request: tuple[int, ...]) -> spaces.Dict:
+    from servegym.envs.routing import MAX_FEATURE
+
+    return spaces.Dict({"replicas": spaces.Box(0.0, MAX_FEATURE, replicas, np.float32),
+                        "request": spaces.Box(0.0, MAX_FEATURE, request, np.float32)})
+
+
+def route_masks(obs: Observation | np.ndarray, num_replicas: int) -> np.ndarray:
+    """The replicas a request may be routed to, read from a routing observation (Dict or flat) as the env's
+    ``action_masks()`` gives them: those that can hold it, every replica when none can (or none is arriving)."""
+    from servegym.envs.routing import REPLICA_FEATURES
+
+    column = REPLICA_FEATURES.index("fits")
+    flat = route_observation(obs)
+    fits = flat[: num_replicas * len(REPLICA_FEATURES)].reshape(num_replicas, -1)[:, column] > 0
+    return fits if fits.any() else np.ones(num_replicas, dtype=bool)
+
+
+class RouteReplica(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
+    """The ``route`` mode over a routing env (:class:`~servegym.envs.routing.RoutingEnv`): its ``Discrete(N)``
+    action unchanged (a replica index, passed on as ``np.int64``), its observation flattened
+    (:func:`route_observation`) for an MLP, and its ``action_masks()`` for MaskablePPO."""
+
+    def __init__(self, env: gym.Env) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.ObservationWrapper.__init__(self, env)
+        space = env.observation_space
+        routing = isinstance(space, spaces.Dict) and set(space.spaces) == {"replicas", "request"}
+        flat = isinstance(space, spaces.Box) and len(space.shape) == 1
+        if not isinstance(env.action_space, spaces.Discrete) or not (routing or flat):
+            raise ValueError("the route mode acts on a routing task's env (RoutingEnv: a Discrete replica action "
+                             f"and the replicas/request observation), got {space} and {env.action_space}")
+        self.num_replicas = int(env.action_space.n)
+        self.observation_space = spaces.flatten_space(space) if isinstance(space, spaces.Dict) else space
+
+    def observation(self, observation: Observation | np.ndarray) -> np.ndarray:
+        return route_observation(observation)
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        chosen = np.asarray(action)
+        if chosen.size == 1 and chosen.dtype.kind in "iu":  # a vectorised env's or predict()'s int array
+            action = np.int64(chosen.reshape(-1)[0])
+        return super().step(action)
+
+    def action_masks(self) -> np.ndarray:
+        """The routing env's mask: replicas that can hold the arriving request."""
+        return self.env.get_wrapper_attr("action_masks")()
+
+
 OBSERVATIONS = ("raw", "scaled")
 """What a learning agent observes: the env's Dict (``raw``) or :class:`ScaledObservation` (``scaled``)."""
 
 
 MODES = {"admit": AdmitMask, "window": TokenWindow, "count": AdmitCount, "rank": RankAdmit, "score": ScoreAdmit,
-         "params": ParamsAdmit}
+         "params": ParamsAdmit, "route": RouteReplica}
 """Action modes: ``admit`` (per-slot mask), ``window`` (continuous token window), ``count`` (discrete),
 ``rank`` (an order and a memory target), ``score`` (slot scores and a memory target), ``params`` (a base
-scorer's parameters, per step)."""
+scorer's parameters, per step); on a routing task ``route`` (the replica of each arrival)."""
+ROUTE_MODE = "route"
+"""The action mode of a routing task (``Task.decision == "route"``), and its only one."""
 
 
 def wrap(env: gym.Env, mode: str, **mode_kwargs: Any) -> gym.Env:

@@ -59,7 +59,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     best = info["best_mean_reward"]
     print(f"trained in {info['wall_s']:.0f} s; best validation return "
           f"{'n/a' if best is None else f'{best:.1f}'} at {info['best_timesteps']} steps; run: {run}")
-    print(f"use it as a policy: servegym run --policy rl:{run}   or in servegym bench --rl {run}")
+    if info.get("mode") == "route":  # a router: it plays its routing task
+        print(f"use it as a router: servegym run --task {info['task']} --policy rl:{run}   or servegym bench "
+              f"--tasks {info['task']} --rl {run}")
+    else:
+        print(f"use it as a policy: servegym run --policy rl:{run}   or in servegym bench --rl {run}")
     return 0
 
 
@@ -67,8 +71,9 @@ def add_train_parser(sub: Any) -> None:
     """Add ``servegym train`` to ``sub`` (the parser's ``add_subparsers()`` result)."""
     trn = sub.add_parser("train", help="train a stable-baselines3 agent (PPO by default)")
     trn.add_argument("--algo", default="ppo", choices=["ppo", "a2c", "dqn", "sac", "maskable-ppo"])
-    trn.add_argument("--mode", default=None, choices=["admit", "window", "count", "rank", "score", "params"],
-                     help="action mode (default per algorithm)")
+    trn.add_argument("--mode", default=None, choices=["admit", "window", "count", "rank", "score", "params", "route"],
+                     help="action mode (default per algorithm; on a routing task, such as cluster-routing, route: "
+                          "the replica of each arrival, its only mode)")
     trn.add_argument("--task", default=None, choices=sorted(TASKS),
                      help="benchmark task (servegym tasks); the options below override its settings")
     trn.add_argument("--workload", default=None, choices=sorted(WORKLOADS),
@@ -92,7 +97,8 @@ def add_train_parser(sub: Any) -> None:
     trn.add_argument("--reward-reference", default=None, metavar="PARAMS",
                      help="train on rewards relative to this policy's episode on the same seed (a params file)")
     trn.add_argument("--imitate", default=None, metavar="PARAMS",
-                     help="score mode: first fit the policy to a tuned scorer (servegym tune's best_params.json)")
+                     help="score mode: first fit the policy to a tuned scorer (servegym tune's best_params.json); "
+                          "route mode: to a router, by name (router-kv-aware) or params file")
     trn.add_argument("--score-base", default=None, metavar="PARAMS",
                      help="score mode: act as a residual on this tuned scorer (action 0 is the scorer); params "
                           "mode: the scorer whose parameters the agent moves")
