@@ -13,6 +13,7 @@ on training episodes, fitted by cross-entropy, so PPO starts as that router.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -61,26 +62,39 @@ def imitate(model: Any, env_kwargs: dict[str, Any], params: dict[str, Any], epis
     import torch
 
     obs, actions, weights = demonstrations(env_kwargs, params, episodes, first_seed=seed * 10_007)
-    policy = model.policy
-    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
     target = torch.as_tensor(actions)
     weight = torch.as_tensor(weights)
+
+    def loss(index: np.ndarray) -> Any:
+        batch = {k: torch.as_tensor(v[index]) for k, v in obs.items()}
+        mean = model.policy.get_distribution(batch).distribution.mean
+        return ((mean - target[index]) ** 2 * weight[index]).sum() / weight[index].sum()
+
+    losses = _fit(model.policy, len(actions), loss, epochs, batch_size, seed)
+    return {"demonstration_steps": float(len(actions)), "first_loss": losses[0], "last_loss": losses[-1]}
+
+
+def _fit(policy: Any, size: int, loss: Callable[[np.ndarray], Any], epochs: int, batch_size: int,
+         seed: int) -> list[float]:
+    """Adam (lr 1e-3) on ``loss(index)`` over shuffled minibatches of ``size`` demonstrations; each epoch's mean
+    loss."""
+    import torch
+
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
     rng = np.random.default_rng(seed)
     losses = []
     for _ in range(epochs):
-        order = rng.permutation(len(actions))
+        order = rng.permutation(size)
         total = 0.0
-        for start in range(0, len(order), batch_size):
+        for start in range(0, size, batch_size):
             index = order[start:start + batch_size]
-            batch = {k: torch.as_tensor(v[index]) for k, v in obs.items()}
-            mean = policy.get_distribution(batch).distribution.mean
-            loss = ((mean - target[index]) ** 2 * weight[index]).sum() / weight[index].sum()
+            value = loss(index)
             optimizer.zero_grad()
-            loss.backward()
+            value.backward()
             optimizer.step()
-            total += loss.item() * len(index)
-        losses.append(total / len(order))
-    return {"demonstration_steps": float(len(actions)), "first_loss": losses[0], "last_loss": losses[-1]}
+            total += value.item() * len(index)
+        losses.append(total / size)
+    return losses
 
 
 def route_demonstrations(env_kwargs: dict[str, Any], router: str, params: dict[str, Any], episodes: int,
@@ -117,22 +131,13 @@ def imitate_router(model: Any, env_kwargs: dict[str, Any], router: str, params: 
 
     obs, actions = route_demonstrations(env_kwargs, router, params, episodes, first_seed=seed * 10_007)
     policy = model.policy
-    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
     x, target = torch.as_tensor(obs), torch.as_tensor(actions)
-    rng = np.random.default_rng(seed)
-    losses = []
-    for _ in range(epochs):
-        order = rng.permutation(len(actions))
-        total = 0.0
-        for start in range(0, len(order), batch_size):
-            index = order[start:start + batch_size]
-            logits = policy.get_distribution(x[index]).distribution.logits
-            loss = torch.nn.functional.cross_entropy(logits, target[index])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(index)
-        losses.append(total / len(order))
+
+    def loss(index: np.ndarray) -> Any:
+        logits = policy.get_distribution(x[index]).distribution.logits
+        return torch.nn.functional.cross_entropy(logits, target[index])
+
+    losses = _fit(policy, len(actions), loss, epochs, batch_size, seed)
     with torch.no_grad():
         agree = float((policy.get_distribution(x).distribution.logits.argmax(dim=1) == target).float().mean())
     return {"demonstration_steps": float(len(actions)), "first_loss": losses[0], "last_loss": losses[-1],
