@@ -208,3 +208,18 @@ def test_a_route_agent_can_start_as_a_router(tmp_path):
 def test_a_route_agent_imitates_routers_only(imitate, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(task=TASK, imitate=imitate)
+
+
+def test_route_masks_read_the_fits_column_by_hand():
+    """Bug: the agent's masks read another column, keep replicas that cannot hold the request, or mask every
+    replica when none fits (the env then takes any: ``action_masks()`` is all ones)."""
+    from servegym.envs.routing import REPLICA_FEATURES, REQUEST_FEATURES
+
+    rows = np.zeros((3, len(REPLICA_FEATURES)), dtype=np.float32)
+    rows[:, REPLICA_FEATURES.index("free_blocks")] = [9.0, 0.0, 4.0]  # a column beside the one that decides
+    rows[:, REPLICA_FEATURES.index("fits")] = [0.0, 1.0, 0.0]
+    obs = {"replicas": rows, "request": np.ones(len(REQUEST_FEATURES), dtype=np.float32)}
+    np.testing.assert_array_equal(route_masks(obs, 3), [False, True, False])
+    np.testing.assert_array_equal(route_masks(route_observation(obs), 3), [False, True, False])
+    rows[:, REPLICA_FEATURES.index("fits")] = 0.0
+    np.testing.assert_array_equal(route_masks(obs, 3), [True, True, True])
