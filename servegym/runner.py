@@ -80,8 +80,11 @@ def make_env(policy: Policy | None = None, max_episode_steps: int | None = None,
     pool = dict(env_kwargs.pop("pool", None) or {})
     decision = _decision(env_kwargs)
     if policy is not None and policy.decision != decision:
-        raise ValueError(f"policy {policy.name!r} decides {policy.decision}, but task {env_kwargs.get('task')!r} "
-                         f"decides {decision}: pick one of {deciding(decision)}")
+        where = f"task {env_kwargs['task']!r}" if env_kwargs.get("task") is not None else "an env without a task"
+        routing = sorted(name for name, task in TASKS.items() if task.decision == "route")
+        hint = (f"run it on a routing task ({', '.join(routing)})" if policy.decision == "route"
+                else f"pick one of {deciding(decision)}")
+        raise ValueError(f"policy {policy.name!r} decides {policy.decision}, but {where} decides {decision}: {hint}")
     if policy is not None and apply_overrides:
         engine = {**engine, **policy.engine_overrides()}
         pool = {**pool, **policy.pool_overrides()}

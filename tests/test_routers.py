@@ -307,8 +307,10 @@ def test_a_policy_deciding_the_wrong_thing_is_refused_by_name():
     from servegym.runner import make_env
     with pytest.raises(ValueError, match=r"'fcfs' decides admission.*router-round-robin"):
         make_env(make_policy("fcfs"), task="cluster-routing", split="test")
-    with pytest.raises(ValueError, match=r"'router-least-loaded' decides route.*fcfs"):
+    with pytest.raises(ValueError, match=r"'router-least-loaded' decides route.*routing task \(cluster-routing\)"):
         make_env(make_policy("router-least-loaded"), task="slo-goodput", split="test")
+    with pytest.raises(ValueError, match="an env without a task decides admission"):
+        make_env(make_policy("router-kv-aware"))
 
 
 def test_routing_env_conserves_requests_and_observes_the_replicas_at_every_step():
