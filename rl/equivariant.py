@@ -32,7 +32,7 @@ def symlog(x: torch.Tensor) -> torch.Tensor:
     return torch.sign(x) * torch.log1p(torch.abs(x))
 
 
-def _mlp(inputs: int, width: int) -> nn.Sequential:
+def mlp(inputs: int, width: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(inputs, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh())
 
 
@@ -53,10 +53,10 @@ class QueueEncoder(BaseFeaturesExtractor):
         # A run saved before obs["progress"] existed keeps its layout (and its weights) without it.
         self.progress = "progress" in observation_space.spaces
         pool += observation_space["progress"].shape[0] if self.progress else 0
-        self.slot = _mlp(len(QUEUE_FEATURES), embed)
-        self.run = _mlp(len(RUNNING_FEATURES), embed)
-        self.context = _mlp(engine + pool + 2 * embed, embed)
-        self.mix = _mlp(2 * embed, embed)
+        self.slot = mlp(len(QUEUE_FEATURES), embed)
+        self.run = mlp(len(RUNNING_FEATURES), embed)
+        self.context = mlp(engine + pool + 2 * embed, embed)
+        self.mix = mlp(2 * embed, embed)
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         engine = obs["engine"]

@@ -28,6 +28,7 @@ from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
 from servegym.envs.routing import REPLICA_FEATURES, REQUEST_FEATURES
+from servegym.rl.equivariant import mlp, symlog
 
 EMBED = 32
 """Width of each replica's embedding; the context is twice that (mean and max)."""
@@ -37,14 +38,6 @@ _SHARED = [i for i, name in enumerate(REQUEST_FEATURES) if name != "turn"]
 """The request features every replica sees (the turn is a position: it enters as each replica's own flag)."""
 ROUTE_NETWORK_ALGOS = ("ppo", "a2c", "maskable-ppo")
 """Algorithms whose ``route``-mode agents use this network (DQN keeps SB3's ``MlpPolicy`` on normalised inputs)."""
-
-
-def symlog(x: torch.Tensor) -> torch.Tensor:
-    return torch.sign(x) * torch.log1p(torch.abs(x))
-
-
-def _mlp(inputs: int, width: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(inputs, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh())
 
 
 def num_replicas(observation_space: spaces.Space) -> int:
@@ -63,8 +56,8 @@ class RouteEncoder(BaseFeaturesExtractor):
         super().__init__(observation_space, (self.replicas + 2) * embed)
         self.embed = embed
         row = len(REPLICA_FEATURES)
-        self.row = _mlp(2 * row + len(_SHARED) + 2, embed)
-        self.mix = _mlp(3 * embed, embed)
+        self.row = mlp(2 * row + len(_SHARED) + 2, embed)
+        self.mix = mlp(3 * embed, embed)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         n, row = self.replicas, len(REPLICA_FEATURES)
