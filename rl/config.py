@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from servegym import ENV_ID
@@ -251,8 +252,6 @@ def scorer_params(path: str, field_name: str) -> dict[str, Any]:
 def router_expert(spec: str) -> tuple[str, dict[str, Any]]:
     """The router a ``route``-mode agent imitates: a router policy's name (``router-kv-aware``) or a params file of
     one (``servegym tune --policy router-...``'s ``best_params.json``), as ``(name, params)``."""
-    from pathlib import Path
-
     from servegym.policies import make_policy
 
     if Path(spec).is_file():
