@@ -1,4 +1,5 @@
-"""A task that samples among other tasks per episode, and the env factory behind ``servegym/Serving-v1`` and ``-v0``."""
+"""A task that samples among other tasks per episode, and the env factory behind ``servegym/Serving-v2`` and the
+legacy ``-v1`` and ``-v0``."""
 
 from __future__ import annotations
 
@@ -87,16 +88,17 @@ class MixtureEnv(gym.Env):
 
 
 def _check_locked(id_task: str, task: str | Task | None, kwargs: dict[str, Any]) -> None:
-    from servegym import task_id
+    from servegym import ENV_ID, task_id
 
     name = task.name if isinstance(task, Task) else task
     if name != id_task:
         raise ValueError(f"{task_id(id_task)} is the task {id_task!r}; it cannot build task={name!r} (use "
-                         f"servegym/Serving-v1 with task={name!r})")
+                         f"{ENV_ID} with task={name!r})")
     changed = sorted(set(kwargs) & set(LOCKED))
     if changed:
-        raise ValueError(f"{task_id(id_task)} fixes {', '.join(changed)}; to change them, use "
-                         f"gym.make('servegym/Serving-v1', task={id_task!r}, ...)")
+        raise ValueError(f"{task_id(id_task)} fixes {', '.join(changed)}; to change them anyway, pass unlocked=True "
+                         f"(recorded in env.spec.kwargs, and such an env is no longer the task), or use "
+                         f"gym.make('{ENV_ID}', task={id_task!r}, ...)")
 
 
 def _merged(base: dict[str, Any], override: EngineConfig | PoolConfig | dict[str, Any] | None) -> Any:
@@ -108,33 +110,37 @@ def _merged(base: dict[str, Any], override: EngineConfig | PoolConfig | dict[str
     return override
 
 
-VERSIONS = (0, 1)
-"""``servegym/Serving-v{N}``: 1 is current; 0 is legacy (see :data:`servegym.ENV_CHANGES`)."""
+VERSIONS = (0, 1, 2)
+"""``servegym/Serving-v{N}``: 2 is current; 1 and 0 are legacy (see :data:`servegym.ENV_CHANGES`)."""
 V1_TRUNCATION_PENALTY_S = 600.0
 """Serving-v1's charge per unserved request when the env truncates: ten times v0's 60 s, so that stalling until the
 idle guard ends an episode never pays (v0's charge let "never admit" tie FCFS on a heavy long-context window)."""
 
 
 LOCKED = ("workload", "profile", "engine", "pool", "reward", "max_steps", "idle_guard_steps", "truncation_penalty_s")
-"""What a task's own id (``servegym/MemoryTight-v1``) fixes: ``gym.make`` may not change it there."""
+"""What a task's own id (``servegym/MemoryTight-v2``) fixes: ``gym.make`` may not change it there (unless
+``unlocked=True``)."""
 
 
 def make_serving_env(task: str | Task | None = None, split: str | None = None, version: int = VERSIONS[-1],
-                     id_task: str | None = None, **kwargs: Any) -> ServingEnv | MixtureEnv:
-    """The entry point of ``servegym/Serving-v1`` (and the legacy ``-v0``): a :class:`ServingEnv` from ``kwargs``,
-    or, with ``task``, from the task's settings with ``kwargs`` on top (``engine`` and ``pool`` dicts merge key
-    by key). ``split`` (with a task only; default ``"train"``) picks a trace task's training or held-out test data;
-    v0 ignores it and charges 60 s per unserved request at truncation, v1 600 s.
+                     id_task: str | None = None, unlocked: bool = False, **kwargs: Any) -> ServingEnv | MixtureEnv:
+    """The entry point of ``servegym/Serving-v2`` (and the legacy ``-v1``, ``-v0``): a :class:`ServingEnv` from
+    ``kwargs``, or, with ``task``, from the task's settings with ``kwargs`` on top (``engine`` and ``pool`` dicts
+    merge key by key). ``split`` (with a task only; default ``"train"``) picks a trace task's training or held-out
+    test data; v0 ignores it and charges 60 s per unserved request at truncation, v1 and v2 600 s.
 
     ``id_task`` is set by a task's own id: that id builds exactly its task, so another ``task`` or any of the
-    :data:`LOCKED` settings is refused (``servegym/Serving-v1`` with ``task=`` takes overrides)."""
+    :data:`LOCKED` settings is refused unless ``unlocked=True``, which ``env.spec.kwargs`` then records
+    (``servegym/Serving-v2`` with ``task=`` takes overrides)."""
     if version not in VERSIONS:
         raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
-    if id_task is not None:
+    if not isinstance(unlocked, bool):
+        raise ValueError(f"unlocked must be True or False, got {unlocked!r}")
+    if id_task is not None and not unlocked:
         _check_locked(id_task, task, kwargs)
     if split is not None and task is None:
         raise ValueError(f"split={split!r} picks a task's data; give task=... (or use a task's id, "
-                         "servegym/LongContext-v1)")
+                         "servegym/LongContext-v2)")
     split = "train" if split is None else split
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")

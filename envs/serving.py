@@ -107,7 +107,7 @@ class ServingEnv(gym.Env):
     Terminated when the workload is exhausted and the system is empty. Truncated by `max_steps` (the task's
     episode limit), by the idle-admission guard (`idle_guard_steps=N`: requests waited while nothing ran and no
     model was loading for `N` consecutive steps), and by `max_episode_steps` (gym.make's `TimeLimit`, 20,000
-    for `servegym/Serving-v1`; Gymnasium's convention `max_episode_steps=-1` removes it). When the env truncates an episode itself (`max_steps` or the guard), the
+    for `servegym/Serving-v2`; Gymnasium's convention `max_episode_steps=-1` removes it). When the env truncates an episode itself (`max_steps` or the guard), the
     latency reward of the last step is charged `truncation_penalty_s` per unserved request (waiting, running
     or not yet arrived): steps are iterations of varying length, so without it an agent could end an episode
     cheaply by making iterations short or by stalling. `info["num_stalled_steps"]` counts the current run of
@@ -128,7 +128,7 @@ class ServingEnv(gym.Env):
     ```python
     import gymnasium as gym
     import servegym
-    env = gym.make("servegym/Serving-v1", workload="burst", engine={"length_mode": "known"})
+    env = gym.make("servegym/Serving-v2", workload="burst", engine={"length_mode": "known"})
     ```
 
     | parameter | default | description |
@@ -142,7 +142,8 @@ class ServingEnv(gym.Env):
     | `queue_window` | `32` | visible waiting requests `W` |
     | `task` | `None` | a name from `servegym.envs.TASKS`: its workload, profile, engine, pool, reward and limits (other arguments override) |
     | `split` | `"train"` | with `task` only: `"test"` draws a trace task's episodes from its held-out test data (what `servegym bench` reports on) |
-    | `version` | `1` | set by the id: `servegym/Serving-v1` (current) or `-v0` (legacy; see Version History) |
+    | `version` | `2` | set by the id: `servegym/Serving-v2` (current) or `-v1`, `-v0` (legacy; see Version History) |
+    | `unlocked` | `False` | a task's own id (`servegym/MemoryTight-v2`) refuses its locked settings unless `True` (then recorded in `env.spec.kwargs`) |
     | `reward` | `"latency"` | one of `REWARDS` |
     | `ttft_slo_s`, `itl_slo_s` | `2.0`, `0.2` | SLOs of the `slo_goodput` reward and `info["num_slo_good"]` |
     | `reward_half_life_s` | `None` | discount rewards by simulated time (see Rewards) |
@@ -157,6 +158,7 @@ class ServingEnv(gym.Env):
 
     ## Version History
 
+    * v2: the benchmark's second integrity round (`servegym.ENV_CHANGES[2]`).
     * v1: trace tasks hold out their test data (`split="test"`); 600 s per unserved request at truncation;
       `servegym bench` evaluates on exactly the task's settings (`servegym.ENV_CHANGES`).
     * v0: initial release (legacy, `servegym/Serving-v0`: whole-trace windows for every split, 60 s).

@@ -24,5 +24,5 @@ def source_commit() -> str:
 
 
 def stamp() -> str:
-    """``servegym 0.2.0, commit abc123, servegym/Serving-v1``: one line for a report's header."""
+    """``servegym 0.2.0, commit abc123, servegym/Serving-v2``: one line for a report's header."""
     return f"servegym {__version__}, commit {source_commit()}, {ENV_ID}"

@@ -1,6 +1,6 @@
 """Per-task hyperparameter files in the RL Baselines3 Zoo's format (issue 27).
 
-A file is a YAML mapping from env ids (a task's own id, ``servegym/MemoryTight-v1``) to the Zoo's keys:
+A file is a YAML mapping from env ids (a task's own id, ``servegym/MemoryTight-v2``) to the Zoo's keys:
 ``n_timesteps``, ``n_envs``, ``policy``, ``normalize``, ``env_kwargs``, ``env_wrapper`` (one of the action
 modes' wrappers, ``servegym.rl.wrappers.ScoreAdmit``, say), ``policy_kwargs`` (the Zoo writes it as a
 ``"dict(...)"`` string) and, as every other key, the algorithm's own arguments. ``servegym train --zoo FILE``

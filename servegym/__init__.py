@@ -1,18 +1,24 @@
 """servegym: a Gymnasium control environment for designing LLM-serving schedulers.
 
-Importing the package registers ``servegym/Serving-v1`` (current), the legacy ``servegym/Serving-v0``, and one id
-per benchmark task (``servegym/MemoryTight-v1``, ...).
+Importing the package registers ``servegym/Serving-v2`` (current), the legacy ``servegym/Serving-v1`` and
+``-v0``, and one id per benchmark task (``servegym/MemoryTight-v2``, ...).
 """
 
 from gymnasium.envs.registration import register, registry
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
-ENV_ID = "servegym/Serving-v1"
+VERSION = 2
+"""The current env version."""
+ENV_ID = f"servegym/Serving-v{VERSION}"
 """The current env id: what every runner, benchmark and training script builds."""
 LEGACY_ENV_ID = "servegym/Serving-v0"
-"""The previous version, kept so that its results reproduce (see :data:`ENV_CHANGES`)."""
+"""The first version, kept so that its results reproduce (see :data:`ENV_CHANGES`)."""
+ENV_IDS = {version: f"servegym/Serving-v{version}" for version in range(VERSION + 1)}
+"""Every registered version's id: the current one and the legacy ones, whose results reproduce."""
 ENV_CHANGES = {
+    2: "the benchmark's second integrity round: a task's own id refuses overrides of its locked settings unless "
+       "built with unlocked=True (recorded in the env's spec)",
     1: "trace tasks hold out their test data (long-context: test windows, split='test', from the middle 35-65% of "
        "the Azure code trace, training and validation windows from the rest); the truncation charge per unserved "
        "request is 600 s (v0: 60 s, which let 'never admit' tie FCFS on a heavy long-context window); servegym "
@@ -24,21 +30,21 @@ ENV_CHANGES = {
 TASK_IDS = {"relaxed": "Relaxed", "memory-tight": "MemoryTight", "long-context": "LongContext",
             "serverless-burst": "ServerlessBurst", "slo-goodput": "SloGoodput", "prefix-reuse": "PrefixReuse",
             "cluster-routing": "ClusterRouting", "mixture": "Mixture"}
-"""Benchmark task -> the name of its own id, ``servegym/<Name>-v1`` (``gym.make(id)`` is the task's env)."""
+"""Benchmark task -> the name of its own id, ``servegym/<Name>-v2`` (``gym.make(id)`` is the task's env)."""
 
 
 def task_id(task: str) -> str:
-    """The task's own env id: ``task_id("memory-tight") == "servegym/MemoryTight-v1"``."""
-    return f"servegym/{TASK_IDS[task]}-v1"
+    """The task's own env id: ``task_id("memory-tight") == "servegym/MemoryTight-v2"``."""
+    return f"servegym/{TASK_IDS[task]}-v{VERSION}"
 
 
 _ENTRY = "servegym.envs.mixture:make_serving_env"
 TASK_MAX_STEPS = {"prefix-reuse": 200_000, "cluster-routing": 1_000_000}
 """Tasks whose episodes run past the ids' 20,000 steps (their ``Task.max_steps``; tests check the two agree)."""
-for _id, _kwargs in ((ENV_ID, {"version": 1}), (LEGACY_ENV_ID, {"version": 0}),
-                     *((task_id(task), {"version": 1, "task": task, "id_task": task}) for task in TASK_IDS)):
+for _id, _kwargs in (*((env_id, {"version": version}) for version, env_id in ENV_IDS.items()),
+                     *((task_id(task), {"version": VERSION, "task": task, "id_task": task}) for task in TASK_IDS)):
     if _id not in registry:
         register(id=_id, entry_point=_ENTRY, max_episode_steps=TASK_MAX_STEPS.get(_kwargs.get("task"), 20_000),
                  kwargs=_kwargs)
 
-__all__ = ["ENV_CHANGES", "ENV_ID", "LEGACY_ENV_ID", "TASK_IDS", "__version__", "task_id"]
+__all__ = ["ENV_CHANGES", "ENV_ID", "ENV_IDS", "LEGACY_ENV_ID", "TASK_IDS", "VERSION", "__version__", "task_id"]

@@ -78,13 +78,13 @@ def test_an_experiment_workload_past_the_request_limit_exits_2_before_any_run(wo
 
 def test_gym_make_refuses_a_million_containers_at_once():
     with pytest.raises(ValueError, match=r"num_containers must be a whole number in \[1, 1,024\]"):
-        gym.make("servegym/Serving-v1", pool={"num_containers": 10**6})
+        gym.make("servegym/Serving-v2", pool={"num_containers": 10**6})
 
 
 def test_gym_make_refuses_a_queue_window_past_its_limit():
     limit = COUNT_LIMITS["slots"][0]
     with pytest.raises(ValueError, match=rf"queue_window must be a whole number in \[1, {limit:,}\]"):
-        gym.make("servegym/Serving-v1", queue_window=limit + 1)
+        gym.make("servegym/Serving-v2", queue_window=limit + 1)
 
 
 @pytest.mark.parametrize("argv", [["scenarios", "--seeds", "1000000000"], ["flow-regime", "--seeds", "20000"],

@@ -51,7 +51,7 @@ def test_the_idle_guard_truncation_also_ends_the_episode_for_step():
 
 def test_a_time_limit_wrapper_truncation_leaves_the_env_steppable():
     # TimeLimit (gym.make's max_episode_steps) is the wrapper's end, not the env's: Gymnasium lets the caller go on.
-    env = gym.make("servegym/Serving-v1", workload="high", max_episode_steps=2)
+    env = gym.make("servegym/Serving-v2", workload="high", max_episode_steps=2)
     env.reset(seed=0)
     admit = np.ones(env.action_space.shape, dtype=env.action_space.dtype)
     assert env.step(admit)[3] is False and env.step(admit)[3] is True
@@ -72,10 +72,10 @@ def test_reset_options_are_checked(options, error, match):
 
 
 def test_a_task_id_refuses_another_task():
-    with pytest.raises(ValueError, match=r"servegym/MemoryTight-v1 is the task 'memory-tight'; it cannot build "
+    with pytest.raises(ValueError, match=r"servegym/MemoryTight-v2 is the task 'memory-tight'; it cannot build "
                                          r"task='relaxed'"):
-        gym.make("servegym/MemoryTight-v1", task="relaxed")
-    env = gym.make("servegym/MemoryTight-v1", task="memory-tight")  # naming its own task is fine
+        gym.make("servegym/MemoryTight-v2", task="relaxed")
+    env = gym.make("servegym/MemoryTight-v2", task="memory-tight")  # naming its own task is fine
     assert env.unwrapped.engine_config.num_kv_blocks == make_serving_env("memory-tight").engine_config.num_kv_blocks
 
 
@@ -84,17 +84,26 @@ def test_a_task_id_refuses_to_change_what_its_task_fixes(key):
     value = {"engine": {"num_kv_blocks": 10}, "pool": {"num_containers": 2}, "workload": "low",
              "profile": "a100-llama3-8b", "reward": "tokens", "max_steps": 10, "idle_guard_steps": 10,
              "truncation_penalty_s": 1.0}[key]
-    with pytest.raises(ValueError, match=rf"servegym/MemoryTight-v1 fixes {key}; to change them, use "):
-        gym.make("servegym/MemoryTight-v1", **{key: value})
-    gym.make("servegym/Serving-v1", task="memory-tight", **{key: value})  # the generic id takes overrides
+    with pytest.raises(ValueError, match=rf"servegym/MemoryTight-v2 fixes {key}; to change them anyway, pass "
+                                         r"unlocked=True"):
+        gym.make("servegym/MemoryTight-v2", **{key: value})
+    gym.make("servegym/Serving-v2", task="memory-tight", **{key: value})  # the generic id takes overrides
+    unlocked = gym.make("servegym/MemoryTight-v2", unlocked=True, **{key: value})  # asked for explicitly: recorded
+    assert unlocked.spec.kwargs["unlocked"] is True and unlocked.spec.kwargs[key] == value
+    unlocked.close()
+
+
+def test_unlocked_must_be_a_bool():
+    with pytest.raises(ValueError, match="unlocked must be True or False, got 'yes'"):
+        gym.make("servegym/MemoryTight-v2", unlocked="yes")
 
 
 def test_split_without_a_task_is_refused_and_with_a_task_picks_the_data():
     with pytest.raises(ValueError, match="split='test' picks a task's data; give task="):
-        gym.make("servegym/Serving-v1", split="test")
+        gym.make("servegym/Serving-v2", split="test")
     with pytest.raises(ValueError, match="split must be one of"):
-        gym.make("servegym/Serving-v1", task="long-context", split="validation")
-    test = gym.make("servegym/LongContext-v1", split="test").unwrapped
-    train = gym.make("servegym/LongContext-v1").unwrapped
+        gym.make("servegym/Serving-v2", task="long-context", split="validation")
+    test = gym.make("servegym/LongContext-v2", split="test").unwrapped
+    train = gym.make("servegym/LongContext-v2").unwrapped
     assert test.workload != train.workload
-    assert servegym.task_id("long-context") == "servegym/LongContext-v1"
+    assert servegym.task_id("long-context") == "servegym/LongContext-v2"

@@ -58,7 +58,7 @@ def test_smoke_training_per_algorithm_and_mode(algo, mode, tmp_path):
     assert (run / "model.zip").is_file() and (run / "vecnormalize.pkl").is_file()
     assert (run / "best_model.zip").is_file() and (run / "best_vecnormalize.pkl").is_file()
     assert any((run / "tb").rglob("events.out.tfevents*"))
-    assert run.name == f"Serving-v1__{algo}__{mode}__low__s0"
+    assert run.name == f"Serving-v2__{algo}__{mode}__low__s0"
 
 
 def test_incompatible_algorithm_and_mode_is_refused():

@@ -34,7 +34,7 @@ def route_run(tmp_path_factory):
 
 
 def test_a_routing_task_trains_in_the_route_mode(route_run):
-    assert route_run.name == "Serving-v1__ppo__route__cluster-routing__s0"
+    assert route_run.name == "Serving-v2__ppo__route__cluster-routing__s0"
     config = json.loads((route_run / "config.json").read_text())
     assert config["mode"] == "route" and config["status"] == "finished" and config["timesteps_done"] >= 256
     assert np.isfinite(config["best_mean_reward"]) and config["best_mean_reward"] < 0  # latency: minus seconds
@@ -151,7 +151,7 @@ def test_maskable_ppo_routes_with_the_env_masks(tmp_path):
                       checkpoint_freq=128, hyperparams={"n_steps": 64, "batch_size": 64, "n_epochs": 1},
                       out=str(tmp_path))
     run = train(cfg, progress=False, subprocess=False)
-    assert run.name == "Serving-v1__maskable-ppo__route__cluster-routing__s0"
+    assert run.name == "Serving-v2__maskable-ppo__route__cluster-routing__s0"
     policy = make_policy(f"rl:{run}")
     env = gym.make(ENV_ID, task=TASK)
     obs, _ = env.reset(seed=100_000)

@@ -286,7 +286,7 @@ def test_routing_env_passes_gymnasium_and_sb3_checkers(flat_obs):
 
 def test_cluster_routing_task_builds_a_routing_env():
     """Bug: the registered routing task (gym id or make_serving_env) builds a plain ServingEnv, or loses flat_obs."""
-    env = gym.make("servegym/ClusterRouting-v1")
+    env = gym.make("servegym/ClusterRouting-v2")
     inner = env.unwrapped
     assert isinstance(inner, RoutingEnv)
     n = inner.num_replicas

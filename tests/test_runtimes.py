@@ -230,8 +230,8 @@ def test_profile_runtimes_show_and_check_print_sources(capsys):
 
 def test_an_env_whose_engine_can_leave_the_measured_range_says_so():
     with pytest.warns(RuntimeWarning, match=r"measured up to 128 rows per iteration; the engine's max_num_seqs = 256"):
-        gym.make("servegym/Serving-v1", workload="burst", profile="a100-llama3-8b",
+        gym.make("servegym/Serving-v2", workload="burst", profile="a100-llama3-8b",
                  engine={"max_num_seqs": 256, "max_num_batched_tokens": 4096}).close()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # the defaults stay inside the tables: no warning
-        gym.make("servegym/Serving-v1", workload="burst", profile="a100-llama3-8b").close()
+        gym.make("servegym/Serving-v2", workload="burst", profile="a100-llama3-8b").close()

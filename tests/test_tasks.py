@@ -189,7 +189,7 @@ def test_mixture_episode_runs_with_a_policy_and_names_its_task():
 
 
 def test_module_prefix_makes_the_env_without_importing_servegym():
-    code = ("import gymnasium as gym, sys; env = gym.make('servegym:servegym/Serving-v1', task='relaxed'); "
+    code = ("import gymnasium as gym, sys; env = gym.make('servegym:servegym/Serving-v2', task='relaxed'); "
             "env.reset(seed=0); print(type(env.unwrapped).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ServingEnv"

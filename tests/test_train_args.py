@@ -51,7 +51,7 @@ BAD = [
     (["--pool", '{"bogus": 1}'], """--pool {"bogus": 1}: pool: unknown key(s) ['bogus']"""),
     (["--pool", '{"num_containers": 1000000}'],
      """--pool {"num_containers": 1000000}: num_containers must be a whole number in [1, 1,024]"""),
-    (["--env", '{"foo": 1}'], """--env {"foo": 1}: gym.make('servegym/Serving-v1') takes no argument 'foo'"""),
+    (["--env", '{"foo": 1}'], """--env {"foo": 1}: gym.make('servegym/Serving-v2') takes no argument 'foo'"""),
     (["--env", '{"decision_steps": "yes"}'],
      """--env {"decision_steps": "yes"}: decision_steps must be true or false, got 'yes'"""),
     (["--env", '{"engine": {}}'], "env must not hold ['engine']: they have their own fields"),

@@ -61,24 +61,24 @@ def test_train_takes_a_shipped_name(tmp_path, monkeypatch):
     assert cfg.hyperparams["policy_kwargs"] == {"log_std_init": -1.5, "head_gain": 0.0}
 
 
-ENTRY = "servegym/MemoryTight-v1:\n"
+ENTRY = "servegym/MemoryTight-v2:\n"
 MALFORMED = [
     ("a: [1, 2\n", "not valid YAML (line 2, column 1): expected ',' or ']', but got '<stream end>'"),
     ("- 1\n- 2\n", "expected a mapping of env ids to hyperparameters, got list"),
     ("", "expected a mapping of env ids to hyperparameters, got an empty file"),
-    ("servegym/Relaxed-v1:\n  n_envs: 1\n",
-     "has no entry for servegym/MemoryTight-v1 (entries: ['servegym/Relaxed-v1'])"),
-    (ENTRY + "  - 1\n", "servegym/MemoryTight-v1: expected a mapping of hyperparameters, got [1]"),
-    (ENTRY + "  n_timesteps: abc\n", "servegym/MemoryTight-v1: n_timesteps must be a whole number in "
+    ("servegym/Relaxed-v2:\n  n_envs: 1\n",
+     "has no entry for servegym/MemoryTight-v2 (entries: ['servegym/Relaxed-v2'])"),
+    (ENTRY + "  - 1\n", "servegym/MemoryTight-v2: expected a mapping of hyperparameters, got [1]"),
+    (ENTRY + "  n_timesteps: abc\n", "servegym/MemoryTight-v2: n_timesteps must be a whole number in "
                                      "[1, 1,000,000,000] (env steps), got 'abc'"),
-    (ENTRY + "  n_envs: 0\n", "servegym/MemoryTight-v1: n_envs must be a whole number in [1, 1,024]"),
-    (ENTRY + "  normalize: maybe\n", "servegym/MemoryTight-v1: normalize must be true or false, got 'maybe'"),
-    (ENTRY + "  env_kwargs: [1]\n", "servegym/MemoryTight-v1: env_kwargs must be a mapping, got [1]"),
-    (ENTRY + "  env_wrapper: [1]\n", "servegym/MemoryTight-v1: env_wrapper [1] is not an action mode"),
-    (ENTRY + "  learning_rate: x\n", "servegym/MemoryTight-v1: learning_rate must be a finite number, got 'x'"),
-    (ENTRY + "  learning_rat: 0.1\n", "servegym/MemoryTight-v1: PPO has no argument 'learning_rat'; did you mean "
+    (ENTRY + "  n_envs: 0\n", "servegym/MemoryTight-v2: n_envs must be a whole number in [1, 1,024]"),
+    (ENTRY + "  normalize: maybe\n", "servegym/MemoryTight-v2: normalize must be true or false, got 'maybe'"),
+    (ENTRY + "  env_kwargs: [1]\n", "servegym/MemoryTight-v2: env_kwargs must be a mapping, got [1]"),
+    (ENTRY + "  env_wrapper: [1]\n", "servegym/MemoryTight-v2: env_wrapper [1] is not an action mode"),
+    (ENTRY + "  learning_rate: x\n", "servegym/MemoryTight-v2: learning_rate must be a finite number, got 'x'"),
+    (ENTRY + "  learning_rat: 0.1\n", "servegym/MemoryTight-v2: PPO has no argument 'learning_rat'; did you mean "
                                       "'learning_rate'?"),
-    (ENTRY + "  policy_kwargs: dict(activation_fn=nn.ReLU)\n", "servegym/MemoryTight-v1: policy_kwargs "
+    (ENTRY + "  policy_kwargs: dict(activation_fn=nn.ReLU)\n", "servegym/MemoryTight-v2: policy_kwargs "
                                                                "'dict(activation_fn=nn.ReLU)': only literal values"),
     (b"\xff\xfe\x00\x01", "not a text file"),
 ]

@@ -14,15 +14,16 @@ from servegym.workloads.scenarios import TEST_SPANS, TRAIN_SPANS
 from servegym.workloads.trace import _read
 
 
-def test_every_task_has_its_own_v1_id_and_both_versions_load():
+def test_every_task_has_its_own_current_id_and_every_version_loads():
     assert set(servegym.TASK_IDS) == set(TASKS)
     for task, name in servegym.TASK_IDS.items():
-        env = gym.make(f"servegym/{name}-v1")
+        env = gym.make(f"servegym/{name}-v2")
         direct = gym.make(servegym.ENV_ID, task=task)
         assert env.observation_space == direct.observation_space and env.action_space == direct.action_space
         env.close()
         direct.close()
-    assert servegym.ENV_ID == "servegym/Serving-v1" and max(servegym.ENV_CHANGES) == 1
+    assert servegym.ENV_ID == "servegym/Serving-v2" and max(servegym.ENV_CHANGES) == servegym.VERSION == 2
+    assert gym.make(servegym.ENV_IDS[1], task="relaxed").unwrapped.truncation_penalty_s == 600.0
     legacy = gym.make(servegym.LEGACY_ENV_ID, task="relaxed")
     assert legacy.unwrapped.truncation_penalty_s == 60.0
     assert gym.make(servegym.ENV_ID, task="relaxed").unwrapped.truncation_penalty_s == V1_TRUNCATION_PENALTY_S == 600.0

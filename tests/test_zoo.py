@@ -50,9 +50,9 @@ def test_policy_kwargs_are_read_without_running_code():
 
 
 @pytest.mark.parametrize("entry, message", [
-    ({"servegym/Relaxed-v1": {"n_envs": 1}}, "no entry for servegym/MemoryTight-v1"),
-    ({"servegym/MemoryTight-v1": {"env_wrapper": "gymnasium.wrappers.TimeLimit"}}, "not an action mode"),
-    ({"servegym/MemoryTight-v1": {"policy": "CnnPolicy"}}, "servegym's envs take"),
+    ({"servegym/Relaxed-v2": {"n_envs": 1}}, "no entry for servegym/MemoryTight-v2"),
+    ({"servegym/MemoryTight-v2": {"env_wrapper": "gymnasium.wrappers.TimeLimit"}}, "not an action mode"),
+    ({"servegym/MemoryTight-v2": {"policy": "CnnPolicy"}}, "servegym's envs take"),
 ])
 def test_bad_entries_are_clear_errors(tmp_path, entry, message):
     import yaml
