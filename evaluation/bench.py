@@ -26,9 +26,9 @@ from typing import Any
 from servegym.engine import EngineConfig
 from servegym.envs.tasks import TEST_SEEDS, get_task
 from servegym.evaluation.executor import PROCESSES, Executor, RunStore, progress_bar, run_stored
-from servegym.evaluation.leaderboard import ENGINE_CONFIG_SUFFIX, markdown
+from servegym.evaluation.leaderboard import ENGINE_CONFIG_SUFFIX, is_unranked, markdown, unranked_label
 from servegym.evaluation.oracle import ORACLE, Budget, plan_episode
-from servegym.evaluation.provenance import stamp
+from servegym.evaluation.provenance import RECORD, stamp, unranked_reasons
 from servegym.policies import POLICIES, make_policy
 from servegym.pool import PoolConfig
 from servegym.runner import EpisodeResult, env_profile, make_env, run_episode
@@ -119,15 +119,19 @@ def make_entries(policies: Sequence[str] = DEFAULT_POLICIES, params_files: Seque
     best_params.json`` found for one of ``tasks`` (on that task only), and an ``rl:<run name>`` entry per trained
     run (on the task it trained on, or on every task when it trained on none).
 
+    A params file or run whose data record (:mod:`servegym.evaluation.provenance`) shows test data, another env
+    version or no record at all is labelled ``<label> [unranked: why]``: the board shows it apart and never ranks
+    it, counts it in the headroom or plans the oracle over it.
+
     Every entry is checked here, before anything runs: unknown policies, unreadable params files, parameters a
     policy rejects, run folders without a ``config.json`` and labels that repeat on a task are errors.
     """
-    from servegym.tuning.study import read_params
+    from servegym.tuning.study import params_record, read_params
 
     entries = [Entry(name, name, asdict(Budget()) if name == ORACLE else {}) for name in policies]
     for path in params_files:
         name, params = read_params(path)
-        entries.append(Entry(f"{name} (tuned)", name, params))
+        entries.append(Entry(unranked_label(f"{name} (tuned)", unranked_reasons(params_record(path))), name, params))
     if tuned_dir is not None:
         if not Path(tuned_dir).is_dir():
             raise ValueError(f"--tuned {tuned_dir}: no such folder")
@@ -136,14 +140,16 @@ def make_entries(policies: Sequence[str] = DEFAULT_POLICIES, params_files: Seque
             for path in sorted(Path(tuned_dir).glob(f"*-{task}/best_params.json")):
                 name, params = read_params(path)
                 if path.parent.name == f"{name}-{task}":
-                    entries.append(Entry(f"{name} (tuned)", name, params, (task,)))
+                    label = unranked_label(f"{name} (tuned)", unranked_reasons(params_record(path)))
+                    entries.append(Entry(label, name, params, (task,)))
         if len(entries) == before:
             raise ValueError(f"--tuned {tuned_dir}: no <policy>-<task>/best_params.json for tasks {list(tasks)}")
     for run in rl_runs:
         config = Path(run) / "config.json"
-        trained_on = json.loads(config.read_text()).get("task") if config.is_file() else None
-        entries.append(Entry(f"rl:{Path(run).name}", f"rl:{run}", {}, (trained_on,) if trained_on else (),
-                             _fingerprint(Path(run))))
+        record = json.loads(config.read_text()) if config.is_file() else {}
+        trained_on = record.get("task")
+        label = unranked_label(f"rl:{Path(run).name}", unranked_reasons(record.get(RECORD)) if record else [])
+        entries.append(Entry(label, f"rl:{run}", {}, (trained_on,) if trained_on else (), _fingerprint(Path(run))))
     for entry in entries:
         check_entry(entry)
     for task in tasks or [None]:
@@ -250,7 +256,8 @@ def make_jobs(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[in
         runs = [(entry, track) for entry in entries
                 if entry.runs_on(task) and entry_decision(entry) in (None, decision)
                 for track in tracks(task, entry, settings[entry.label])]
-        bases = tuple(e for e, track in runs if track == TEST_TRACK and e.policy != ORACLE)
+        bases = tuple(e for e, track in runs
+                      if track == TEST_TRACK and e.policy != ORACLE and not is_unranked(e.label))
         for entry, track in runs:
             if entry.policy == ORACLE and not bases:
                 raise ValueError(f"the oracle needs other test-track policies to plan over on {task}")

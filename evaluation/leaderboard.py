@@ -49,6 +49,10 @@ ENGINE_CONFIG_SUFFIX = " [engine-config]"
 INTERRUPTED_MARK = " [interrupted]"
 """Label mark of a trained agent whose training stopped before its timesteps (its ``config.json`` says so): it is
 shown and ranked as what it is, an unfinished agent, and never pooled with its finished training seeds."""
+UNRANKED_MARK = " [unranked: "
+"""Label mark of a tuned parameter set or a trained agent whose data record shows test data, another env version or
+no record (:func:`~servegym.evaluation.provenance.unranked_reasons`): shown in its own table, with why, never ranked,
+never in the headroom, never a base of the oracle, never the best heuristic."""
 FLOORS = {"admission": ("random", "fcfs"), "route": ("router-round-robin", "router-round-robin")}
 """Per task decision (``Task.decision``): the random floor and the score's 0 (FCFS admits in arrival order; a routing
 task's arrival-order rule is round-robin, which is also its decision-blind floor)."""
@@ -92,6 +96,15 @@ def is_interrupted(label: str) -> bool:
     return INTERRUPTED_MARK in label
 
 
+def unranked_label(label: str, reasons: Sequence[str]) -> str:
+    """``label``, marked :data:`UNRANKED_MARK` with ``reasons`` when there are any."""
+    return f"{label}{UNRANKED_MARK}{'; '.join(reasons)}]" if reasons else label
+
+
+def is_unranked(label: str) -> bool:
+    return UNRANKED_MARK in label
+
+
 def is_reference(label: str) -> bool:
     """A floor or comparison point: random admission, a random floor of an action mode (``random:MODE``), FCFS,
     the clairvoyant packer."""
@@ -101,7 +114,8 @@ def is_reference(label: str) -> bool:
 def is_heuristic(label: str) -> bool:
     """A hand-coded policy of the test track (default or tuned parameters, FCFS included): not an agent and not
     a reference other than FCFS."""
-    return not (label.startswith("rl:") or is_engine_config(label) or (is_reference(label) and label != "fcfs"))
+    return not (label.startswith("rl:") or is_engine_config(label) or is_unranked(label)
+                or (is_reference(label) and label != "fcfs"))
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,8 @@ class TaskBoard:
     """The test track: every policy on exactly the task's settings, best first."""
     engine_config: tuple[Score, ...] = ()
     """Policies on their own engine settings, best first (not ranked against the test track)."""
+    unranked: tuple[Score, ...] = ()
+    """Tuned parameters and agents whose data record keeps them off the ranking (:data:`UNRANKED_MARK`)."""
 
     @property
     def lower_is_better(self) -> bool:
@@ -206,8 +222,10 @@ def boards(rows: Sequence[BenchRow], rankings: Mapping[str, str] | None = None) 
                                 {row.seed: float(getattr(row, ranking)) for row in runs}))
         sign = 1.0 if LOWER_IS_BETTER[ranking] else -1.0
         scores.sort(key=lambda s: (math.isnan(s.mean(ranking)), sign * np.nan_to_num(s.mean(ranking))))
-        result.append(TaskBoard(task, ranking, tuple(s for s in scores if not is_engine_config(s.policy)),
-                                tuple(s for s in scores if is_engine_config(s.policy))))
+        result.append(TaskBoard(task, ranking,
+                                tuple(s for s in scores if not (is_engine_config(s.policy) or is_unranked(s.policy))),
+                                tuple(s for s in scores if is_engine_config(s.policy)),
+                                tuple(s for s in scores if is_unranked(s.policy) and not is_engine_config(s.policy))))
     return result
 
 
@@ -380,7 +398,7 @@ def routing_table(board: TaskBoard, rows: Sequence[BenchRow]) -> list[str]:
 
 def task_table(board: TaskBoard, rows: Sequence[BenchRow] = ()) -> list[str]:
     direction = "lower is better" if board.lower_is_better else "higher is better"
-    episodes = max(s.episodes for s in (*board.scores, *board.engine_config))
+    episodes = max(s.episodes for s in (*board.scores, *board.engine_config, *board.unranked))
     task = get_task(board.task)
     best = board.best_heuristic
     headers = _headers(board.task)
@@ -396,6 +414,11 @@ def task_table(board: TaskBoard, rows: Sequence[BenchRow] = ()) -> list[str]:
         lines += ["Engine-config track: each policy on its own engine settings, not the task's (not ranked against "
                   "the table above).", "", "| # | policy | " + " | ".join(headers) + " | truncated |",
                   "|---:|---|" + "---:|" * (len(headers) + 1), *_rows(board, board.engine_config, paired=False), ""]
+    if board.unranked:
+        lines += ["Unranked: tuned parameters and agents whose record shows test data, another env version or no "
+                  "record (the reason is in the label); shown, never ranked, never in the headroom or the oracle.",
+                  "", "| # | policy | " + " | ".join(headers) + " | truncated |",
+                  "|---:|---|" + "---:|" * (len(headers) + 1), *_rows(board, board.unranked, paired=False), ""]
     return lines
 
 

@@ -39,6 +39,7 @@ import gymnasium as gym
 
 from servegym import ENV_ID
 from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS
+from servegym.evaluation.provenance import RECORD, data_record
 from servegym.rl.algorithms import algorithm_class, check_hyperparams
 from servegym.rl.config import TrainConfig, router_expert, scorer_params
 from servegym.rl.evaluation import FINAL_MODEL, FINAL_STATS, SeedListEval, write_json
@@ -188,7 +189,7 @@ def train(cfg: TrainConfig, progress: bool = True, subprocess: bool = True, chec
 def _from_scratch(run: Path, cfg: TrainConfig, progress: bool, subprocess: bool,
                   failed_start: Callable[[], None]) -> Path:
     state = {"status": "running", "interrupted": False, "timesteps_done": 0, "wall_s": 0.0,
-             "best_mean_reward": None, "best_timesteps": None, "last_checkpoint": None}
+             "best_mean_reward": None, "best_timesteps": None, "last_checkpoint": None, RECORD: training_record(cfg)}
     with _Session(run, cfg, state, failed_start) as session:
         from stable_baselines3.common.vec_env import VecNormalize
 
@@ -241,7 +242,7 @@ def resume(run: str | Path, progress: bool = True, subprocess: bool = True) -> P
     stats = checkpoint.with_name(f"model_vecnormalize_{steps}_steps.pkl")
     if cfg.normalize and not stats.is_file():
         raise ValueError(f"{checkpoint} has no matching statistics {stats.name}")
-    state = {key: data.get(key) for key in ("timesteps_done", "wall_s", "best_mean_reward", "best_timesteps")}
+    state = {key: data.get(key) for key in ("timesteps_done", "wall_s", "best_mean_reward", "best_timesteps", RECORD)}
     state.update(status="running", interrupted=False, resumed_from=steps, last_checkpoint=_relative(run, checkpoint))
     with _Session(run, cfg, state, failed_start=restore) as session:
         from stable_baselines3.common.vec_env import VecNormalize
@@ -439,6 +440,19 @@ def _learn(session: _Session, timesteps: int, progress: bool, reset: bool) -> Pa
     venv.close()
     eval_env.close()
     return run
+
+
+def training_record(cfg: TrainConfig) -> dict[str, Any]:
+    """What the run learns from (:func:`~servegym.evaluation.provenance.data_record`): its task, split and workload,
+    its training and validation seeds, and the records of the params files it builds on (a residual's base scorer,
+    an imitated scorer)."""
+    from servegym.tuning.study import params_record
+
+    files = {"score_base": cfg.score_base, "imitate": cfg.imitate}
+    inputs = {name: params_record(path) for name, path in files.items() if path is not None and Path(path).is_file()}
+    return data_record(cfg.task, cfg.env.get("split"), cfg.workload or cfg.env.get("workload"),
+                       {"train": [TRAIN_SEEDS.start, TRAIN_SEEDS.stop],
+                        "validation": [VALIDATION_SEEDS[0], VALIDATION_SEEDS[0] + cfg.eval_episodes]}, inputs)
 
 
 def _write_config(run: Path, cfg: TrainConfig, state: dict[str, Any]) -> None:

@@ -105,10 +105,11 @@ def _submit(args: argparse.Namespace) -> int:
     """``--agent RUN``: the agent's test-track rows on its task, stamped, in ``<out>/submission.json``."""
     from servegym.evaluation.submission import agent_entry, submit, write_submission
 
-    seeds = TEST_SEEDS[: args.seeds] if args.seeds is not None else TEST_SEEDS
+    if args.seeds is not None:
+        raise ValueError("--seeds with --agent: a submission holds all of its task's test seeds")
     agent_entry(args.agent)  # a run that cannot be submitted is refused before anything is made
     writable_dir(Path(args.out))  # before the test episodes run
-    submission = submit(args.agent, seeds, args.workers, progress=not args.quiet)
+    submission = submit(args.agent, None, args.workers, progress=not args.quiet)
     path = write_submission(submission, Path(args.out) / "submission.json")
     returns = [row["episode_return"] for row in submission["rows"]]
     print(f"{submission['task']}: {len(returns)} test seeds, mean return {sum(returns) / len(returns):.1f} "

@@ -211,8 +211,11 @@ def test_the_clairvoyant_packer_alone_no_longer_makes_a_task_sensitive_and_missi
 
 
 def _params_file(tmp_path, name: str, policy: str, params: dict) -> str:
+    from servegym.evaluation.provenance import data_record
+
     path = tmp_path / name
-    path.write_text(json.dumps({"policy": policy, "params": params}))
+    clean = data_record("relaxed", "train", "low", {"tuning": [10_000, 10_003]})  # this env, training data
+    path.write_text(json.dumps({"policy": policy, "params": params, "provenance": clean}))
     return str(path)
 
 
@@ -293,14 +296,18 @@ def test_tuned_dir_and_trained_runs_enter_only_their_own_task(tmp_path):
     import json
 
     from servegym.evaluation.bench import make_entries, make_jobs
+    from servegym.evaluation.provenance import data_record
     from servegym.tuning.study import write_params
 
+    clean = data_record("relaxed", "train", None, {"train": [0, 100_000]})
     tight = tmp_path / "flow-control-memory-tight" / "best_params.json"
-    write_params("flow-control", {"activation_budget": 0.5}, tight)
-    write_params("flow-control", {"activation_budget": 3.0}, tmp_path / "flow-control-relaxed" / "best_params.json")
+    write_params("flow-control", {"activation_budget": 0.5}, tight, record=clean)
+    write_params("flow-control", {"activation_budget": 3.0}, tmp_path / "flow-control-relaxed" / "best_params.json",
+                 record=clean)
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps({"algo": "ppo", "mode": "rank", "task": "relaxed"}))
+    (run / "config.json").write_text(json.dumps({"algo": "ppo", "mode": "rank", "task": "relaxed",
+                                                 "provenance": clean}))
     tasks = ["relaxed", "memory-tight"]
     entries = make_entries(["fcfs"], (), [run], tmp_path, tasks)
     jobs = make_jobs(tasks, entries, [900_000])

@@ -11,6 +11,7 @@ pytest.importorskip("stable_baselines3")
 from servegym import ENV_ID, __version__
 from servegym.cli import main
 from servegym.envs import TEST_SEEDS
+from servegym.evaluation import submission as sub
 from servegym.evaluation.submission import read_submission, submit, verify, write_submission
 from servegym.rl.train import TrainConfig, train
 
@@ -18,8 +19,16 @@ SEEDS = TEST_SEEDS[:2]
 pytestmark = pytest.mark.slow  # trains a tiny agent and replays its episodes (about 45 s)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def two_test_seeds():
+    """The task's test seeds cut to two for speed: a submission must still hold all of them (``test_seeds``)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sub, "test_seeds", lambda task: SEEDS)
+        yield
+
+
 @pytest.fixture(scope="module")
-def agent(tmp_path_factory):
+def agent(tmp_path_factory, two_test_seeds):
     cfg = TrainConfig(algo="ppo", mode="count", task="relaxed", timesteps=128, n_envs=1, max_episode_steps=200,
                       eval_freq=128, eval_episodes=1, hyperparams={"n_steps": 64, "batch_size": 64, "n_epochs": 1},
                       out=str(tmp_path_factory.mktemp("runs")))
@@ -28,7 +37,7 @@ def agent(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def submission(agent, tmp_path_factory):
-    return write_submission(submit(agent, SEEDS, workers=1), tmp_path_factory.mktemp("sub") / "submission.json")
+    return write_submission(submit(agent, workers=1), tmp_path_factory.mktemp("sub") / "submission.json")
 
 
 def test_a_submission_is_stamped_with_what_produced_it(agent, submission):
@@ -37,7 +46,10 @@ def test_a_submission_is_stamped_with_what_produced_it(agent, submission):
         (__version__, ENV_ID, "relaxed", "test")
     assert data["seeds"] == list(SEEDS) and [row["seed"] for row in data["rows"]] == list(SEEDS)
     assert data["task_settings"]["workload"] == "low" and data["task_settings"]["engine"]["length_mode"] == "predicted"
-    assert len(data["agent"]["sha256"]) == 64 and data["commit"]
+    assert set(data["agent"]["files"]) == {"best_model.zip", "best_vecnormalize.pkl", "config.json"}
+    assert len(data["agent"]["digest"]) == 64
+    assert data["training"]["status"] == "finished" and data["training"]["provenance"]["split"] == "train"
+    assert data["training"]["provenance"]["env_id"] == ENV_ID and data["commit"]
     assert all(row["policy"] == f"rl:{agent.name}" for row in data["rows"])
 
 
@@ -52,15 +64,31 @@ def test_verify_replays_a_submission_exactly_and_catches_tampering(submission, t
     forged.write_text(json.dumps(data))
     problems = verify(forged, workers=1)
     assert any(p.startswith(f"seed {SEEDS[1]}: episode_return submitted") for p in problems)
-    assert any(p.startswith("env id: submitted on servegym/Serving-v0") for p in problems)
+    assert any(p.startswith("env_id: submitted 'servegym/Serving-v0'") for p in problems)
     assert main(["bench", "--verify", str(forged), "--workers", "1"]) == 1
     assert "NOT verified" in capsys.readouterr().out
+
+
+def test_an_edited_config_changes_the_digest_though_the_model_is_the_same(agent, submission, tmp_path):
+    # The config decides the actions too (a residual's base parameters, the observation scaling): an edit after
+    # submitting is caught even though best_model.zip is untouched.
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(agent, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["reward_scale"] = 0.5
+    (copy / "config.json").write_text(json.dumps(config))
+    problems = verify(submission, run=copy, workers=1)
+    assert any(p.startswith("agent file config.json: SHA-256 differs") for p in problems)
+    assert any(p.startswith("agent digest: submitted") for p in problems)
+    assert not any("best_model.zip" in p for p in problems)
 
 
 def test_a_file_that_is_not_a_submission_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rows": []}))
-    with pytest.raises(ValueError, match="not a format-1 servegym submission"):
+    with pytest.raises(ValueError, match="not a format-2 servegym submission"):
         read_submission(bad)
 
 

@@ -12,6 +12,7 @@ from servegym.cli import main
 from servegym.cli_bench import mark_interrupted
 from servegym.evaluation.bench import BenchRow, make_entries
 from servegym.evaluation.leaderboard import INTERRUPTED_MARK, boards, markdown
+from servegym.evaluation.provenance import data_record
 from servegym.rl.runs import unfinished
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_folder(parent: Path, name: str, **record) -> Path:
     run = parent / name
     run.mkdir()
+    clean = data_record("memory-tight", "train", None, {"train": [0, 100_000]})  # current env, training data
     (run / "config.json").write_text(json.dumps({"algo": "ppo", "task": "memory-tight", "timesteps": 30_000,
-                                                 **record}))
+                                                 "provenance": clean, **record}))
     return run
 
 

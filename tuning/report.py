@@ -18,6 +18,7 @@ from servegym.tuning.study import (
     TuneConfig,
     best_params,
     evaluate,
+    study_record,
     tuning_workload,
     write_params,
 )
@@ -73,7 +74,7 @@ def report(cfg: TuneConfig, study: optuna.Study, out: Path) -> dict[str, Any]:
     objective = get_objective(cfg.objective)
     write_params(cfg.policy, params, out / "best_params.json",
                  note=f"study {cfg.name}: {cfg.objective} on {cfg.workload or cfg.env['task']}, tuning seeds from "
-                      f"{TUNING_SEED_BASE}")
+                      f"{TUNING_SEED_BASE}", record=study_record(cfg))
     plots = _plots(study, out)
     workload = tuning_workload(cfg)
     seeds = list(range(cfg.eval_seeds))

@@ -409,10 +409,37 @@ def best_params(study: optuna.Study) -> dict[str, Any]:
     return dict(max(study.best_trials, key=lambda t: sign * t.values[0]).params)
 
 
-def write_params(policy: str, params: dict[str, Any], path: Path, note: str = "") -> None:
-    """A params file that ``servegym run/compare --params FILE`` accepts."""
+def write_params(policy: str, params: dict[str, Any], path: Path, note: str = "",
+                 record: dict[str, Any] | None = None) -> None:
+    """A params file that ``servegym run/compare --params FILE`` accepts, with the study's data record (what it
+    tuned on, :func:`~servegym.evaluation.provenance.data_record`) when it has one."""
+    from servegym.evaluation.provenance import RECORD
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"policy": policy, "params": params, "note": note}, indent=2) + "\n")
+    data = {"policy": policy, "params": params, "note": note, **({RECORD: record} if record else {})}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def params_record(path: str | Path | None) -> dict[str, Any] | None:
+    """The data record of a params file (None: the file has none, or there is no file)."""
+    from servegym.evaluation.provenance import RECORD
+
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    record = data.get(RECORD) if isinstance(data, dict) else None
+    return record if isinstance(record, dict) else None
+
+
+def study_record(cfg: TuneConfig) -> dict[str, Any]:
+    """What a study tunes on: its task, split and workload, and its tuning and evaluation seeds."""
+    from servegym.evaluation.provenance import data_record
+
+    return data_record(cfg.env.get("task"), cfg.env.get("split"), cfg.workload,
+                       {"tuning": [TUNING_SEED_BASE, TUNING_SEED_BASE + cfg.seeds], "evaluation": [0, cfg.eval_seeds]})
 
 
 def read_params(path: str | Path) -> tuple[str, dict[str, Any]]:
