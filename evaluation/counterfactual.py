@@ -31,8 +31,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
+from servegym.benchmark.oracle import add_rewards, play_to_end
 from servegym.envs.routing import RoutingEnv
-from servegym.evaluation.oracle import add_rewards, play_to_end
 from servegym.policies import Policy
 from servegym.validation import positive_int
 

@@ -206,7 +206,7 @@ def _task(data: dict[str, Any], fail) -> tuple[Task | None, str]:
 def _check_decisions(policies: tuple[PolicySpec, ...], task: Task | None, fail) -> None:
     """Every policy decides what the runs' env asks: the routing env's replica on a routing task, an admission
     everywhere else."""
-    from servegym.evaluation.bench import Entry, entry_decision
+    from servegym.benchmark.bench import Entry, entry_decision
 
     wanted = task.decision if task is not None else "admission"
     routing = sorted(name for name, t in TASKS.items() if t.decision == "route")

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 
 from servegym import ENV_ID
+from servegym.benchmark.provenance import RECORD, data_record
 from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS
-from servegym.evaluation.provenance import RECORD, data_record
 from servegym.rl.algorithms import algorithm_class, check_hyperparams
 from servegym.rl.config import TrainConfig, router_expert, scorer_params
 from servegym.rl.evaluation import FINAL_MODEL, FINAL_STATS, SeedListEval, write_json
@@ -443,7 +443,7 @@ def _learn(session: _Session, timesteps: int, progress: bool, reset: bool) -> Pa
 
 
 def training_record(cfg: TrainConfig) -> dict[str, Any]:
-    """What the run learns from (:func:`~servegym.evaluation.provenance.data_record`): its task, split and workload,
+    """What the run learns from (:func:`~servegym.benchmark.provenance.data_record`): its task, split and workload,
     its training and validation seeds, and the records of the params files it builds on (a residual's base scorer,
     an imitated scorer)."""
     from servegym.tuning.study import params_record

@@ -150,8 +150,8 @@ def _run_task(args: argparse.Namespace, params: dict):
     """The benchmark task ``servegym run`` plays (None: a plain serving env), checked against the policy and
     ``--counterfactual-k`` before anything runs: a router plays a routing task, every other policy an
     admission one, and counterfactual regret replays routing decisions."""
+    from servegym.benchmark.bench import Entry, entry_decision
     from servegym.envs.tasks import TASKS, get_task
-    from servegym.evaluation.bench import Entry, entry_decision
 
     task = get_task(args.task) if args.task else None
     if args.split is not None and task is None:
@@ -333,7 +333,7 @@ def _write_report(text: str, out: str | None) -> None:
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
-    from servegym.evaluation.headroom import SCENARIOS, markdown, measure
+    from servegym.benchmark.headroom import SCENARIOS, markdown, measure
 
     rows = []
     with _kept_runs(args, "scenarios") as store:

@@ -9,9 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from servegym.cli_args import add_executor_args, executor_from_args, writable_dir
-from servegym.envs.tasks import TASKS, TEST_SEEDS
-from servegym.evaluation.bench import (
+from servegym.benchmark.bench import (
     DEFAULT_POLICIES,
     BenchJob,
     Entry,
@@ -20,8 +18,10 @@ from servegym.evaluation.bench import (
     run_bench,
     write_leaderboard,
 )
+from servegym.benchmark.leaderboard import INTERRUPTED_MARK
+from servegym.cli_args import add_executor_args, executor_from_args, writable_dir
+from servegym.envs.tasks import TASKS, TEST_SEEDS
 from servegym.evaluation.executor import Executor, FolderLock, Interrupted, JobFailed, RunStore
-from servegym.evaluation.leaderboard import INTERRUPTED_MARK
 from servegym.evaluation.stats import MIN_VERDICT_SEEDS
 from servegym.validation import count_arg
 
@@ -62,7 +62,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def mark_interrupted(entries: list[Entry]) -> list[Entry]:
     """The entries, each trained agent whose training did not finish (its ``config.json``) labelled with
-    :data:`~servegym.evaluation.leaderboard.INTERRUPTED_MARK`, so the board never shows it as a finished agent."""
+    :data:`~servegym.benchmark.leaderboard.INTERRUPTED_MARK`, so the board never shows it as a finished agent."""
     from servegym.rl.runs import unfinished
 
     return [dataclasses.replace(entry, label=entry.label + INTERRUPTED_MARK)
@@ -103,7 +103,7 @@ def _run_and_write(args: argparse.Namespace, executor: Executor, tasks: list[str
 
 def _submit(args: argparse.Namespace) -> int:
     """``--agent RUN``: the agent's test-track rows on its task, stamped, in ``<out>/submission.json``."""
-    from servegym.evaluation.submission import agent_entry, submit, write_submission
+    from servegym.benchmark.submission import agent_entry, submit, write_submission
 
     if args.seeds is not None:
         raise ValueError("--seeds with --agent: a submission holds all of its task's test seeds")
@@ -120,7 +120,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     """``--verify FILE``: replay the submission's agent and compare every number; exit 1 on any difference."""
-    from servegym.evaluation.submission import read_submission, verify
+    from servegym.benchmark.submission import read_submission, verify
 
     problems = verify(args.verify, args.agent, args.workers)
     rows = len(read_submission(args.verify)["rows"])

@@ -39,7 +39,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def _headroom(path: Path) -> dict[str, str]:
-    from servegym.evaluation.bench import headroom_lines
+    from servegym.benchmark.bench import headroom_lines
 
     if not path.is_file():
         raise ValueError(f"no leaderboard at {path}; run `servegym bench --out {path.parent}` first")

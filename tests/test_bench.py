@@ -11,11 +11,8 @@ from itertools import product
 import numpy as np
 import pytest
 
-from servegym.cli_bench import add_bench_parser
-from servegym.engine import LengthMode
-from servegym.envs import TASKS, TEST_SEEDS
-from servegym.evaluation import bench as bench_module
-from servegym.evaluation.bench import (
+from servegym.benchmark import bench as bench_module
+from servegym.benchmark.bench import (
     ENGINE_CONFIG_TRACK,
     TEST_TRACK,
     BenchRow,
@@ -31,7 +28,10 @@ from servegym.evaluation.bench import (
     tracks,
     write_leaderboard,
 )
-from servegym.evaluation.leaderboard import boards, markdown
+from servegym.benchmark.leaderboard import boards, markdown
+from servegym.cli_bench import add_bench_parser
+from servegym.engine import LengthMode
+from servegym.envs import TASKS, TEST_SEEDS
 from servegym.evaluation.stats import t_critical
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
@@ -211,7 +211,7 @@ def test_the_clairvoyant_packer_alone_no_longer_makes_a_task_sensitive_and_missi
 
 
 def _params_file(tmp_path, name: str, policy: str, params: dict) -> str:
-    from servegym.evaluation.provenance import data_record
+    from servegym.benchmark.provenance import data_record
 
     path = tmp_path / name
     clean = data_record("relaxed", "train", "low", {"tuning": [10_000, 10_003]})  # this env, training data
@@ -295,8 +295,8 @@ def test_default_field_has_the_references_and_strongest_baselines():
 def test_tuned_dir_and_trained_runs_enter_only_their_own_task(tmp_path):
     import json
 
-    from servegym.evaluation.bench import make_entries, make_jobs
-    from servegym.evaluation.provenance import data_record
+    from servegym.benchmark.bench import make_entries, make_jobs
+    from servegym.benchmark.provenance import data_record
     from servegym.tuning.study import write_params
 
     clean = data_record("relaxed", "train", None, {"train": [0, 100_000]})
@@ -416,8 +416,8 @@ def test_agents_with_several_training_seeds_get_rliable_aggregates():
 def test_a_leaderboard_written_before_the_prefix_hit_column_still_reads(tmp_path):
     # docs/bench/leaderboard.csv predates the column: its rows read with the ratio as NaN, and a table of a task
     # without prefix caching does not show the column at all.
-    from servegym.evaluation.bench import read_leaderboard
-    from servegym.evaluation.leaderboard import shown_columns
+    from servegym.benchmark.bench import read_leaderboard
+    from servegym.benchmark.leaderboard import shown_columns
 
     old = tmp_path / "old.csv"
     old.write_text(",".join(CSV_COLUMNS[:-1]) + "\nrelaxed,fcfs,900000,-10.5,1.0,2.0,3.0,0,False,7\n")

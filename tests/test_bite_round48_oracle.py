@@ -22,7 +22,7 @@ import itertools
 import numpy as np
 import pytest
 
-from servegym.evaluation.oracle import Budget, plan_episode
+from servegym.benchmark.oracle import Budget, plan_episode
 from servegym.policies.base import Policy
 from tests.conftest import fixed, make
 

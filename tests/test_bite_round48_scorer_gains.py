@@ -11,10 +11,10 @@ import math
 
 import pytest
 
+from servegym.benchmark.bench import BenchRow
+from servegym.benchmark.headroom import Headroom, PolicyScore
+from servegym.benchmark.leaderboard import boards, headroom_line
 from servegym.envs import ENGINE_INDEX, QUEUE_FEATURES, queue_matrix
-from servegym.evaluation.bench import BenchRow
-from servegym.evaluation.headroom import Headroom, PolicyScore
-from servegym.evaluation.leaderboard import boards, headroom_line
 from servegym.policies import make_policy
 from servegym.runner import make_env
 from tests.conftest import fixed, flat_profile

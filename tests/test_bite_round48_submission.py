@@ -17,9 +17,9 @@ from dataclasses import asdict, fields
 import pytest
 
 from servegym import ENV_ID, __version__
+from servegym.benchmark import submission as sub
+from servegym.benchmark.bench import BenchRow
 from servegym.cli import main
-from servegym.evaluation import submission as sub
-from servegym.evaluation.bench import BenchRow
 
 SHA = "ab" * 32
 OTHER_SHA = "cd" * 32
@@ -203,3 +203,11 @@ def test_a_run_whose_record_shows_test_data_or_an_older_env_fails_verification(s
     path = stubbed(lambda d: d["training"].update(provenance=dirty))
     assert sub.verify(path) == [f"training: made on servegym/Serving-v1, not {ENV_ID}",
                                 "training: saw test data (workload 'azure-code-window-test')"]
+
+
+def test_a_run_still_unfinished_on_both_sides_fails_verification(stubbed, monkeypatch):
+    # The submission and the run agree that training was interrupted: no difference between them, yet an
+    # unfinished agent is not a verified submission.
+    monkeypatch.setattr(sub, "training_summary", lambda run: {**TRAINING, "status": "interrupted"})
+    path = stubbed(lambda d: d["training"].update(status="interrupted"))
+    assert sub.verify(path) == ["training: the run is interrupted, not finished"]

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 import servegym.cli as cli
+from servegym.benchmark.bench import BenchRow
+from servegym.benchmark.leaderboard import boards, markdown
 from servegym.cli import PAPER_EXPERIMENTS, main
 from servegym.envs import TEST_SEEDS
-from servegym.evaluation.bench import BenchRow
 from servegym.evaluation.executor import FolderInUse, FolderLock, Interrupted, Terminated
-from servegym.evaluation.leaderboard import boards, markdown
 from servegym.evaluation.stats import MIN_VERDICT_SEEDS
 from servegym.experiments import FOLDER, find_experiment, shipped_experiments
 from tests.conftest import live_processes

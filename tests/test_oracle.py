@@ -10,8 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from servegym.envs import TEST_SEEDS
-from servegym.evaluation.bench import (
+from servegym.benchmark.bench import (
     TEST_TRACK,
     BenchJob,
     BenchRow,
@@ -22,8 +21,9 @@ from servegym.evaluation.bench import (
     play,
     run_job,
 )
-from servegym.evaluation.leaderboard import ORACLE, boards, bound_line, headroom_line, markdown
-from servegym.evaluation.oracle import Budget, plan_episode
+from servegym.benchmark.leaderboard import ORACLE, boards, bound_line, headroom_line, markdown
+from servegym.benchmark.oracle import Budget, plan_episode
+from servegym.envs import TEST_SEEDS
 from servegym.evaluation.stats import t_critical
 from servegym.policies import make_policy
 from servegym.runner import env_profile, make_env

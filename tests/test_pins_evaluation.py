@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import servegym
+from servegym.benchmark.bench import BenchRow
+from servegym.benchmark.leaderboard import boards
 from servegym.envs import TRAIN_SEEDS, get_task
-from servegym.evaluation.bench import BenchRow
 from servegym.evaluation.executor import RunStore
-from servegym.evaluation.leaderboard import boards
 
 
 # ------------------------------------------------------------------------------------------------ leaderboard

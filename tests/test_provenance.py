@@ -9,9 +9,9 @@ import json
 import pytest
 
 from servegym import ENV_ID
-from servegym.evaluation.bench import BenchRow, make_entries, make_jobs
-from servegym.evaluation.leaderboard import boards, is_unranked, markdown
-from servegym.evaluation.provenance import data_record, test_workloads, unranked_reasons
+from servegym.benchmark.bench import BenchRow, make_entries, make_jobs
+from servegym.benchmark.leaderboard import boards, is_heuristic, is_unranked, markdown
+from servegym.benchmark.provenance import data_record, test_workloads, unranked_reasons
 from servegym.rl.config import TrainConfig
 from servegym.rl.train import training_record
 from servegym.tuning.study import TuneConfig, params_record, study_record, write_params
@@ -90,6 +90,7 @@ def test_a_test_trained_run_and_a_test_tuned_params_file_never_reach_a_ranked_ro
     assert [s.policy for s in board.scores] == ["fcfs", "random"]
     assert [s.policy for s in board.unranked] == [labels[3], labels[4]]
     assert board.best_heuristic.policy == "fcfs" and not any(is_unranked(s.policy) for s in board.scores)
+    assert not is_heuristic(labels[3]) and is_heuristic("scorer (tuned)")  # never picked as the best heuristic
     text = markdown(rows)
     ranked, apart = text.split("Unranked:")
     assert "scorer (tuned)" not in ranked and "rl:" not in ranked
@@ -98,7 +99,7 @@ def test_a_test_trained_run_and_a_test_tuned_params_file_never_reach_a_ranked_ro
 
 @pytest.mark.parametrize("record", [None, {**CLEAN, "env_id": "servegym/Serving-v1"}])
 def test_an_agent_of_an_older_env_or_without_a_record_is_unranked_and_not_submitted(tmp_path, record):
-    from servegym.evaluation.submission import agent_entry
+    from servegym.benchmark.submission import agent_entry
 
     run = tmp_path / "run"
     run.mkdir()

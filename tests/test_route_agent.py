@@ -69,7 +69,7 @@ def test_the_run_is_a_router_on_the_routing_env(route_run):
 
 
 def test_an_admission_agent_still_decides_admission(tmp_path):
-    from servegym.evaluation.bench import Entry, entry_decision
+    from servegym.benchmark.bench import Entry, entry_decision
 
     cfg = TrainConfig(mode="count", workload="low", timesteps=64, n_envs=1, max_episode_steps=64, eval_freq=64,
                       eval_episodes=1, hyperparams={"n_steps": 64, "batch_size": 64, "n_epochs": 1}, out=str(tmp_path))
@@ -79,7 +79,7 @@ def test_an_admission_agent_still_decides_admission(tmp_path):
 
 
 def test_bench_plays_the_route_agent_on_routing_tasks_only(route_run):
-    from servegym.evaluation.bench import entry_decision, make_entries, make_jobs, run_job
+    from servegym.benchmark.bench import entry_decision, make_entries, make_jobs, run_job
 
     (entry,) = make_entries((), (), [route_run])
     assert entry_decision(entry) == "route"

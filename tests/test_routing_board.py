@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from servegym.evaluation.bench import BenchRow, Entry, entry_decision, make_jobs
-from servegym.evaluation.leaderboard import boards, markdown, routing_table
+from servegym.benchmark.bench import BenchRow, Entry, entry_decision, make_jobs
+from servegym.benchmark.leaderboard import boards, markdown, routing_table
 
 
 def _rows(label: str, returns: list[float], hits: list[float], e2e: list[float]) -> list[BenchRow]:

@@ -8,7 +8,7 @@ import gymnasium as gym
 import pytest
 
 import servegym
-from servegym.evaluation.headroom import HAND_CODED, Headroom, PolicyScore, markdown, measure
+from servegym.benchmark.headroom import HAND_CODED, Headroom, PolicyScore, markdown, measure
 from servegym.workloads.scenarios import SCENARIO_PROFILES, profile_for
 
 

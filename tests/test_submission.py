@@ -9,10 +9,10 @@ import pytest
 pytest.importorskip("stable_baselines3")
 
 from servegym import ENV_ID, __version__
+from servegym.benchmark import submission as sub
+from servegym.benchmark.submission import read_submission, submit, verify, write_submission
 from servegym.cli import main
 from servegym.envs import TEST_SEEDS
-from servegym.evaluation import submission as sub
-from servegym.evaluation.submission import read_submission, submit, verify, write_submission
 from servegym.rl.train import TrainConfig, train
 
 SEEDS = TEST_SEEDS[:2]
@@ -97,7 +97,7 @@ def test_an_agent_copies_for_the_oracle_sharing_its_frozen_model(agent):
     # so a copy shares the model and statistics (the agent keeps no state between steps) and acts the same.
     import copy
 
-    from servegym.evaluation.oracle import Budget, plan_episode
+    from servegym.benchmark.oracle import Budget, plan_episode
     from servegym.policies import make_policy
     from servegym.runner import make_env, run_episode
 

@@ -233,8 +233,8 @@ def test_decision_steps_return_only_where_an_admission_is_possible():
 
 
 def test_tasks_command_lists_every_task_with_its_headroom(tmp_path, capsys):
+    from servegym.benchmark.bench import BenchRow, write_leaderboard
     from servegym.cli import main
-    from servegym.evaluation.bench import BenchRow, write_leaderboard
 
     rows = [BenchRow("memory-tight", policy, seed, value, 1.0, 1.0, 1.0, 0, False, 10)
             for seed in (1, 2, 3) for policy, value in (("random", -100.0 - seed), ("fcfs", -90.0 - seed),

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from servegym.benchmark.bench import BenchRow, make_entries
+from servegym.benchmark.leaderboard import INTERRUPTED_MARK, boards, markdown
+from servegym.benchmark.provenance import data_record
 from servegym.cli import main
 from servegym.cli_bench import mark_interrupted
-from servegym.evaluation.bench import BenchRow, make_entries
-from servegym.evaluation.leaderboard import INTERRUPTED_MARK, boards, markdown
-from servegym.evaluation.provenance import data_record
 from servegym.rl.runs import unfinished
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def test_the_board_explains_the_mark_and_never_pools_a_marked_agent_with_its_see
 
 
 def test_an_interrupted_agent_is_not_submitted(tmp_path, capsys):
-    from servegym.evaluation.submission import agent_entry
+    from servegym.benchmark.submission import agent_entry
 
     stopped = run_folder(tmp_path, "s", status="interrupted", stopped_by="SIGTERM", timesteps_done=19_258)
     line = (f"servegym: error: {stopped}: its training was interrupted by SIGTERM at 19,258 of 30,000 timesteps; a "

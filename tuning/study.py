@@ -412,8 +412,8 @@ def best_params(study: optuna.Study) -> dict[str, Any]:
 def write_params(policy: str, params: dict[str, Any], path: Path, note: str = "",
                  record: dict[str, Any] | None = None) -> None:
     """A params file that ``servegym run/compare --params FILE`` accepts, with the study's data record (what it
-    tuned on, :func:`~servegym.evaluation.provenance.data_record`) when it has one."""
-    from servegym.evaluation.provenance import RECORD
+    tuned on, :func:`~servegym.benchmark.provenance.data_record`) when it has one."""
+    from servegym.benchmark.provenance import RECORD
 
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"policy": policy, "params": params, "note": note, **({RECORD: record} if record else {})}
@@ -422,7 +422,7 @@ def write_params(policy: str, params: dict[str, Any], path: Path, note: str = ""
 
 def params_record(path: str | Path | None) -> dict[str, Any] | None:
     """The data record of a params file (None: the file has none, or there is no file)."""
-    from servegym.evaluation.provenance import RECORD
+    from servegym.benchmark.provenance import RECORD
 
     if path is None or not Path(path).is_file():
         return None
@@ -436,7 +436,7 @@ def params_record(path: str | Path | None) -> dict[str, Any] | None:
 
 def study_record(cfg: TuneConfig) -> dict[str, Any]:
     """What a study tunes on: its task, split and workload, and its tuning and evaluation seeds."""
-    from servegym.evaluation.provenance import data_record
+    from servegym.benchmark.provenance import data_record
 
     return data_record(cfg.env.get("task"), cfg.env.get("split"), cfg.workload,
                        {"tuning": [TUNING_SEED_BASE, TUNING_SEED_BASE + cfg.seeds], "evaluation": [0, cfg.eval_seeds]})

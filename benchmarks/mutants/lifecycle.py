@@ -41,8 +41,8 @@ MUTATIONS = [
     ("lifecycle-forkserver-workers", "rl/train.py", 'SubprocVecEnv(factories, start_method="spawn")',
      "SubprocVecEnv(factories)", (WORKERS,), "lifecycle"),
     ("lifecycle-resume-keeps-old-stop", "rl/train.py",
-     '("timesteps_done", "wall_s", "best_mean_reward", "best_timesteps")',
-     '("timesteps_done", "wall_s", "best_mean_reward", "best_timesteps", "stopped_by")', (CHECKPOINT,),
+     '("timesteps_done", "wall_s", "best_mean_reward", "best_timesteps", RECORD)',
+     '("timesteps_done", "wall_s", "best_mean_reward", "best_timesteps", RECORD, "stopped_by")', (CHECKPOINT,),
      "lifecycle"),
 ]
 MUTATIONS += [

@@ -1,7 +1,7 @@
 """Submitting a trained agent to the benchmark and verifying a submission (``servegym bench --agent / --verify``).
 
 A submission is one JSON file: the agent's test-track rows on all of its task's frozen test seeds (exactly the
-task's settings, :mod:`servegym.evaluation.bench`), bound to what produced them: the servegym version and commit,
+task's settings, :mod:`servegym.benchmark.bench`), bound to what produced them: the servegym version and commit,
 the env id, the track, the task's settings, the SHA-256 of every file that decides the agent's actions (model,
 normalization statistics, ``config.json`` with its base parameters) and one digest over them, and the training
 record (status, timesteps, the splits and seeds it saw). Verifying checks each stamp against this servegym and the
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from servegym import ENV_ID, __version__
+from servegym.benchmark.bench import TEST_TRACK, BenchRow, Entry, make_entries, run_bench
+from servegym.benchmark.provenance import RECORD, source_commit, unranked_reasons
 from servegym.envs.tasks import TEST_SEEDS, get_task
-from servegym.evaluation.bench import TEST_TRACK, BenchRow, Entry, make_entries, run_bench
-from servegym.evaluation.provenance import RECORD, source_commit, unranked_reasons
 
 FORMAT = 2
 """The submission file's format version (2: bound to the agent's files, its training record and the full test
@@ -51,7 +51,7 @@ def agent_digest(files: dict[str, str]) -> str:
 
 def training_summary(run: Path) -> dict[str, Any]:
     """The run's training record: its status, the timesteps asked and done, and its data record (the splits,
-    workloads and seeds it and its base files saw, :mod:`servegym.evaluation.provenance`)."""
+    workloads and seeds it and its base files saw, :mod:`servegym.benchmark.provenance`)."""
     from servegym.rl.runs import run_record
 
     data = run_record(run)

@@ -7,7 +7,7 @@ chunk size, token budget, eviction rule or true lengths) instead of the task's: 
 and never ranked against, or counted in the headroom of, the test track.
 
 Each test-track row also carries a normalized score, 0 = FCFS and 100 = the oracle of the same run on the task
-(:mod:`servegym.evaluation.oracle`, at or above every contestant on every seed; without an oracle on the board,
+(:mod:`servegym.benchmark.oracle`, at or above every contestant on every seed; without an oracle on the board,
 100 = the best hand-coded heuristic), and the per-seed paired difference to the best heuristic with its 95% CI.
 The *bound* line checks the oracle against every test-track row, seed by seed.
 Gains are relative to the reference's magnitude and positive when better:
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from servegym.benchmark.oracle import ORACLE, Budget
 from servegym.envs.tasks import get_task
-from servegym.evaluation.oracle import ORACLE, Budget
 from servegym.evaluation.stats import (
     MIN_VERDICT_SEEDS,
     Interval,
@@ -39,7 +39,7 @@ from servegym.evaluation.stats import (
 from servegym.metrics import metric
 
 if TYPE_CHECKING:
-    from servegym.evaluation.bench import BenchRow
+    from servegym.benchmark.bench import BenchRow
 
 REFERENCES = ("random", "fcfs", "clairvoyant-greedy", ORACLE)
 """Labels of the reference policies: the floors to beat (random, FCFS), the clairvoyant greedy packer (true
@@ -51,7 +51,7 @@ INTERRUPTED_MARK = " [interrupted]"
 shown and ranked as what it is, an unfinished agent, and never pooled with its finished training seeds."""
 UNRANKED_MARK = " [unranked: "
 """Label mark of a tuned parameter set or a trained agent whose data record shows test data, another env version or
-no record (:func:`~servegym.evaluation.provenance.unranked_reasons`): shown in its own table, with why, never ranked,
+no record (:func:`~servegym.benchmark.provenance.unranked_reasons`): shown in its own table, with why, never ranked,
 never in the headroom, never a base of the oracle, never the best heuristic."""
 FLOORS = {"admission": ("random", "fcfs"), "route": ("router-round-robin", "router-round-robin")}
 """Per task decision (``Task.decision``): the random floor and the score's 0 (FCFS admits in arrival order; a routing

@@ -9,7 +9,7 @@ alpha-protection's clear-all, an agent trained with known lengths) also runs wit
 clairvoyant greedy packer's true lengths, :attr:`Policy.needs_overrides`) runs there only. Results come back one
 :class:`BenchRow` per (task, track, policy, seed), in a fixed order whatever the number of worker processes;
 :func:`write_leaderboard` writes them as ``leaderboard.csv`` and ``leaderboard.md``
-(:mod:`servegym.evaluation.leaderboard`).
+(:mod:`servegym.benchmark.leaderboard`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from dataclasses import asdict, astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from servegym.benchmark.leaderboard import ENGINE_CONFIG_SUFFIX, is_unranked, markdown, unranked_label
+from servegym.benchmark.oracle import ORACLE, Budget, plan_episode
+from servegym.benchmark.provenance import RECORD, stamp, unranked_reasons
 from servegym.engine import EngineConfig
 from servegym.envs.tasks import TEST_SEEDS, get_task
 from servegym.evaluation.executor import PROCESSES, Executor, RunStore, progress_bar, run_stored
-from servegym.evaluation.leaderboard import ENGINE_CONFIG_SUFFIX, is_unranked, markdown, unranked_label
-from servegym.evaluation.oracle import ORACLE, Budget, plan_episode
-from servegym.evaluation.provenance import RECORD, stamp, unranked_reasons
 from servegym.policies import POLICIES, make_policy
 from servegym.pool import PoolConfig
 from servegym.runner import EpisodeResult, env_profile, make_env, run_episode
@@ -41,7 +41,7 @@ DEFAULT_POLICIES = ("random", "random:count", "random:window", "random:rank", "r
 action, a uniformly random action of each other learning action mode, and FCFS), the seed papers' policies with
 their default parameters, the strongest baselines, and the clairvoyant greedy packer (true lengths; not a
 bound), every router (on routing tasks, where the others do not play), and the oracle
-(:mod:`servegym.evaluation.oracle`: a rollout planner over every other contestant of the task, at or above each of
+(:mod:`servegym.benchmark.oracle`: a rollout planner over every other contestant of the task, at or above each of
 them on every seed)."""
 
 
@@ -119,7 +119,7 @@ def make_entries(policies: Sequence[str] = DEFAULT_POLICIES, params_files: Seque
     best_params.json`` found for one of ``tasks`` (on that task only), and an ``rl:<run name>`` entry per trained
     run (on the task it trained on, or on every task when it trained on none).
 
-    A params file or run whose data record (:mod:`servegym.evaluation.provenance`) shows test data, another env
+    A params file or run whose data record (:mod:`servegym.benchmark.provenance`) shows test data, another env
     version or no record at all is labelled ``<label> [unranked: why]``: the board shows it apart and never ranks
     it, counts it in the headroom or plans the oracle over it.
 
@@ -361,7 +361,7 @@ def read_leaderboard(path: str | Path) -> list[BenchRow]:
 
 def headroom_lines(path: str | Path) -> dict[str, str]:
     """Task -> its headroom sentence, from a ``leaderboard.csv``."""
-    from servegym.evaluation.leaderboard import boards, headroom_line
+    from servegym.benchmark.leaderboard import boards, headroom_line
 
     return {board.task: headroom_line(board) for board in boards(read_leaderboard(path))}
 
