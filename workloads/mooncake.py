@@ -24,7 +24,7 @@ import numpy as np
 
 from servegym.validation import non_negative_int, optional, positive_int
 from servegym.workloads.base import MAX_TOKENS, PrefixChains, RequestSpec
-from servegym.workloads.trace import TraceError, TraceWorkload, bundled_trace
+from servegym.workloads.trace import TraceError, TraceWorkload, bundled_trace, episode_tile
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per hash block in the Mooncake traces."""
@@ -159,7 +159,8 @@ class MooncakeWorkload:
     One rule is added for train/test splits: a session belongs to the span that holds its *first* request, and a
     random window keeps only the requests of sessions that start inside ``spans`` (and counts only those toward
     ``min_requests``), so every session lies wholly on one side of a split. Arrivals stay relative to the window's
-    first trace request, kept or not.
+    first trace request, kept or not. With ``tiles`` and ``shards``, a tile is one shard of one time tile: the span's
+    time tiles times ``shards`` disjoint sets of requests, the seed naming one (:meth:`num_tiles`).
     """
 
     trace: str = "conversation"
@@ -184,6 +185,10 @@ class MooncakeWorkload:
     """With ``random_window``: keep the sessions of one of ``shards`` replicas (session id mod ``shards``, the
     replica drawn per episode), as one replica of a cluster that routes by session sees its traffic: a share of the
     load at the trace's own pace, every turn of its sessions included."""
+    tiles: bool = False
+    """With ``random_window`` and one span: replay back-to-back tiles of the span, the seed naming the tile and
+    (with ``shards``) the shard, as :attr:`TraceWorkload.tiles` does: episodes of different tiles share no request
+    (a session may have turns in two adjacent time tiles)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.trace, str) or not self.trace:
@@ -202,7 +207,7 @@ class MooncakeWorkload:
     def _replay(self) -> TraceWorkload:
         return TraceWorkload(self.path, time_scale=self.time_scale, start=self.start, max_requests=self.max_requests,
                              duration_s=self.duration_s, random_window=self.random_window,
-                             min_requests=self.min_requests, spans=self.spans)
+                             min_requests=self.min_requests, spans=self.spans, tiles=self.tiles)
 
     def read(self) -> RequestSpec:
         """The whole trace (cached)."""
@@ -211,12 +216,31 @@ class MooncakeWorkload:
 
     def sample(self, rng: np.random.Generator) -> RequestSpec:
         full = self.read()
+        return self._replay().replay(full, rng, *self._kept_and_tile(full, rng))
+
+    def episode_rows(self, rng: np.random.Generator) -> np.ndarray:
+        """The rows of the whole trace (:meth:`read`) that :meth:`sample` replays with ``rng``."""
+        full = self.read()
+        return self._replay().rows(full, rng, *self._kept_and_tile(full, rng))[0]
+
+    def num_tiles(self) -> int:
+        """With ``tiles``: the span's time tiles times ``shards``; tile ``t`` is shard ``t % shards`` of time tile
+        ``t // shards``."""
+        return self._replay().num_tiles(self.read()) * self.shards
+
+    def _kept_and_tile(self, full: RequestSpec, rng: np.random.Generator) -> tuple[np.ndarray | None, int | None]:
+        """The mask of rows a window keeps (its spans' sessions, its shard's) and, with ``tiles``, its time tile."""
         whole = self.spans == ((0.0, 1.0),)
         kept = None if whole or not self.random_window else first_request_in(full, self.spans)
-        if self.shards > 1:
+        tile = None
+        if self.tiles:
+            tile, replica = divmod(episode_tile(rng, self.num_tiles()), self.shards)
+            shard = full.session % self.shards == replica
+        elif self.shards > 1:
             shard = full.session % self.shards == int(rng.integers(self.shards))
+        if self.shards > 1:
             kept = shard if kept is None else kept & shard
-        return self._replay().replay(full, rng, kept)
+        return kept, tile
 
     def mean_rate(self) -> float:
         spec = self.sample(np.random.default_rng(0))
