@@ -151,7 +151,7 @@ def make_serving_env(task: str | Task | None = None, split: str | None = None, v
     spec = get_task(task)
     if spec.is_mixture:
         return MixtureEnv({name: make_serving_env(name, split, version, **kwargs) for name in spec.components})
-    settings = spec.env_kwargs(split if version >= 1 else None)
+    settings = spec.env_kwargs(split, version)
     engine = _merged(settings.pop("engine"), kwargs.pop("engine", None))
     pool = _merged(settings.pop("pool"), kwargs.pop("pool", None))
     if spec.decision == "route":

@@ -33,7 +33,7 @@ def test_a_task_gives_the_workload_profile_and_limits_of_its_env():
     experiment = experiment_from_dict(routing(seeds=1))
     assert (experiment.task, experiment.split, experiment.max_steps) == ("cluster-routing", "test", 1_000_000)
     [workload] = experiment.workloads
-    assert (workload.label, workload.source) == ("cluster-routing", "mooncake-cluster-test")
+    assert (workload.label, workload.source) == ("cluster-routing", "mooncake-cluster-tiles-test")
     [task] = tasks(experiment)
     assert task.profile == "a100-llama3-8b" and (task.task, task.split) == ("cluster-routing", "test")
     train = experiment_from_dict(routing(split="train", workloads=["shared-prefix"], max_steps=10))

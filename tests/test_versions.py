@@ -1,4 +1,5 @@
-"""Serving-v1 and the legacy v0, one id per task, and the held-out test data of trace tasks (issue 26)."""
+"""Serving-v2 with the legacy v1 and v0, one id per task, and the held-out test data of trace tasks (issue 26; the
+independence of test episodes, issue 51, is in test_test_episodes.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import servegym
 from servegym.envs import TASKS, TEST_SEEDS, VALIDATION_SEEDS
 from servegym.envs.mixture import V1_TRUNCATION_PENALTY_S
 from servegym.workloads import make_workload
-from servegym.workloads.scenarios import TEST_SPANS, TRAIN_SPANS
+from servegym.workloads.scenarios import TEST_SPANS, TRAIN_SPANS, V2_TEST_SPANS, V2_TRAIN_SPANS
 from servegym.workloads.trace import _read
 
 
@@ -32,19 +33,26 @@ def test_every_task_has_its_own_current_id_and_every_version_loads():
 
 
 def test_trace_tasks_train_on_one_part_and_test_on_the_held_out_rest():
-    train = gym.make(servegym.ENV_ID, task="long-context").unwrapped.workload
-    test = gym.make(servegym.ENV_ID, task="long-context", split="test").unwrapped.workload
-    legacy = gym.make(servegym.LEGACY_ENV_ID, task="long-context", split="test").unwrapped.workload
-    assert (train.spans, test.spans, legacy.spans) == (TRAIN_SPANS, TEST_SPANS, ((0.0, 1.0),))
+    def spans(version, split):
+        return gym.make(servegym.ENV_IDS[version], task="long-context", split=split).unwrapped.workload.spans
+
+    assert (spans(2, "train"), spans(2, "test")) == (V2_TRAIN_SPANS, V2_TEST_SPANS)
+    assert (spans(1, "train"), spans(1, "test"), spans(0, "test")) == (TRAIN_SPANS, TEST_SPANS, ((0.0, 1.0),))
     assert TRAIN_SPANS == ((0.0, 0.35), (0.65, 1.0)) and TEST_SPANS == ((0.35, 0.65),)
+    assert V2_TRAIN_SPANS == ((0.0, 0.325), (0.675, 1.0)) and V2_TEST_SPANS == ((0.325, 0.675),)
     mixture = gym.make(servegym.ENV_ID, task="mixture", split="test").unwrapped
-    assert mixture.components["long-context"].workload.spans == TEST_SPANS
+    assert mixture.components["long-context"].workload.spans == V2_TEST_SPANS
+    for name in ("prefix-reuse", "cluster-routing"):
+        test = gym.make(servegym.ENV_ID, task=name, split="test").unwrapped
+        test = getattr(test, "serving", test).workload
+        v1 = gym.make(servegym.ENV_IDS[1], task=name, split="test").unwrapped
+        assert (test.spans, test.tiles, getattr(v1, "serving", v1).workload.spans) == (V2_TEST_SPANS, True, TEST_SPANS)
 
 
 def test_no_test_window_shares_a_request_with_any_training_or_validation_window():
-    # Rows [lo, hi) of the bundled trace: the test windows (every test seed) lie in the rows of the middle 35-65%
-    # of its time range, and every training window (2,000 training seeds and the validation seeds) lies wholly
-    # before or wholly after those rows; training windows come from both sides.
+    # Serving-v1's long-context windows, rows [lo, hi) of the bundled trace: the test windows (every test seed) lie
+    # in the rows of the middle 35-65% of its time range, and every training window (2,000 training seeds and the
+    # validation seeds) lies wholly before or wholly after those rows; training windows come from both sides.
     train, test = make_workload("azure-code-window-train"), make_workload("azure-code-window-test")
     full = _read(train.path)
     held_lo, held_hi = np.searchsorted(full.arrival_s, [0.35 * full.arrival_s[-1], 0.65 * full.arrival_s[-1]])
@@ -79,7 +87,7 @@ def test_never_admitting_ranks_below_fcfs_on_every_test_seed(task):
     from servegym.policies import make_policy
     from servegym.runner import make_env, run_episode
 
-    for seed in TEST_SEEDS:
+    for seed in TASKS[task].test_seeds:
         returns = {}
         for name, params in (("fcfs", {}), ("random", {"admit_probability": 0.0})):
             policy = make_policy(name, **params)

@@ -64,7 +64,14 @@ TRAIN_SPANS = ((0.0, 0.35), (0.65, 1.0))
 """Trace tasks test on windows inside the middle 35-65% of the trace's time range and train and validate on windows
 inside the rest, so no test request appears in any training or validation window. The held-out part is the middle,
 not the end, because the bundled trace is busier in its first two thirds: a held-out tail would test on lighter
-load (376 requests per 120 s in the middle, 272 outside it, 148 in the last 30%)."""
+load (376 requests per 120 s in the middle, 272 outside it, 148 in the last 30%). These are Serving-v1's splits."""
+V2_TEST_SPANS = ((0.325, 0.675),)
+V2_TRAIN_SPANS = ((0.0, 0.325), (0.675, 1.0))
+"""Serving-v2's splits: the held-out middle grows to 35% of each trace so that it holds 10 disjoint test tiles of a
+task's window (:attr:`TraceWorkload.tiles`): 1,203 s of the Azure code trace, ten 120 s tiles; 1,238 s of the
+Mooncake conversation trace, two 600 s time tiles times 5 shards, or ten 120 s cluster tiles. v1's random windows in
+the 30% middle overlapped: their 30 test episodes held only 3,226 distinct requests in 11,173 rows (long-context),
+2,853 in 10,637 (prefix-reuse) and 2,999 in 26,511 (cluster-routing)."""
 
 PREFIX_PROFILE = "a100-llama3-8b"
 """The profile of the prefix-caching scenarios: its large KV cache (28k blocks of 16 tokens) holds shared prefixes."""
@@ -85,8 +92,12 @@ MOONCAKE_WINDOW_S = 600.0
 MOONCAKE_MIN_REQUESTS = 20
 """Mooncake windows keeping fewer requests (of sessions starting in the window's spans) are redrawn."""
 CLUSTER_WINDOW_S = 300.0
-"""Length of a cluster window: every session of the Mooncake conversation trace (no sharding, about 1,000 requests
-in five minutes) for a cluster of replicas to route."""
+"""Length of a cluster window in Serving-v1: every session of the Mooncake conversation trace (no sharding, about
+1,000 requests in five minutes) for a cluster of replicas to route."""
+V2_CLUSTER_WINDOW_S = 120.0
+"""Length of a cluster window in Serving-v2 (training and test alike): about 400 requests. The 1,238 s held-out span
+holds ten disjoint 120 s tiles but only four of 300 s; the price is less reuse within a window (the trace-only hit
+ratio of a 120 s window of the whole trace is about 0.11, of a 300 s one about 0.19)."""
 SHARED_PREFIX_SESSION_RATE = 2.0
 """``shared-prefix``: sessions started per second (about 5 requests/s at 2.5 turns). Provisional."""
 SHARED_PREFIX_DURATION_S = 60.0
@@ -94,9 +105,16 @@ SHARED_PREFIX_DURATION_S = 60.0
 
 
 def _mooncake(trace: str, spans: tuple[tuple[float, float], ...] = ((0.0, 1.0),), shards: int = MOONCAKE_SHARDS,
-              window_s: float = MOONCAKE_WINDOW_S) -> MooncakeWorkload:
+              window_s: float = MOONCAKE_WINDOW_S, tiles: bool = False) -> MooncakeWorkload:
     return MooncakeWorkload(trace, time_scale=MOONCAKE_TIME_SCALE, duration_s=window_s, random_window=True,
-                            min_requests=MOONCAKE_MIN_REQUESTS, spans=spans, shards=shards)
+                            min_requests=MOONCAKE_MIN_REQUESTS, spans=spans, shards=shards, tiles=tiles)
+
+
+def _azure_code(spans: tuple[tuple[float, float], ...] = ((0.0, 1.0),), tiles: bool = False) -> TraceWorkload:
+    """The long-context task's 120 s windows of the Azure code trace (under 100 requests: redrawn, or for a tile an
+    error)."""
+    return TraceWorkload(str(bundled_trace()), duration_s=120.0, random_window=True, min_requests=100, spans=spans,
+                         tiles=tiles)
 
 
 def _shared_prefix() -> SessionWorkload:
@@ -152,21 +170,29 @@ WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
         "the Azure code trace at twice its rate (time compressed 2x), the first 120 s of the trace in 60 s",
     ),
     "azure-code-window": (
-        lambda: TraceWorkload(str(bundled_trace()), duration_s=120.0, random_window=True, min_requests=100),
+        _azure_code,
         "a random 120 s window of the Azure code trace (drawn per episode; windows with under 100 requests are "
         "redrawn), replayed in real time",
     ),
     "azure-code-window-train": (
-        lambda: TraceWorkload(str(bundled_trace()), duration_s=120.0, random_window=True, min_requests=100,
-                              spans=TRAIN_SPANS),
-        "a random 120 s window of the Azure code trace outside its held-out middle 35-65% (the long-context "
-        "task's training and validation episodes)",
+        lambda: _azure_code(TRAIN_SPANS),
+        "a random 120 s window of the Azure code trace outside its held-out middle 35-65% (Serving-v1's "
+        "long-context training and validation episodes)",
     ),
     "azure-code-window-test": (
-        lambda: TraceWorkload(str(bundled_trace()), duration_s=120.0, random_window=True, min_requests=100,
-                              spans=TEST_SPANS),
-        "a random 120 s window of the held-out middle 35-65% of the Azure code trace (the long-context task's "
+        lambda: _azure_code(TEST_SPANS),
+        "a random 120 s window of the held-out middle 35-65% of the Azure code trace (Serving-v1's long-context "
         "test episodes)",
+    ),
+    "azure-code-window-train-v2": (
+        lambda: _azure_code(V2_TRAIN_SPANS),
+        "a random 120 s window of the Azure code trace outside its held-out middle 35% (32.5-67.5%; the "
+        "long-context task's training and validation episodes)",
+    ),
+    "azure-code-tiles-test": (
+        lambda: _azure_code(V2_TEST_SPANS, tiles=True),
+        "one of ten back-to-back 120 s tiles of the held-out middle 35% of the Azure code trace, seed mod 10 (the "
+        "long-context task's test episodes: no request in two)",
     ),
     "long-output": (
         lambda: SyntheticWorkload(Poisson(3.0), DURATION_S, prompt=LONG_PROMPTS, output=LONG_OUTPUTS),
@@ -185,7 +211,20 @@ WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
     "mooncake-conversation-test": (
         lambda: _mooncake("conversation", TEST_SPANS),
         f"a random {MOONCAKE_WINDOW_S:g} s window of the held-out middle 35-65% of the Mooncake conversation trace, "
-        f"one replica's sessions in {MOONCAKE_SHARDS}, only sessions that start there",
+        f"one replica's sessions in {MOONCAKE_SHARDS}, only sessions that start there (Serving-v1's prefix-reuse "
+        "test episodes)",
+    ),
+    "mooncake-conversation-v2": (
+        lambda: _mooncake("conversation", V2_TRAIN_SPANS),
+        f"a random {MOONCAKE_WINDOW_S:g} s window of the Mooncake conversation trace, one replica's sessions in "
+        f"{MOONCAKE_SHARDS}, outside its held-out middle 35% (32.5-67.5%; the prefix-reuse task's training and "
+        "validation episodes)",
+    ),
+    "mooncake-conversation-tiles-test": (
+        lambda: _mooncake("conversation", V2_TEST_SPANS, tiles=True),
+        f"one of ten tiles of the held-out middle 35% of the Mooncake conversation trace: two back-to-back "
+        f"{MOONCAKE_WINDOW_S:g} s windows times {MOONCAKE_SHARDS} shards of its sessions, only sessions that start "
+        "there, seed mod 10 (the prefix-reuse task's test episodes: no request in two)",
     ),
     "mooncake-cluster": (
         lambda: _mooncake("conversation", TRAIN_SPANS, shards=1, window_s=CLUSTER_WINDOW_S),
@@ -195,7 +234,18 @@ WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
     "mooncake-cluster-test": (
         lambda: _mooncake("conversation", TEST_SPANS, shards=1, window_s=CLUSTER_WINDOW_S),
         f"a random {CLUSTER_WINDOW_S:g} s window of the held-out middle 35-65% of the whole Mooncake conversation "
-        "trace, only sessions that start there",
+        "trace, only sessions that start there (Serving-v1's cluster-routing test episodes)",
+    ),
+    "mooncake-cluster-v2": (
+        lambda: _mooncake("conversation", V2_TRAIN_SPANS, shards=1, window_s=V2_CLUSTER_WINDOW_S),
+        f"a random {V2_CLUSTER_WINDOW_S:g} s window of the whole Mooncake conversation trace at its own rate, outside "
+        "its held-out middle 35% (32.5-67.5%; the cluster-routing task's training and validation episodes)",
+    ),
+    "mooncake-cluster-tiles-test": (
+        lambda: _mooncake("conversation", V2_TEST_SPANS, shards=1, window_s=V2_CLUSTER_WINDOW_S, tiles=True),
+        f"one of ten back-to-back {V2_CLUSTER_WINDOW_S:g} s tiles of the held-out middle 35% of the whole Mooncake "
+        "conversation trace, only sessions that start there, seed mod 10 (the cluster-routing task's test "
+        "episodes: no request in two)",
     ),
     "mooncake-synthetic": (
         lambda: _mooncake("synthetic"),
@@ -211,8 +261,9 @@ WORKLOADS: dict[str, tuple[Callable[[], Workload], str]] = {
 
 
 SCENARIO_PROFILES = {"long-output": TIGHT_PROFILE, "tight-memory": TIGHT_PROFILE, "cpu-fidelity": "cpu-small-llama",
-                     **dict.fromkeys(("mooncake-conversation", "mooncake-conversation-test", "mooncake-cluster",
-                                      "mooncake-cluster-test", "mooncake-synthetic",
+                     **dict.fromkeys(("mooncake-conversation", "mooncake-conversation-test", "mooncake-conversation-v2",
+                                      "mooncake-conversation-tiles-test", "mooncake-cluster", "mooncake-cluster-test",
+                                      "mooncake-cluster-v2", "mooncake-cluster-tiles-test", "mooncake-synthetic",
                                       "shared-prefix"), PREFIX_PROFILE)}
 """Scenarios set against a named profile (the rest run on the default): the memory-bound ones on the small A40, the
 prefix-caching ones pinned to the large A100 cache whatever the default becomes."""

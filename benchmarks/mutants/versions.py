@@ -8,7 +8,7 @@ MUTATIONS = [
      'return self.test_workload if split == "test" and self.test_workload else self.workload',
      "return self.workload", (VERSIONS,), "env"),
     ("split-v1-is-legacy", "envs/mixture.py",
-     "settings = spec.env_kwargs(split if version >= 1 else None)", "settings = spec.env_kwargs(None)",
+     "settings = spec.env_kwargs(split, version)", "settings = spec.env_kwargs(None, version)",
      (VERSIONS,), "env"),
     ("window-ignores-span-end", "workloads/trace.py",
      "            latest = max(first, last - width)", "            latest = max(first, last)",
