@@ -95,6 +95,7 @@ def test_a_tile_is_read_off_the_seed_only_while_the_generator_is_fresh():
     for seed in (900_000, 900_007, 3):
         assert episode_tile(np.random.default_rng(seed), 10) == seed % 10
         assert episode_tile(seeding.np_random(seed)[0], 10) == seed % 10
+        assert episode_tile(np.random.default_rng(np.int64(seed)), 10) == seed % 10
     used = np.random.default_rng(900_000)
     used.random()
     assert {episode_tile(used, 10) for _ in range(30)} != {0}

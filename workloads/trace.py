@@ -148,8 +148,9 @@ def episode_tile(rng: np.random.Generator, count: int) -> int:
     bits = rng.bit_generator
     seq = getattr(bits, "seed_seq", None)
     fresh = (isinstance(bits, np.random.PCG64) and isinstance(seq, np.random.SeedSequence)
-             and isinstance(seq.entropy, int) and not seq.spawn_key and np.random.PCG64(seq).state == bits.state)
-    return seq.entropy % count if fresh else int(rng.integers(count))
+             and isinstance(seq.entropy, int | np.integer) and not seq.spawn_key
+             and np.random.PCG64(seq).state == bits.state)
+    return int(seq.entropy) % count if fresh else int(rng.integers(count))
 
 
 def bundled_trace(name: str = "azure_llm_2023_code.csv") -> Path:
