@@ -23,11 +23,17 @@ from dataclasses import asdict, astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from servegym.benchmark.leaderboard import ENGINE_CONFIG_SUFFIX, is_unranked, markdown, unranked_label
-from servegym.benchmark.oracle import ORACLE, Budget, plan_episode
+from servegym.benchmark.board import (
+    ENGINE_CONFIG_SUFFIX,
+    VALIDATION_SUFFIX,
+    is_heuristic,
+    unranked_label,
+)
+from servegym.benchmark.leaderboard import markdown
+from servegym.benchmark.oracle import FROZEN_BASES, ORACLE, Budget, plan_episode
 from servegym.benchmark.provenance import RECORD, stamp, unranked_reasons
 from servegym.engine import EngineConfig
-from servegym.envs.tasks import TEST_SEEDS, get_task
+from servegym.envs.tasks import VALIDATION_SEEDS, get_task
 from servegym.evaluation.executor import PROCESSES, Executor, RunStore, progress_bar, run_stored
 from servegym.policies import POLICIES, make_policy
 from servegym.pool import PoolConfig
@@ -63,7 +69,11 @@ class Entry:
         return not self.tasks or task in self.tasks
 
 
-TEST_TRACK, ENGINE_CONFIG_TRACK = "test", "engine-config"
+TEST_TRACK, ENGINE_CONFIG_TRACK, VALIDATION_TRACK = "test", "engine-config", "validation"
+"""Where an episode runs: ``test``, exactly the task's settings on its test data and seeds (ranked);
+``engine-config``, with the policy's own engine settings on top (shown apart); ``validation``, exactly the task's
+settings on its *training* data and :data:`~servegym.envs.tasks.VALIDATION_SEEDS` (where the best heuristic is
+chosen, so the test seeds never pick what they are compared against)."""
 
 
 @dataclass(frozen=True)
@@ -74,14 +84,14 @@ class BenchJob:
     entry: Entry
     seed: int
     track: str = TEST_TRACK
-    """``test``: exactly the task's settings; ``engine-config``: the policy's own engine/pool settings on top."""
+    """:data:`TEST_TRACK`, :data:`ENGINE_CONFIG_TRACK` or :data:`VALIDATION_TRACK`."""
     bases: tuple[Entry, ...] = ()
-    """For the oracle: every other test-track contestant of the task, its base policies (part of the run store's
-    key, so a new contestant re-runs the oracle)."""
+    """For the oracle: its frozen base policies (:data:`~servegym.benchmark.oracle.FROZEN_BASES`)."""
 
     @property
     def label(self) -> str:
-        return self.entry.label + (ENGINE_CONFIG_SUFFIX if self.track == ENGINE_CONFIG_TRACK else "")
+        suffix = {ENGINE_CONFIG_TRACK: ENGINE_CONFIG_SUFFIX, VALIDATION_TRACK: VALIDATION_SUFFIX}.get(self.track, "")
+        return self.entry.label + suffix
 
 
 @dataclass(frozen=True)
@@ -241,13 +251,23 @@ def tracks(task: str, entry: Entry, settings: tuple[dict[str, Any], dict[str, An
     return (ENGINE_CONFIG_TRACK,) if needs else (TEST_TRACK, ENGINE_CONFIG_TRACK)
 
 
-def make_jobs(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[int] = TEST_SEEDS) -> list[BenchJob]:
-    """Every (task, entry, track, seed), task-major; the oracle's jobs carry the task's other test-track entries
-    as its bases. Unknown tasks, an empty seed list and an oracle with nothing to plan over are errors."""
+def task_test_seeds(task: str, max_seeds: int | None = None) -> tuple[int, ...]:
+    """The seeds ``task`` is tested on (:attr:`~servegym.envs.tasks.Task.test_seeds`: as many as it has independent
+    test episodes), the first ``max_seeds`` of them when given."""
+    seeds = get_task(task).test_seeds
+    return seeds if max_seeds is None else seeds[:max_seeds]
+
+
+def make_jobs(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[int] | None = None,
+              validation: Sequence[int] = VALIDATION_SEEDS, max_seeds: int | None = None) -> list[BenchJob]:
+    """Every (task, entry, track, seed), task-major: each entry's test (and engine-config) episodes on the task's
+    test seeds (:func:`task_test_seeds`; ``seeds`` replaces them on every task), then every ranked heuristic's
+    validation episodes on ``validation`` (where the best heuristic is chosen); the oracle's jobs carry its frozen
+    bases. Unknown tasks and an empty seed list are errors."""
     for name in tasks:
         get_task(name)
-    seeds = tuple(seeds)
-    if not seeds:
+    fixed = None if seeds is None else tuple(seeds)
+    if fixed is not None and not fixed:
         raise ValueError("no seeds to run")
     settings = {entry.label: own_settings(entry) for entry in entries}
     jobs = []
@@ -256,12 +276,12 @@ def make_jobs(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[in
         runs = [(entry, track) for entry in entries
                 if entry.runs_on(task) and entry_decision(entry) in (None, decision)
                 for track in tracks(task, entry, settings[entry.label])]
-        bases = tuple(e for e, track in runs
-                      if track == TEST_TRACK and e.policy != ORACLE and not is_unranked(e.label))
+        bases = tuple(Entry(name, name) for name in FROZEN_BASES[decision])
+        seeds = fixed if fixed is not None else task_test_seeds(task, max_seeds)
         for entry, track in runs:
-            if entry.policy == ORACLE and not bases:
-                raise ValueError(f"the oracle needs other test-track policies to plan over on {task}")
             jobs += [BenchJob(task, entry, seed, track, bases if entry.policy == ORACLE else ()) for seed in seeds]
+        jobs += [BenchJob(task, entry, seed, VALIDATION_TRACK) for entry, track in runs
+                 if track == TEST_TRACK and is_heuristic(entry.label) for seed in validation]
     return jobs
 
 
@@ -271,7 +291,8 @@ def play(job: BenchJob) -> EpisodeResult:
     if job.entry.policy == ORACLE:
         return play_oracle(job)
     policy = make_policy(job.entry.policy, **job.entry.params)
-    env = make_env(policy, task=job.task, split="test", apply_overrides=job.track == ENGINE_CONFIG_TRACK)
+    split = "train" if job.track == VALIDATION_TRACK else "test"
+    env = make_env(policy, task=job.task, split=split, apply_overrides=job.track == ENGINE_CONFIG_TRACK)
     try:
         return run_episode(env, policy, seed=job.seed)
     finally:
@@ -279,7 +300,7 @@ def play(job: BenchJob) -> EpisodeResult:
 
 
 def play_oracle(job: BenchJob) -> EpisodeResult:
-    """The oracle's episode: the task's test-track env, planned over the job's bases."""
+    """The oracle's episode: the task's test-track env, planned over the job's (frozen) bases."""
     env = make_env(task=job.task, split="test", apply_overrides=False)
     try:
         bases = {}
@@ -303,18 +324,19 @@ def run_job(job: BenchJob) -> BenchRow:
     return bench_row(job, play(job))
 
 
-def run_bench(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[int] = TEST_SEEDS,
+def run_bench(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[int] | None = None,
               workers: int | None = None, progress: bool = False, store: RunStore | None = None,
-              executor: Executor = PROCESSES) -> list[BenchRow]:
-    """Run every (task, entry, seed) episode, in ``workers`` processes (default: all cores), or as Ray tasks
-    with a Ray ``executor``.
+              executor: Executor = PROCESSES, validation: Sequence[int] = VALIDATION_SEEDS,
+              max_seeds: int | None = None) -> list[BenchRow]:
+    """Run every (task, entry, seed) episode and the heuristics' ``validation`` episodes (:func:`make_jobs`), in
+    ``workers`` processes (default: all cores), or as Ray tasks with a Ray ``executor``.
 
     Rows come back in (task, entry, seed) order whatever the worker count, and each episode depends only on its
     job, so the rows are identical for any ``workers``. With a ``store``, episodes already in it are not run
     again and each new one is saved as it finishes; Ctrl-C raises
     :class:`~servegym.evaluation.executor.Interrupted` with the finished rows.
     """
-    todo = make_jobs(tasks, entries, seeds)
+    todo = make_jobs(tasks, entries, seeds, validation, max_seeds)
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     return run_stored(run_job, todo, workers, store, _describe, _bar(len(todo)) if progress else None,
@@ -361,7 +383,8 @@ def read_leaderboard(path: str | Path) -> list[BenchRow]:
 
 def headroom_lines(path: str | Path) -> dict[str, str]:
     """Task -> its headroom sentence, from a ``leaderboard.csv``."""
-    from servegym.benchmark.leaderboard import boards, headroom_line
+    from servegym.benchmark.board import boards
+    from servegym.benchmark.leaderboard import headroom_line
 
     return {board.task: headroom_line(board) for board in boards(read_leaderboard(path))}
 

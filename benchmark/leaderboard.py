@@ -1,232 +1,42 @@
-"""The leaderboard's Markdown: per task, the policies best-first, and whether the task's decisions matter.
+"""The leaderboard's Markdown: the across-task aggregates, then per task its seeds and anchors, the policies
+best-first with their normalized scores and Holm-marked paired comparisons, and whether its decisions matter.
 
-A task is *decision-sensitive* when the best non-reference policy of the test track is at least 15% better than
-both random admission and FCFS on the task's ranking metric; otherwise it is *flat* (any sensible policy scores
-about the same there). Rows labelled ``<policy> [engine-config]`` ran with the policy's own engine settings (its
-chunk size, token budget, eviction rule or true lengths) instead of the task's: they are shown in their own table
-and never ranked against, or counted in the headroom of, the test track.
-
-Each test-track row also carries a normalized score, 0 = FCFS and 100 = the oracle of the same run on the task
-(:mod:`servegym.benchmark.oracle`, at or above every contestant on every seed; without an oracle on the board,
-100 = the best hand-coded heuristic), and the per-seed paired difference to the best heuristic with its 95% CI.
-The *bound* line checks the oracle against every test-track row, seed by seed.
-Gains are relative to the reference's magnitude and positive when better:
-``(value - reference) / |reference|`` where higher is better (the episode return, goodput), the negative of that
-where lower is better (latency). For a negative return (minus request-seconds) that is the latency reduction.
+The scores themselves are :mod:`servegym.benchmark.board`; the statistics over the whole board (Holm's correction,
+rliable's aggregates) :mod:`servegym.benchmark.aggregate`.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servegym.benchmark.oracle import ORACLE, Budget
-from servegym.envs.tasks import get_task
-from servegym.evaluation.stats import (
-    MIN_VERDICT_SEEDS,
-    Interval,
-    bootstrap_interval,
-    iqm,
-    mean_ci,
-    paired_difference,
-    probability_of_improvement,
+from servegym import ENV_ID
+from servegym.benchmark.aggregate import ALPHA, PROFILE_TAUS, SCORE_CLIP, across_tasks, holm, paired_p_value
+from servegym.benchmark.board import (
+    COLUMN_METRICS,
+    HEADERS,
+    INTERRUPTED_MARK,
+    LOWER_IS_BETTER,
+    METRICS,
+    ROUTING_BASE,
+    ROUTING_COLUMNS,
+    SENSITIVE,
+    Score,
+    TaskBoard,
+    boards,
+    is_interrupted,
 )
+from servegym.benchmark.oracle import BOARD_VERSION, FROZEN_BASES, ORACLE, Budget
+from servegym.envs.tasks import VALIDATION_SEEDS, get_task
+from servegym.evaluation.stats import MIN_VERDICT_SEEDS, bootstrap_interval, iqm, mean_ci, paired_difference
+from servegym.evaluation.stats import probability_of_improvement as p_improve
 from servegym.metrics import metric
 
 if TYPE_CHECKING:
     from servegym.benchmark.bench import BenchRow
-
-REFERENCES = ("random", "fcfs", "clairvoyant-greedy", ORACLE)
-"""Labels of the reference policies: the floors to beat (random, FCFS), the clairvoyant greedy packer (true
-lengths; a comparison point, not a ceiling: tuned policies beat it) and the oracle (the ceiling of the board)."""
-ENGINE_CONFIG_SUFFIX = " [engine-config]"
-"""Label suffix of the rows a policy ran with its own engine settings instead of the task's."""
-INTERRUPTED_MARK = " [interrupted]"
-"""Label mark of a trained agent whose training stopped before its timesteps (its ``config.json`` says so): it is
-shown and ranked as what it is, an unfinished agent, and never pooled with its finished training seeds."""
-UNRANKED_MARK = " [unranked: "
-"""Label mark of a tuned parameter set or a trained agent whose data record shows test data, another env version or
-no record (:func:`~servegym.benchmark.provenance.unranked_reasons`): shown in its own table, with why, never ranked,
-never in the headroom, never a base of the oracle, never the best heuristic."""
-FLOORS = {"admission": ("random", "fcfs"), "route": ("router-round-robin", "router-round-robin")}
-"""Per task decision (``Task.decision``): the random floor and the score's 0 (FCFS admits in arrival order; a routing
-task's arrival-order rule is round-robin, which is also its decision-blind floor)."""
-ROUTING_BASE = "router-round-robin"
-"""What a routing task's routers are compared with, seed by seed (:func:`routing_table`)."""
-ROUTING_COLUMNS = ("prefix_hit_ratio", "e2e_mean_all_s", "episode_return")
-SENSITIVE = 0.15
-"""Relative gain over both random and FCFS that makes a task decision-sensitive."""
-COLUMN_METRICS = {"episode_return": "episode_return", "goodput_rps": "goodput_rps",
-                  "e2e_mean_all_s": "e2e_mean_all_s", "ttft_p99_s": "ttft_p99", "unfinished": "num_unfinished",
-                  "prefix_hit_ratio": "prefix_hit_ratio"}
-"""``leaderboard.csv``'s score columns (``BenchRow`` fields, kept for the files already written) and the declared
-metric each holds (``servegym.metrics.METRICS``: header and direction)."""
-METRICS = tuple(COLUMN_METRICS)
-HEADERS = tuple(metric(name).header for name in COLUMN_METRICS.values())
-LOWER_IS_BETTER = {column: not metric(name).higher_is_better for column, name in COLUMN_METRICS.items()}
-"""The metrics a task may rank by (``Task.ranking``), and their direction."""
-
-
-@dataclass(frozen=True)
-class Score:
-    """One policy on one task: metric -> (mean, 95% CI half-width) over seeds."""
-
-    policy: str
-    metrics: dict[str, tuple[float, float]]
-    episodes: int
-    truncated: int
-    per_seed: dict[int, float]
-    """The ranking metric, by seed (for paired differences)."""
-
-    def mean(self, metric: str) -> float:
-        return self.metrics[metric][0]
-
-
-def is_engine_config(label: str) -> bool:
-    return label.endswith(ENGINE_CONFIG_SUFFIX)
-
-
-def is_interrupted(label: str) -> bool:
-    """An agent whose training was interrupted (:data:`INTERRUPTED_MARK`)."""
-    return INTERRUPTED_MARK in label
-
-
-def unranked_label(label: str, reasons: Sequence[str]) -> str:
-    """``label``, marked :data:`UNRANKED_MARK` with ``reasons`` when there are any."""
-    return f"{label}{UNRANKED_MARK}{'; '.join(reasons)}]" if reasons else label
-
-
-def is_unranked(label: str) -> bool:
-    return UNRANKED_MARK in label
-
-
-def is_reference(label: str) -> bool:
-    """A floor or comparison point: random admission, a random floor of an action mode (``random:MODE``), FCFS,
-    the clairvoyant packer."""
-    return label in REFERENCES or label.startswith("random:")
-
-
-def is_heuristic(label: str) -> bool:
-    """A hand-coded policy of the test track (default or tuned parameters, FCFS included): not an agent and not
-    a reference other than FCFS."""
-    return not (label.startswith("rl:") or is_engine_config(label) or is_unranked(label)
-                or (is_reference(label) and label != "fcfs"))
-
-
-@dataclass(frozen=True)
-class TaskBoard:
-    """One task's scores, best first by its ranking metric."""
-
-    task: str
-    ranking: str
-    scores: tuple[Score, ...]
-    """The test track: every policy on exactly the task's settings, best first."""
-    engine_config: tuple[Score, ...] = ()
-    """Policies on their own engine settings, best first (not ranked against the test track)."""
-    unranked: tuple[Score, ...] = ()
-    """Tuned parameters and agents whose data record keeps them off the ranking (:data:`UNRANKED_MARK`)."""
-
-    @property
-    def lower_is_better(self) -> bool:
-        return LOWER_IS_BETTER[self.ranking]
-
-    def score(self, label: str) -> Score | None:
-        return next((s for s in self.scores if s.policy == label), None)
-
-    @property
-    def best(self) -> Score | None:
-        """The best test-track policy that is not a reference."""
-        return next((s for s in self.scores if not is_reference(s.policy)), None)
-
-    @property
-    def best_heuristic(self) -> Score | None:
-        """The best hand-coded policy of the test track (FCFS and tuned variants included)."""
-        return next((s for s in self.scores if is_heuristic(s.policy)), None)
-
-    @property
-    def floors(self) -> tuple[str, str]:
-        """The labels of the random floor and of the score's 0 (:data:`FLOORS`)."""
-        return FLOORS[get_task(self.task).decision]
-
-    @property
-    def anchor(self) -> Score | None:
-        """The score's 100: the oracle, or the best heuristic on a board without one."""
-        return self.score(ORACLE) or self.best_heuristic
-
-    def normalized(self, score: Score) -> float:
-        """0 = FCFS (round-robin on a routing task), 100 = :attr:`anchor`, on the ranking metric; NaN when they tie
-        or one is missing."""
-        fcfs, best = self.score(self.floors[1]), self.anchor
-        if fcfs is None or best is None:
-            return math.nan
-        span = best.mean(self.ranking) - fcfs.mean(self.ranking)
-        return math.nan if span == 0 else 100.0 * (score.mean(self.ranking) - fcfs.mean(self.ranking)) / span
-
-    def agent_groups(self) -> dict[str, list[Score]]:
-        """Trained agents that differ only in their training seed (``rl:NAME__s<k>``), two runs or more each."""
-        groups: dict[str, list[Score]] = {}
-        for score in self.scores:
-            if score.policy.startswith("rl:") and re.search(r"__s\d+$", score.policy):
-                groups.setdefault(re.sub(r"__s\d+$", "", score.policy), []).append(score)
-        return {name: runs for name, runs in groups.items() if len(runs) >= 2}
-
-    def versus_best_heuristic(self, score: Score) -> Interval | None:
-        """``score`` minus the best heuristic on the ranking metric, paired per seed (positive: higher)."""
-        best = self.best_heuristic
-        return None if best is None else paired_difference(score.per_seed, best.per_seed)
-
-    def gain(self, score: Score, reference: Score) -> float:
-        """Relative improvement of ``score`` over ``reference`` on the ranking metric (positive: better)."""
-        value, base = score.mean(self.ranking), reference.mean(self.ranking)
-        if math.isnan(value) or math.isnan(base):
-            return math.nan
-        change = (base - value) if self.lower_is_better else (value - base)
-        if base == 0:
-            return 0.0 if change == 0 else math.copysign(math.inf, change)
-        return change / abs(base)
-
-    @property
-    def verdict(self) -> str:
-        """``decision-sensitive``, ``flat``, or ``undetermined`` (random or FCFS, or every candidate, missing, or
-        fewer than ``MIN_VERDICT_SEEDS`` episodes of one of them)."""
-        random, fcfs = (self.score(label) for label in self.floors)
-        best = self.best
-        if random is None or fcfs is None or best is None:
-            return "undetermined"
-        if min(s.episodes for s in (random, fcfs, best)) < MIN_VERDICT_SEEDS:
-            return "undetermined"
-        sensitive = min(self.gain(best, random), self.gain(best, fcfs)) >= SENSITIVE
-        return "decision-sensitive" if sensitive else "flat"
-
-
-def boards(rows: Sequence[BenchRow], rankings: Mapping[str, str] | None = None) -> list[TaskBoard]:
-    """Group ``rows`` by task (in order of appearance) and score each policy, best first by the task's ranking
-    metric (``rankings`` overrides :attr:`Task.ranking` per task); NaN means sort last."""
-    result = []
-    for task in dict.fromkeys(row.task for row in rows):
-        ranking = (rankings or {}).get(task) or get_task(task).ranking
-        if ranking not in LOWER_IS_BETTER:
-            raise ValueError(f"task {task!r} ranks by {ranking!r}; the leaderboard ranks by one of "
-                             f"{sorted(LOWER_IS_BETTER)}")
-        task_rows = [row for row in rows if row.task == task]
-        scores = []
-        for label in dict.fromkeys(row.policy for row in task_rows):
-            runs = [row for row in task_rows if row.policy == label]
-            metrics = {m: mean_ci(np.array([float(getattr(row, m)) for row in runs])) for m in METRICS}
-            scores.append(Score(label, metrics, len(runs), sum(bool(row.truncated) for row in runs),
-                                {row.seed: float(getattr(row, ranking)) for row in runs}))
-        sign = 1.0 if LOWER_IS_BETTER[ranking] else -1.0
-        scores.sort(key=lambda s: (math.isnan(s.mean(ranking)), sign * np.nan_to_num(s.mean(ranking))))
-        result.append(TaskBoard(task, ranking,
-                                tuple(s for s in scores if not (is_engine_config(s.policy) or is_unranked(s.policy))),
-                                tuple(s for s in scores if is_engine_config(s.policy)),
-                                tuple(s for s in scores if is_unranked(s.policy) and not is_engine_config(s.policy))))
-    return result
 
 
 def _decimals(value: float) -> int:
@@ -248,6 +58,16 @@ def _cell(mean: float, half: float) -> str:
 def _percent(gain: float) -> str:
     return "n/a" if math.isnan(gain) else ("+inf" if gain == math.inf else "-inf" if gain == -math.inf
                                            else f"{gain:+.1%}")
+
+
+def _seeds(seeds: Sequence[int]) -> str:
+    """``900000-900029 (30)``, or the list where the seeds are not consecutive."""
+    seeds = sorted(seeds)
+    if not seeds:
+        return "none"
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]} ({len(seeds)})" if len(seeds) > 1 else f"{seeds[0]} (1)"
+    return f"{', '.join(map(str, seeds))} ({len(seeds)})"
 
 
 def headroom_line(board: TaskBoard) -> str:
@@ -282,7 +102,8 @@ def _left(board: TaskBoard, best: Score) -> str:
 
 
 def bound_line(board: TaskBoard) -> str:
-    """Whether the oracle is at or above every test-track policy on every seed they share (empty without one)."""
+    """Whether the oracle is at or above every test-track policy on every seed they share (empty without one): it
+    is a bound of this board only when it is."""
     oracle = board.score(ORACLE)
     if oracle is None:
         return ""
@@ -291,24 +112,54 @@ def bound_line(board: TaskBoard) -> str:
     for s in board.scores:
         seeds = [k for k, v in s.per_seed.items() if k in oracle.per_seed and sign * (v - oracle.per_seed[k]) > 0]
         if s is not oracle and seeds:
-            broken.append(f"`{s.policy}` on seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}")
+            broken.append(f"`{s.policy}` on {len(seeds)} seed{'s' * (len(seeds) > 1)} ({', '.join(map(str, seeds))})")
     if broken:
-        return "**Bound broken:** the oracle is beaten by " + "; ".join(broken) + "."
+        return ("**Oracle beaten:** planned over its frozen bases only, the oracle is not a bound of this board: "
+                + "; ".join(broken) + ".")
     others = sum(1 for s in board.scores if s is not oracle)
     return (f"**Bound:** the oracle is at or above all {others} other test-track policies on every one of their "
-            "seeds.")
+            "seeds (the best found, not the optimum).")
 
 
-def _versus(board: TaskBoard, score: Score) -> str:
+def comparisons(task_boards: Sequence[TaskBoard], rows: Sequence[BenchRow]) -> dict[Hashable, float]:
+    """Every paired comparison the board marks, as a two-sided p-value: each ranked row against its task's best
+    heuristic (key ``("best", task, label)``) and, on a routing task, each router against round-robin on each
+    routing column (``("route", task, label, column)``)."""
+    tests: dict[Hashable, float] = {}
+    for board in task_boards:
+        best = board.best_heuristic
+        for score in board.scores:
+            if best is not None and score is not best and score.per_seed.keys() == best.per_seed.keys():
+                seeds = sorted(score.per_seed)
+                tests[("best", board.task, score.policy)] = paired_p_value(
+                    [score.per_seed[s] - best.per_seed[s] for s in seeds])
+        for label, column, diffs in _routing_differences(board, rows):
+            tests[("route", board.task, label, column)] = paired_p_value(diffs)
+    return tests
+
+
+def _mark(diff_mean: float, lower_is_better: bool, p_holm: float | None) -> str:
+    """`` (better)``/`` (worse)`` when the Holm-adjusted p-value is below :data:`ALPHA`, else nothing."""
+    if p_holm is None or math.isnan(p_holm) or p_holm >= ALPHA or diff_mean == 0:
+        return ""
+    return " (better)" if (diff_mean > 0) != lower_is_better else " (worse)"
+
+
+def _versus(board: TaskBoard, score: Score, adjusted: Mapping[Hashable, float]) -> str:
     if score is board.best_heuristic:
         return "best heuristic"
     diff = board.versus_best_heuristic(score)
     if diff is None:
         return "n/a"
     digits = _decimals(diff.mean)
-    low, high = (-diff.high, -diff.low) if board.lower_is_better else (diff.low, diff.high)  # > 0: better
-    verdict = " (better)" if low > 0 else " (worse)" if high < 0 else ""
-    return f"{diff.mean:+.{digits}f}, CI [{diff.low:.{digits}f}, {diff.high:.{digits}f}]{verdict}"
+    p = adjusted.get(("best", board.task, score.policy))
+    shown = "" if p is None or math.isnan(p) else f", p_Holm {_p(p)}"
+    return (f"{diff.mean:+.{digits}f}, CI [{diff.low:.{digits}f}, {diff.high:.{digits}f}]{shown}"
+            f"{_mark(diff.mean, board.lower_is_better, p)}")
+
+
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def shown_columns(task: str) -> tuple[str, ...]:
@@ -321,18 +172,23 @@ def _headers(task: str) -> list[str]:
     return [HEADERS[METRICS.index(m)] for m in shown_columns(task)]
 
 
-def _rows(board: TaskBoard, scores: Sequence[Score], paired: bool) -> list[str]:
+def _rows(board: TaskBoard, scores: Sequence[Score], adjusted: Mapping[Hashable, float] | None) -> list[str]:
+    """Table rows; with ``adjusted`` (the ranked table) the normalized score and the comparison too."""
     lines = []
     for rank, score in enumerate(scores, 1):
         cells = [_cell(*score.metrics[m]) for m in shown_columns(board.task)]
-        extra = f"{_score_cell(board.normalized(score))} | {_versus(board, score)} | " if paired else ""
+        extra = ("" if adjusted is None else
+                 f"{_score_cell(board.normalized(score))} | {_versus(board, score, adjusted)} | ")
         lines.append(f"| {rank} | {score.policy} | {extra}" + " | ".join(cells)
                      + f" | {score.truncated}/{score.episodes} |")
     return lines
 
 
 def _score_cell(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.0f}"
+    low, high = SCORE_CLIP
+    if math.isnan(value):
+        return "n/a"
+    return f"<{low:.0f}" if value < low else f">{high:.0f}" if value > high else f"{value:.0f}"
 
 
 def agent_table(board: TaskBoard) -> list[str]:
@@ -352,8 +208,8 @@ def agent_table(board: TaskBoard) -> list[str]:
         matrix = np.array([[r.per_seed[s] for s in seeds] for r in runs])
         base = np.array([best.per_seed[s] for s in seeds])
         value, (low, high) = iqm(matrix), bootstrap_interval(iqm, matrix)
-        chance = probability_of_improvement(matrix, base, higher)
-        plow, phigh = bootstrap_interval(lambda m, b: probability_of_improvement(m, b, higher), matrix, base)
+        chance = p_improve(matrix, base, higher)
+        plow, phigh = bootstrap_interval(lambda m, b: p_improve(m, b, higher), matrix, base)
         digits = _decimals(value)
         lines.append(f"| {name}__s* | {len(runs)} | {value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}] | "
                      f"{chance:.2f} [{plow:.2f}, {phigh:.2f}] |")
@@ -370,86 +226,161 @@ def _interrupted_note(board: TaskBoard) -> list[str]:
             "not a finished result and cannot be submitted.", ""]
 
 
-def routing_table(board: TaskBoard, rows: Sequence[BenchRow]) -> list[str]:
-    """On a routing task: each router and agent minus :data:`ROUTING_BASE` on the prefix hit ratio, the mean
-    end-to-end latency and the return, paired over the seeds both ran, with 95% CIs."""
+def _routing_differences(board: TaskBoard, rows: Sequence[BenchRow]) -> list[tuple[str, str, list[float]]]:
+    """On a routing task: (label, column, per-seed differences to round-robin) for each router and agent."""
     if get_task(board.task).decision != "route" or board.score(ROUTING_BASE) is None:
         return []
 
     def per_seed(label: str, column: str) -> dict[int, float]:
         return {r.seed: float(getattr(r, column)) for r in rows if r.task == board.task and r.policy == label}
 
-    names = [metric(COLUMN_METRICS[c]).header for c in ROUTING_COLUMNS]
-    lines = [f"Versus `{ROUTING_BASE}`, paired per seed (mean difference, 95% CI; *better*/*worse* when the whole "
-             "interval is):", "", "| policy | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    out = []
     for score in board.scores:
         if score.policy in (ROUTING_BASE, ORACLE):
             continue
-        cells = []
         for column in ROUTING_COLUMNS:
-            diff = paired_difference(per_seed(score.policy, column), per_seed(ROUTING_BASE, column))
-            digits = 3 if column == "prefix_hit_ratio" else _decimals(diff.mean)
-            mark = "" if diff.low <= 0 <= diff.high else \
-                (" (better)" if (diff.low > 0) != LOWER_IS_BETTER[column] else " (worse)")
-            cells.append(f"{diff.mean:+.{digits}f} [{diff.low:.{digits}f}, {diff.high:.{digits}f}]{mark}")
-        lines.append(f"| {score.policy} | " + " | ".join(cells) + " |")
+            mine, base = per_seed(score.policy, column), per_seed(ROUTING_BASE, column)
+            if mine.keys() == base.keys():
+                out.append((score.policy, column, [mine[s] - base[s] for s in sorted(mine)]))
+    return out
+
+
+def routing_table(board: TaskBoard, rows: Sequence[BenchRow], adjusted: Mapping[Hashable, float] | None = None
+                  ) -> list[str]:
+    """On a routing task: each router and agent minus :data:`ROUTING_BASE` on the prefix hit ratio, the mean
+    end-to-end latency and the return, paired over the seeds, with 95% CIs and marks Holm-adjusted over
+    ``adjusted`` (default: this task's comparisons alone)."""
+    adjusted = adjusted if adjusted is not None else holm(comparisons([board], rows))
+    found = _routing_differences(board, rows)
+    if not found:
+        return []
+    names = [metric(COLUMN_METRICS[c]).header for c in ROUTING_COLUMNS]
+    lines = [f"Versus `{ROUTING_BASE}`, paired per seed (mean difference, 95% CI; *better*/*worse* when the "
+             "Holm-adjusted p-value is below 0.05):", "", "| policy | " + " | ".join(names) + " |",
+             "|---|" + "---|" * len(names)]
+    cells: dict[str, list[str]] = {}
+    for label, column, diffs in found:
+        mean, half = mean_ci(np.array(diffs))
+        digits = 3 if column == "prefix_hit_ratio" else _decimals(mean)
+        mark = _mark(mean, LOWER_IS_BETTER[column], adjusted.get(("route", board.task, label, column)))
+        cells.setdefault(label, []).append(f"{mean:+.{digits}f} [{mean - half:.{digits}f}, "
+                                           f"{mean + half:.{digits}f}]{mark}")
+    lines += [f"| {label} | " + " | ".join(row) + " |" for label, row in cells.items()]
     return [*lines, ""]
 
 
-def task_table(board: TaskBoard, rows: Sequence[BenchRow] = ()) -> list[str]:
+def anchor_line(board: TaskBoard) -> str:
+    """The normalized score's fixed anchors on this task, and how far apart they lie."""
+    low, high = board.anchors
+    if low is None or high is None:
+        return (f"**Anchors:** 0 = `{board.floors[0]}`, 100 = `{ORACLE}`; "
+                f"{'neither' if low is None and high is None else 'one'} ran here, so no normalized score.")
+    a, b = low.mean(board.ranking), high.mean(board.ranking)
+    apart = abs(b - a) / abs(a) if a else math.inf
+    note = (f" The anchors lie {apart:.1%} apart: one point of score is {apart / 100:.3%} of `{board.ranking}`, "
+            f"so scores magnify small differences here (shown clipped to {SCORE_CLIP[0]:.0f}..{SCORE_CLIP[1]:.0f})."
+            if apart < SENSITIVE else "")
+    return (f"**Anchors:** 0 = `{board.floors[0]}` ({a:.{_decimals(a)}f}), 100 = `{ORACLE}` ({b:.{_decimals(b)}f}),"
+            f" fixed per board version.{note}")
+
+
+def task_table(board: TaskBoard, rows: Sequence[BenchRow] = (), adjusted: Mapping[Hashable, float] | None = None
+               ) -> list[str]:
+    adjusted = adjusted if adjusted is not None else holm(comparisons([board], rows))
     direction = "lower is better" if board.lower_is_better else "higher is better"
-    episodes = max(s.episodes for s in (*board.scores, *board.engine_config, *board.unranked))
+    seeds = sorted(set().union(*(s.per_seed for s in board.scores))) if board.scores else []
     task = get_task(board.task)
     best = board.best_heuristic
+    where = (f"chosen on the validation seeds {_seeds(sorted(board.validation[0].per_seed))}, training data"
+             if board.chosen_on_validation else "chosen on the test seeds (no validation episodes on this board)")
     headers = _headers(board.task)
     lines = [f"## {board.task}", "", f"{task.summary}.", "",
-             f"Reward `{task.reward}`; ranked by `{board.ranking}` ({direction}); {episodes} seeds per policy; "
-             f"best heuristic: `{best.policy if best else 'none'}`.", "",
-             "| # | policy | score | vs best heuristic (paired, 95% CI) | " + " | ".join(headers) + " | truncated |",
-             "|---:|---|---:|---|" + "---:|" * (len(headers) + 1),
-             *_rows(board, board.scores, paired=True), "", *_interrupted_note(board), headroom_line(board), "",
+             f"Reward `{task.reward}`; ranked by `{board.ranking}` ({direction}); test seeds {_seeds(seeds)}; best "
+             f"heuristic: `{best.policy if best else 'none'}` ({where}).", "", anchor_line(board), "",
+             "| # | policy | score | vs best heuristic (paired, 95% CI, Holm) | " + " | ".join(headers)
+             + " | truncated |", "|---:|---|---:|---|" + "---:|" * (len(headers) + 1),
+             *_rows(board, board.scores, adjusted), "", *_interrupted_note(board), headroom_line(board), "",
              *([bound_line(board), ""] if board.score(ORACLE) else []), *agent_table(board),
-             *routing_table(board, rows)]
-    if board.engine_config:
-        lines += ["Engine-config track: each policy on its own engine settings, not the task's (not ranked against "
-                  "the table above).", "", "| # | policy | " + " | ".join(headers) + " | truncated |",
-                  "|---:|---|" + "---:|" * (len(headers) + 1), *_rows(board, board.engine_config, paired=False), ""]
-    if board.unranked:
-        lines += ["Unranked: tuned parameters and agents whose record shows test data, another env version or no "
-                  "record (the reason is in the label); shown, never ranked, never in the headroom or the oracle.",
-                  "", "| # | policy | " + " | ".join(headers) + " | truncated |",
-                  "|---:|---|" + "---:|" * (len(headers) + 1), *_rows(board, board.unranked, paired=False), ""]
+             *routing_table(board, rows, adjusted)]
+    for title, scores in (("Engine-config track: each policy on its own engine settings, not the task's (not ranked "
+                           "against the table above).", board.engine_config),
+                          ("Unranked: tuned parameters and agents whose record shows test data, another env version "
+                           "or no record (the reason is in the label); shown, never ranked, never in the headroom.",
+                           board.unranked)):
+        if scores:
+            lines += [title, "", "| # | policy | " + " | ".join(headers) + " | truncated |",
+                      "|---:|---|" + "---:|" * (len(headers) + 1), *_rows(board, scores, None), ""]
     return lines
+
+
+def aggregate_table(task_boards: Sequence[TaskBoard]) -> list[str]:
+    """The policies that ran on every task with both anchors, aggregated across those tasks with rliable."""
+    anchored = [b for b in task_boards if all(a is not None for a in b.anchors)]
+    if not anchored:
+        return []
+    common = set.intersection(*({s.policy for s in b.scores} for b in anchored))
+    n = min(min(len(b.score(p).per_seed) for b in anchored) for p in common) if common else 0
+    if not common or n < MIN_VERDICT_SEEDS:
+        return []
+    matrices = {}
+    for policy in sorted(common):
+        columns = []
+        for b in anchored:
+            per_seed = b.score(policy).per_seed
+            columns.append([b.normalized_value(per_seed[s]) for s in sorted(per_seed)[:n]])
+        matrices[policy] = np.array(columns).T
+    stats = across_tasks(matrices)
+    taus = " | ".join(f"P(score > {tau:g})" for tau in PROFILE_TAUS)
+    lines = [f"## Across tasks ({', '.join(b.task for b in anchored)})", "",
+             f"Normalized scores (0 = random floor, 100 = oracle, clipped to {SCORE_CLIP[0]:.0f}..{SCORE_CLIP[1]:.0f})"
+             f" of the policies that ran on every task, over the first {n} test seeds of each: rliable's interquartile"
+             " mean, optimality gap (mean shortfall below 100) and performance profile (the fraction of (seed, task)"
+             " episodes above a score), each with a 95% stratified-bootstrap interval (seeds resampled within each "
+             "task). Best IQM first.", "", f"| policy | IQM | optimality gap | {taus} |",
+             "|---|---:|---:|" + "---:|" * len(PROFILE_TAUS)]
+    for policy in sorted(stats, key=lambda p: -stats[p]["iqm"][0]):
+        row = stats[policy]
+        profile = " | ".join("{:.2f} [{:.2f}, {:.2f}]".format(*row[f"above_{tau:g}"]) for tau in PROFILE_TAUS)
+        lines.append(f"| {policy} | " + " | ".join("{:.1f} [{:.1f}, {:.1f}]".format(*row[k])
+                                                    for k in ("iqm", "optimality_gap")) + f" | {profile} |")
+    return [*lines, ""]
 
 
 def markdown(rows: Sequence[BenchRow], command: str = "servegym bench",
              rankings: Mapping[str, str] | None = None, built_by: str = "") -> str:
-    """The whole ``leaderboard.md``: the verdicts, then one table per task (``rankings`` as in :func:`boards`)."""
+    """The whole ``leaderboard.md``: the verdicts, the across-task aggregates, then one table per task
+    (``rankings`` as in :func:`~servegym.benchmark.board.boards`)."""
     task_boards = boards(rows, rankings)
+    adjusted = holm(comparisons(task_boards, rows))
     groups = {v: [b.task for b in task_boards if b.verdict == v] for v in ("decision-sensitive", "flat",
                                                                            "undetermined")}
+    budget = Budget()
     lines = [
         "# servegym leaderboard",
         "",
         f"Generated by `servegym bench` (do not edit by hand): `{command}`"
         + (f"; built by {built_by}." if built_by else "."),
         "",
-        "Every task runs exactly its own settings (`gym.make(\"servegym/Serving-v1\", task=NAME, split=\"test\")`: "
-        "workload and its held-out test data, "
-        "profile, engine, pool, reward, length mode) on the frozen test seeds, whatever a policy or an agent "
-        "would set for itself; a policy that changes those settings also runs in its task's *engine-config* "
-        "track, shown apart. Cells are mean ± 95% CI half-width over seeds. *Score* is 0 for FCFS (round-robin on a "
-        "routing task, whose contestants route arrivals and admit by FCFS) and 100 for the "
-        "task's oracle on the ranking metric (the best hand-coded heuristic where no oracle ran); *vs best "
-        "heuristic* is the per-seed paired difference on that metric. The *oracle* is a clairvoyant rollout "
-        f"planner on copies of the task's env: every other test-track policy plays the whole episode, then at "
-        f"{Budget().replans} decision points the best {Budget().width} of them each finish it from the state "
-        "reached, and the oracle switches when one finishes higher; its return is at least every contestant's on "
-        "every seed (checked on each task's *bound* line), a ceiling for the board, not the optimum. "
-        "*Return* is the episode's undiscounted reward sum "
-        "in the task's reward units (`latency`: minus request-seconds in the system; `slo_goodput`: requests "
-        "within both SLOs). *E2E mean, all* counts every arrived, unrejected request, the unfinished up to the "
-        "episode's end. Policies are sorted best-first by the task's ranking metric. A task is "
+        f"Every task runs exactly its own settings (`gym.make(\"{ENV_ID}\", task=NAME, split=\"test\")`: workload "
+        "and its held-out test data, profile, engine, pool, reward, length mode) on its test seeds, whatever a "
+        "policy or an agent would set for itself; a policy that changes those settings also runs in its task's "
+        "*engine-config* track, shown apart, and a tuned file or agent that saw test data, another env version or "
+        "has no record is shown *unranked*. Cells are mean ± 95% CI half-width over seeds. *Score* is normalized "
+        "to fixed anchors on the ranking metric: 0 = the task's random floor, 100 = its oracle (clipped to "
+        f"{SCORE_CLIP[0]:.0f}..{SCORE_CLIP[1]:.0f}). *Vs best heuristic* is the per-seed paired difference to the "
+        "hand-coded policy best on the validation seeds (training data, "
+        f"{_seeds(VALIDATION_SEEDS)}), so the test seeds never choose it; *better*/*worse* mark a difference "
+        f"whose p-value (paired t-test) stays below {ALPHA} after Holm's correction over all "
+        f"{len(adjusted)} comparisons of this board. The *oracle* (board version {BOARD_VERSION}) is a "
+        "clairvoyant rollout planner on copies of the task's env over a frozen base set (admission: "
+        f"{', '.join(FROZEN_BASES['admission'])}; routing: every router), never the board's other contestants: "
+        f"each base plays the whole episode, then at {budget.replans} decision points the best {budget.width} "
+        "finish it from the state reached and the plan switches when one finishes higher. Its return is at least "
+        "each base's on every seed; it is the best the search found, not the optimum, and each task's bound line "
+        "says whether any contestant beats it. *Return* is the episode's undiscounted reward sum in the task's "
+        "reward units (`latency`: minus request-seconds in the system; `slo_goodput`: requests within both SLOs). "
+        "*E2E mean, all* counts every arrived, unrejected request, the unfinished up to the episode's end. "
+        "Policies are sorted best-first by the task's ranking metric. A task is "
         f"**decision-sensitive** when the best non-reference policy is at least {SENSITIVE:.0%} "
         "better than both random and FCFS on that metric (gains are relative to the reference's magnitude, "
         "positive when better); otherwise it is **flat**.",
@@ -460,7 +391,7 @@ def markdown(rows: Sequence[BenchRow], command: str = "servegym bench",
     if groups["undetermined"]:
         lines.append(f"- **Undetermined** (random or FCFS not run, or fewer than {MIN_VERDICT_SEEDS} seeds): "
                      f"{', '.join(groups['undetermined'])}")
-    lines.append("")
+    lines += ["", *aggregate_table(task_boards)]
     for board in task_boards:
-        lines += task_table(board, rows)
+        lines += task_table(board, rows, adjusted)
     return "\n".join(lines)

@@ -1,8 +1,11 @@
-"""The oracle: a clairvoyant rollout planner that no contestant of the leaderboard beats, seed by seed.
+"""The oracle: a clairvoyant rollout planner over a frozen set of base policies, the board's fixed 100.
 
 It plans on copies of the task's env, so it knows every future arrival and every true output length (the
-engine's, whatever the task reveals to policies). Its *base policies* are the contestants of the task's test
-track (the hand-coded policies, default and tuned, the random floors and the trained agents). On one seed:
+engine's, whatever the task reveals to policies). Its *base policies* are frozen per board version
+(:data:`FROZEN_BASES`: the hand-coded policies at their default parameters, or every router on a routing task),
+never the board's other contestants, so its score does not move when a contestant joins and can anchor the
+normalized scores. It is the best the search found, not the optimum: a tuned policy or a trained agent may beat it
+on a seed, and the leaderboard says so. On one seed:
 
 1. **Sweep.** From the reset, each base policy plays the whole episode on a copy of the env. The best return
    is the plan: its actions are what the oracle follows.
@@ -17,9 +20,8 @@ every base policy's on the same seed: Bertsekas' rollout with several base heuri
 that never does worse than its start. Episodes are deterministic given the seed and the actions, so following
 a plan reproduces its return to the last bit; the planner checks that and raises when it does not.
 
-Search budget per seed: one whole episode per base policy, then at most ``replans x width`` episode tails.
-The bound covers the policies it was given; the benchmark gives it every contestant of the task, so a new
-contestant re-runs the oracle with it as a base.
+Search budget per seed (:class:`Budget`, stated on the board): one whole episode per base policy, then at most
+``replans x width`` episode tails (16 x 8 by default). It is at or above each of its own bases on every seed.
 """
 
 from __future__ import annotations
@@ -38,16 +40,26 @@ from servegym.validation import positive_int
 
 ORACLE = "oracle"
 """The oracle's name and leaderboard label."""
+BOARD_VERSION = 2
+"""The version of the oracle's base set and budget: boards of one version share their 100."""
+FROZEN_BASES = {
+    "admission": ("fcfs", "twp", "flow-control", "sarathi", "mc-sf", "mc", "amin", "vllm", "lpm", "priority",
+                  "scorer"),
+    "route": ("router-round-robin", "router-least-loaded", "router-least-kv", "router-power-of-two",
+              "router-prefix-affinity", "router-kv-aware"),
+}
+"""The oracle's base policies per task decision (``Task.decision``), at their default parameters, for
+:data:`BOARD_VERSION`."""
 
 
 @dataclass(frozen=True)
 class Budget:
     """How much the oracle searches on one seed."""
 
-    replans: int = 12
+    replans: int = 16
     """Decision points, evenly spaced over the sweep's best episode, where the plan may switch policy (0: the
     oracle is the best base policy of the sweep)."""
-    width: int = 6
+    width: int = 8
     """Base policies tried at each decision point: the best ``width`` of the sweep on this seed."""
 
     def __post_init__(self) -> None:

@@ -19,18 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from servegym import ENV_ID, __version__
-from servegym.benchmark.bench import TEST_TRACK, BenchRow, Entry, make_entries, run_bench
+from servegym.benchmark.bench import TEST_TRACK, BenchRow, Entry, make_entries, run_bench, task_test_seeds
 from servegym.benchmark.provenance import RECORD, source_commit, unranked_reasons
-from servegym.envs.tasks import TEST_SEEDS, get_task
+from servegym.envs.tasks import get_task
 
 FORMAT = 2
 """The submission file's format version (2: bound to the agent's files, its training record and the full test
 seeds; format 1 is refused)."""
-
-
-def test_seeds(task: str) -> tuple[int, ...]:
-    """The seeds a submission on ``task`` must hold, all of them: the task's test seeds."""
-    return TEST_SEEDS
 
 
 def agent_files(run: Path) -> dict[str, str]:
@@ -91,8 +86,8 @@ def submit(run: str | Path, seeds: tuple[int, ...] | None = None, workers: int |
     :func:`verify` then refuses) and return the submission."""
     entry = agent_entry(run)
     task = entry.tasks[0]
-    seeds = test_seeds(task) if seeds is None else tuple(seeds)
-    rows = [row for row in run_bench([task], [entry], seeds, workers=workers, progress=progress)
+    seeds = task_test_seeds(task) if seeds is None else tuple(seeds)
+    rows = [row for row in run_bench([task], [entry], seeds, workers=workers, progress=progress, validation=())
             if row.policy == entry.label]
     files = agent_files(Path(run))
     return {"format": FORMAT, "servegym_version": __version__, "commit": source_commit(), "env_id": ENV_ID,
@@ -153,7 +148,7 @@ def _stamp_problems(data: dict[str, Any]) -> list[str]:
         if data[key] != value:
             problems.append(f"{key}: submitted {data[key]!r}, this servegym has {value!r}")
     try:
-        seeds = test_seeds(data["task"])
+        seeds = task_test_seeds(data["task"])
     except ValueError as err:
         return [*problems, f"task: {err}"]
     if list(data["seeds"]) != list(seeds):

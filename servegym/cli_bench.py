@@ -16,9 +16,10 @@ from servegym.benchmark.bench import (
     make_entries,
     make_jobs,
     run_bench,
+    task_test_seeds,
     write_leaderboard,
 )
-from servegym.benchmark.leaderboard import INTERRUPTED_MARK
+from servegym.benchmark.board import INTERRUPTED_MARK
 from servegym.cli_args import add_executor_args, executor_from_args, writable_dir
 from servegym.envs.tasks import TASKS, TEST_SEEDS
 from servegym.evaluation.executor import Executor, FolderLock, Interrupted, JobFailed, RunStore
@@ -50,10 +51,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     tasks = args.tasks or list(TASKS)
     if args.seeds is not None and args.seeds > len(TEST_SEEDS):
         raise ValueError(f"--seeds {args.seeds}: there are only {len(TEST_SEEDS)} test seeds")
-    seeds = TEST_SEEDS[: args.seeds] if args.seeds is not None else TEST_SEEDS
+    seeds = {task: task_test_seeds(task, args.seeds) for task in tasks}
     entries = mark_interrupted(make_entries(args.policies or DEFAULT_POLICIES, args.params or (), args.rl or (),
                                             args.tuned, tasks))
-    jobs = make_jobs(tasks, entries, seeds)
+    jobs = make_jobs(tasks, entries, max_seeds=args.seeds)
     out = Path(args.out)
     writable_dir(out)
     with FolderLock(out):  # one bench writes a folder at a time
@@ -71,16 +72,18 @@ def mark_interrupted(entries: list[Entry]) -> list[Entry]:
 
 
 def _run_and_write(args: argparse.Namespace, executor: Executor, tasks: list[str], entries: list[Entry],
-                   seeds: tuple[int, ...], jobs: list[BenchJob], out: Path) -> int:
+                   seeds: dict[str, tuple[int, ...]], jobs: list[BenchJob], out: Path) -> int:
     """Run the missing episodes into ``out`` (locked by the caller) and write the leaderboard."""
     if executor.kind == "ray":
         where = f"as Ray tasks{f' ({args.workers} at a time)' if args.workers else ''}"
     else:
         where = f"on {min(args.workers or os.cpu_count() or 1, len(jobs))} workers"
-    print(f"servegym bench: {len(tasks)} tasks, {len(entries)} policies, {len(seeds)} seeds: {len(jobs)} "
+    counts = sorted({len(s) for s in seeds.values()})
+    shown = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    print(f"servegym bench: {len(tasks)} tasks, {len(entries)} policies, {shown} test seeds per task: {len(jobs)} "
           f"episodes {where}", flush=True)
-    if len(seeds) < MIN_VERDICT_SEEDS:
-        print(f"servegym bench: no decision-sensitivity verdicts from {len(seeds)} seed{'s' * (len(seeds) != 1)} "
+    if counts[0] < MIN_VERDICT_SEEDS:
+        print(f"servegym bench: no decision-sensitivity verdicts from {counts[0]} seed{'s' * (counts[0] != 1)} "
               f"(a verdict needs at least {MIN_VERDICT_SEEDS}); the tables are written as usual", flush=True)
     for stale in ("leaderboard.csv", "leaderboard.md"):  # never mistaken for this run's results
         (out / stale).unlink(missing_ok=True)
@@ -88,8 +91,8 @@ def _run_and_write(args: argparse.Namespace, executor: Executor, tasks: list[str
     if args.fresh:
         store.clear()
     try:
-        rows = run_bench(tasks, entries, seeds, workers=args.workers, progress=not args.quiet, store=store,
-                         executor=executor)
+        rows = run_bench(tasks, entries, workers=args.workers, progress=not args.quiet, store=store,
+                         executor=executor, max_seeds=args.seeds)
     except (Interrupted, JobFailed) as stop:
         done = [stop.results[i] for i in sorted(stop.results)]
         if done:
@@ -146,7 +149,8 @@ def add_bench_parser(sub: Any) -> None:
     bench.add_argument("--rl", nargs="+", default=None, metavar="RUN",
                        help="servegym train run folders: each adds 'rl:<run name>'")
     bench.add_argument("--seeds", type=count_arg("seeds"), default=None,
-                       help=f"use the first N test seeds (default: all {len(TEST_SEEDS)})")
+                       help="use the first N of each task's test seeds (default: all of them, "
+                            "servegym tasks lists how many)")
     bench.add_argument("--workers", type=count_arg("workers"), default=None,
                        help="episodes at once (default: all cores; with --executor ray, all the cluster's)")
     add_executor_args(bench)

@@ -28,10 +28,11 @@ from servegym.benchmark.bench import (
     tracks,
     write_leaderboard,
 )
-from servegym.benchmark.leaderboard import boards, markdown
+from servegym.benchmark.board import boards
+from servegym.benchmark.leaderboard import markdown
 from servegym.cli_bench import add_bench_parser
 from servegym.engine import LengthMode
-from servegym.envs import TASKS, TEST_SEEDS
+from servegym.envs import TASKS, TEST_SEEDS, VALIDATION_SEEDS
 from servegym.evaluation.stats import t_critical
 from servegym.policies import make_policy
 from servegym.runner import make_env, run_episode
@@ -45,7 +46,7 @@ CSV_COLUMNS = ["task", "policy", "seed", "episode_return", "goodput_rps", "e2e_m
 
 @pytest.fixture(scope="module")
 def rows() -> list[BenchRow]:
-    return run_bench(TASK_NAMES, make_entries(POLICY_NAMES), SEEDS, workers=1)
+    return run_bench(TASK_NAMES, make_entries(POLICY_NAMES), SEEDS, workers=1, validation=())
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,13 +77,13 @@ def test_csv_has_exactly_the_leaderboard_columns(rows, tmp_path):
 
 @pytest.mark.slow
 def test_two_workers_give_the_same_rows_as_one(rows):
-    assert run_bench(TASK_NAMES, make_entries(POLICY_NAMES), SEEDS, workers=2) == rows
+    assert run_bench(TASK_NAMES, make_entries(POLICY_NAMES), SEEDS, workers=2, validation=()) == rows
 
 
 @pytest.mark.parametrize("task", TASK_NAMES)
 def test_latency_return_is_minus_arrived_unrejected_times_censored_latency(task, rows):
     # The env's reward identity: the latency reward sums to -(arrived - rejected) * e2e_mean_all_s.
-    jobs = make_jobs([task], make_entries(POLICY_NAMES), SEEDS[:1])
+    jobs = make_jobs([task], make_entries(POLICY_NAMES), SEEDS[:1], ())
     checked = 0
     for job in jobs:
         result = play(job)
@@ -101,7 +102,7 @@ def test_latency_return_is_minus_arrived_unrejected_times_censored_latency(task,
 def test_length_aware_policies_keep_the_tasks_predicted_lengths():
     # TWP reads output lengths; the bench must run it with the task's length mode, not known or unknown lengths.
     assert TASKS["memory-tight"].engine["length_mode"] == "predicted"
-    row, own = run_bench(["memory-tight"], make_entries(["twp"]), SEEDS[:1], workers=1)
+    row, own = run_bench(["memory-tight"], make_entries(["twp"]), SEEDS[:1], workers=1, validation=())
     returns = {}
     for mode in ("predicted", "known", "unknown"):
         policy = make_policy("twp")
@@ -155,7 +156,8 @@ def test_markdown_sorts_best_first_by_each_tasks_ranking_metric():
     assert _table_order(text, "slo-goodput") == ["twp", "clairvoyant-greedy", "fcfs", "random",
                                                      "vllm"]  # higher is better
     # mean ± 95% CI half-width: (0.9, 1.1, 1.0) -> 1.00 ± t(2) * 0.1 / sqrt(3) = 0.25
-    twp_line = next(line for line in text.splitlines() if line.startswith("| 1 | twp | 100 | best heuristic | "
+    # No oracle ran, so no anchor: the score is n/a rather than a number against a moving reference.
+    twp_line = next(line for line in text.splitlines() if line.startswith("| 1 | twp | n/a | best heuristic | "
                                                                          "-100 ± 0 |"))
     assert "| 1.00 ± 0.25 |" in twp_line and twp_line.endswith("| 0/3 |")
 
@@ -171,13 +173,52 @@ def test_headroom_verdicts_sensitive_and_flat():
     assert "- **Decision-sensitive:** relaxed\n- **Flat:** slo-goodput\n" in text
     assert "best policy `twp` (1.00; +50.0% vs random, +47.4% vs FCFS)" in text
     assert "+14.3% vs FCFS) → **flat**" in text
-    # Score 0 = FCFS (1.9), 100 = the best heuristic twp (1.0): sarathi at 1.8 scores 100 (1.8 - 1.9) / (1.0 - 1.9).
-    # Its per-seed differences to twp 0.9, 0.7, 0.8: +0.8 ± t(2) 0.1 / sqrt(3) = 0.248, higher latency: worse.
-    assert relaxed.normalized(relaxed.score("sarathi")) == pytest.approx(100 * 0.1 / 0.9)
+    # Sarathi's per-seed differences to twp 0.9, 0.7, 0.8: +0.8 ± t(2) 0.1 / sqrt(3) = 0.248, higher latency.
     diff = relaxed.versus_best_heuristic(relaxed.score("sarathi"))
     assert diff.mean == pytest.approx(0.8) and diff.half == pytest.approx(t_critical(2) * 0.1 / 3**0.5)  # t(2) = 4.303
-    assert "| sarathi | 11 | +0.800, CI [0.552, 1.048] (worse) |" in text
-    assert relaxed.normalized(relaxed.score("fcfs")) == 0.0 and relaxed.best_heuristic.policy == "twp"
+    # Holm over the board's 8 comparisons. With 2 degrees of freedom the t-test's two-sided p is 1 - t/sqrt(t^2+2).
+    # slo-goodput's four differences are constant (p = 0); relaxed's have sd 0.1 and means 1.0 (random), 0.9
+    # (fcfs), 0.8 (sarathi), 0.5 (clairvoyant): t = mean * sqrt(3) / 0.1. Sorted, the fifth (random, m - 4 = 4
+    # left) gives 4 * p; the later ones keep that running maximum where theirs is smaller, as sarathi's 2 * p is.
+    p = {name: 1 - t / (t * t + 2) ** 0.5 for name, t in (("random", 10 * 3**0.5), ("fcfs", 9 * 3**0.5),
+                                                          ("sarathi", 8 * 3**0.5), ("greedy", 5 * 3**0.5))}
+    assert max(4 * p["random"], 3 * p["fcfs"], 2 * p["sarathi"]) == 4 * p["random"] == pytest.approx(0.01327, abs=1e-5)
+    assert f"| sarathi | n/a | +0.800, CI [0.552, 1.048], p_Holm {4 * p['random']:.3f} (worse) |" in text
+    assert relaxed.best_heuristic.policy == "twp" and not relaxed.chosen_on_validation
+
+
+def test_scores_have_fixed_anchors_random_and_the_oracle():
+    # 0 = random (2.0 s), 100 = the oracle (0.8 s); sarathi at 1.8 s scores 100 (1.8 - 2.0) / (0.8 - 2.0) = 16.7,
+    # whatever else joins the board (a new contestant better than every other moves no score).
+    oracle = _rows("relaxed", {"oracle": (0.8, 0.8)}, "e2e_mean_all_s")
+    (board,) = boards(SENSITIVE_ROWS + oracle, RANKINGS)
+    assert board.normalized(board.score("sarathi")) == pytest.approx(100 * 0.2 / 1.2)
+    assert board.normalized(board.score("random")) == 0.0 and board.normalized(board.score("oracle")) == 100.0
+    newcomer = _rows("relaxed", {"scorer (tuned)": (0.5, 0.5)}, "e2e_mean_all_s")
+    (joined,) = boards(SENSITIVE_ROWS + oracle + newcomer, RANKINGS)
+    assert joined.normalized(joined.score("sarathi")) == board.normalized(board.score("sarathi"))
+    assert joined.normalized(joined.score("scorer (tuned)")) == pytest.approx(125.0)
+    text = markdown(SENSITIVE_ROWS + oracle + newcomer, rankings=RANKINGS)
+    assert "**Anchors:** 0 = `random` (2.00), 100 = `oracle` (0.800), fixed per board version." in text
+    assert "**Oracle beaten:** planned over its frozen bases only" in text  # the newcomer beats it on 3 seeds
+
+
+def test_the_best_heuristic_is_chosen_on_validation_seeds_not_test_seeds():
+    # On the test seeds sarathi (1.8) trails twp (1.0); on the validation seeds sarathi is best: it is the best
+    # heuristic, and twp's row is compared against it.
+    validation = [BenchRow("relaxed", f"{p} [validation]", seed, -1.0, 1.0, value, 0.5, 0, False, 10)
+                  for p, value in (("sarathi", 0.7), ("twp", 0.9), ("fcfs", 1.2)) for seed in VALIDATION_SEEDS]
+    (board,) = boards(SENSITIVE_ROWS + validation, RANKINGS)
+    assert board.chosen_on_validation and board.best_heuristic.policy == "sarathi"
+    assert [s.policy for s in board.validation] == ["sarathi", "twp", "fcfs"]
+    assert board.versus_best_heuristic(board.score("twp")).mean == pytest.approx(-0.8)
+    assert all("[validation]" not in s.policy for s in board.scores)
+    text = markdown(SENSITIVE_ROWS + validation, rankings=RANKINGS)
+    assert "best heuristic: `sarathi` (chosen on the validation seeds 100000-100004 (5), training data)" in text
+    # make_jobs runs every ranked heuristic there, on the training split; never the references or the oracle.
+    jobs = make_jobs(["relaxed"], make_entries(["random", "fcfs", "twp", "oracle"]), SEEDS[:1])
+    picked = [(j.entry.label, j.seed) for j in jobs if j.track == "validation"]
+    assert picked == [(name, seed) for name in ("fcfs", "twp") for seed in VALIDATION_SEEDS]
 
 
 def test_negative_returns_rank_and_gain_like_latency():
@@ -279,10 +320,10 @@ def test_cli_writes_the_leaderboard_and_prints_it(tmp_path, capsys):
                                  "--workers", "1", "--quiet", "--out", str(out)])
     assert args.func(args) == 0
     printed = capsys.readouterr().out
-    assert "1 tasks, 2 policies, 2 seeds: 4 episodes" in printed
+    assert "1 tasks, 2 policies, 2 test seeds per task: 9 episodes" in printed  # 4 test, FCFS's 5 validation
     assert "## memory-tight" in printed and f"wrote {out / 'leaderboard.csv'}" in printed
     with (out / "leaderboard.csv").open() as handle:
-        assert len(list(csv.DictReader(handle))) == 4
+        assert [row["policy"] for row in csv.DictReader(handle)].count("fcfs [validation]") == 5
     assert f"--policies random fcfs --seeds 2 --out {out}" in (out / "leaderboard.md").read_text()
 
 
@@ -324,9 +365,9 @@ def test_engine_overrides_cannot_move_a_test_track_score(monkeypatch):
     from servegym.policies.fcfs import FCFS
 
     entries = make_entries(["fcfs"])
-    (plain,) = run_bench(["memory-tight"], entries, SEEDS[:1], workers=1)
+    (plain,) = run_bench(["memory-tight"], entries, SEEDS[:1], workers=1, validation=())
     monkeypatch.setattr(FCFS, "engine_overrides", lambda self: {"num_kv_blocks": 4 * 3300, "length_mode": "known"})
-    locked, own = run_bench(["memory-tight"], entries, SEEDS[:1], workers=1)
+    locked, own = run_bench(["memory-tight"], entries, SEEDS[:1], workers=1, validation=())
     assert locked == plain
     assert own.policy == "fcfs [engine-config]" and own.episode_return != plain.episode_return
 

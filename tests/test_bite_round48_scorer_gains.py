@@ -12,8 +12,9 @@ import math
 import pytest
 
 from servegym.benchmark.bench import BenchRow
+from servegym.benchmark.board import boards
 from servegym.benchmark.headroom import Headroom, PolicyScore
-from servegym.benchmark.leaderboard import boards, headroom_line
+from servegym.benchmark.leaderboard import headroom_line
 from servegym.envs import ENGINE_INDEX, QUEUE_FEATURES, queue_matrix
 from servegym.policies import make_policy
 from servegym.runner import make_env
@@ -106,13 +107,16 @@ def test_a_loss_against_a_zero_reference_is_minus_infinity():
 
 
 def test_a_normalized_score_without_a_span_is_nan():
-    # 0 = FCFS, 100 = the best heuristic; when they tie (both 1.0), every score is undefined, never 0 or +-inf.
-    (board,) = boards(rows({"fcfs": 1.0, "twp": 1.0, "random": 3.0}, "e2e_mean_all_s"), {"relaxed": "e2e_mean_all_s"})
-    assert board.anchor.policy in ("fcfs", "twp")
+    # 0 = random, 100 = the oracle; when they tie (both 3.0), every score is undefined, never 0 or +-inf.
+    (board,) = boards(rows({"fcfs": 1.0, "oracle": 3.0, "random": 3.0}, "e2e_mean_all_s"),
+                      {"relaxed": "e2e_mean_all_s"})
+    assert [a.policy for a in board.anchors] == ["random", "oracle"]
     assert all(math.isnan(board.normalized(s)) for s in board.scores)
-    # With a span (FCFS 2, twp 1): random at 3 scores 100 (3 - 2) / (1 - 2) = -100.
-    (board,) = boards(rows({"fcfs": 2.0, "twp": 1.0, "random": 3.0}, "e2e_mean_all_s"), {"relaxed": "e2e_mean_all_s"})
-    assert board.normalized(board.score("random")) == pytest.approx(-100.0, abs=1e-9)
+    # With a span (random 3, oracle 1): FCFS at 2 scores 100 (2 - 3) / (1 - 3) = 50, twp at 4 scores -50.
+    (board,) = boards(rows({"fcfs": 2.0, "oracle": 1.0, "random": 3.0, "twp": 4.0}, "e2e_mean_all_s"),
+                      {"relaxed": "e2e_mean_all_s"})
+    assert board.normalized(board.score("fcfs")) == pytest.approx(50.0, abs=1e-9)
+    assert board.normalized(board.score("twp")) == pytest.approx(-50.0, abs=1e-9)
 
 
 def headroom(goodput: dict[str, float]) -> Headroom:

@@ -44,7 +44,7 @@ def stubbed(monkeypatch, tmp_path):
     monkeypatch.setattr(sub, "agent_files", lambda run: dict(FILES))
     monkeypatch.setattr(sub, "training_summary", lambda run: json.loads(json.dumps(TRAINING)))
     monkeypatch.setattr(sub, "source_commit", lambda: "y")
-    monkeypatch.setattr(sub, "test_seeds", lambda task: tuple(SEEDS))
+    monkeypatch.setattr(sub, "task_test_seeds", lambda task: tuple(SEEDS))
     monkeypatch.setattr(sub, "submit", lambda run, seeds, workers=None, progress=False:
                         {"rows": [row for row in replayed_rows() if row["seed"] in seeds]})
 

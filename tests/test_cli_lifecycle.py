@@ -21,7 +21,8 @@ import pytest
 
 import servegym.cli as cli
 from servegym.benchmark.bench import BenchRow
-from servegym.benchmark.leaderboard import boards, markdown
+from servegym.benchmark.board import boards
+from servegym.benchmark.leaderboard import markdown
 from servegym.cli import PAPER_EXPERIMENTS, main
 from servegym.envs import TEST_SEEDS
 from servegym.evaluation.executor import FolderInUse, FolderLock, Interrupted, Terminated

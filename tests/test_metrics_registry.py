@@ -41,7 +41,7 @@ def test_directions() -> None:
 
 
 def test_consumers_read_the_registry() -> None:
-    from servegym.benchmark.leaderboard import HEADERS, LOWER_IS_BETTER
+    from servegym.benchmark.board import HEADERS, LOWER_IS_BETTER
     from servegym.tuning.objectives import OBJECTIVES
 
     assert HEADERS[3] == metric("ttft_p99").header and LOWER_IS_BETTER["ttft_p99_s"]

@@ -13,7 +13,7 @@ import pytest
 
 import servegym
 from servegym.benchmark.bench import BenchRow
-from servegym.benchmark.leaderboard import boards
+from servegym.benchmark.board import boards
 from servegym.envs import TRAIN_SEEDS, get_task
 from servegym.evaluation.executor import RunStore
 

@@ -10,7 +10,8 @@ import pytest
 
 from servegym import ENV_ID
 from servegym.benchmark.bench import BenchRow, make_entries, make_jobs
-from servegym.benchmark.leaderboard import boards, is_heuristic, is_unranked, markdown
+from servegym.benchmark.board import boards, is_heuristic, is_unranked
+from servegym.benchmark.leaderboard import markdown
 from servegym.benchmark.provenance import data_record, test_workloads, unranked_reasons
 from servegym.rl.config import TrainConfig
 from servegym.rl.train import training_record
@@ -83,7 +84,10 @@ def test_a_test_trained_run_and_a_test_tuned_params_file_never_reach_a_ranked_ro
     assert labels[3] == "scorer (tuned) [unranked: saw test data (workload 'azure-code-window-test')]"
     assert labels[4] == f"rl:{test_run.name} [unranked: saw test data (split 'test')]"
     oracle_job = next(job for job in make_jobs(["long-context"], entries, [900_000]) if job.entry.policy == "oracle")
-    assert [base.label for base in oracle_job.bases] == ["fcfs", "random"]  # never planned over
+    assert not any(is_unranked(base.label) or base.params for base in oracle_job.bases)  # never planned over
+    jobs = make_jobs(["long-context"], entries, [900_000])
+    validated = {job.entry.label for job in jobs if job.track == "validation"}
+    assert validated == {"fcfs"}  # never a candidate for the best heuristic either
     # Even scoring far above everything, they sit in their own table: not ranked, not the best heuristic.
     rows = _rows("long-context", ["fcfs", "random", labels[3], labels[4]], [-5000.0, -9000.0, -10.0, -20.0])
     (board,) = boards(rows)

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow  # trains a tiny agent and replays its episodes (a
 def two_test_seeds():
     """The task's test seeds cut to two for speed: a submission must still hold all of them (``test_seeds``)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sub, "test_seeds", lambda task: SEEDS)
+        patch.setattr(sub, "task_test_seeds", lambda task: SEEDS)
         yield
 
 

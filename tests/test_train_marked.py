@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from servegym.benchmark.bench import BenchRow, make_entries
-from servegym.benchmark.leaderboard import INTERRUPTED_MARK, boards, markdown
+from servegym.benchmark.board import INTERRUPTED_MARK, boards
+from servegym.benchmark.leaderboard import markdown
 from servegym.benchmark.provenance import data_record
 from servegym.cli import main
 from servegym.cli_bench import mark_interrupted

@@ -43,6 +43,4 @@ MUTATIONS += [
      "return self.score(ORACLE) or self.best_heuristic", "return self.best_heuristic", (ORACLE,), "bench"),
     ("oracle-bound-line-flipped", "benchmark/leaderboard.py",
      "and sign * (v - oracle.per_seed[k]) > 0]", "and sign * (v - oracle.per_seed[k]) < 0]", (ORACLE,), "bench"),
-    ("oracle-bases-include-engine-config-rows", "benchmark/bench.py",
-     "if track == TEST_TRACK and e.policy != ORACLE and", "if e.policy != ORACLE and", (ORACLE,), "bench"),
 ]

@@ -21,8 +21,6 @@ MUTATIONS = [
     ("prov-unranked-in-ranked-table", "benchmark/leaderboard.py",
      "if not (is_engine_config(s.policy) or is_unranked(s.policy))", "if not is_engine_config(s.policy)",
      (PROV,), "bench"),
-    ("prov-unranked-oracle-base", "benchmark/bench.py",
-     "e.policy != ORACLE and not is_unranked(e.label)", "e.policy != ORACLE", (PROV,), "bench"),
     ("prov-run-record-unread", "benchmark/bench.py",
      "unranked_reasons(record.get(RECORD)) if record else []", "[]", (PROV,), "bench"),
     ("prov-training-record-drops-workload", "rl/train.py",
