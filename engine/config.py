@@ -38,9 +38,13 @@ class LengthMode(StrEnum):
     KNOWN = "known"
     """The observed interval is ``[true, true]``."""
     PREDICTED = "predicted"
-    """A seeded interval ``[lo, hi]`` that contains the true length."""
+    """A published predictor's seeded interval ``[lo, hi]``, as often wrong as the predictor: the truth lies
+    outside it for about one request in five (:mod:`servegym.engine.prediction`)."""
     UNKNOWN = "unknown"
     """The observed interval is ``[1, max_tokens]``."""
+    TRUTH_INTERVAL = "truth_interval"
+    """A seeded interval ``[lo, hi]`` built from the true length, which it always contains (``prediction_error``
+    sets its width): what ``predicted`` meant in Serving-v0 and -v1, far better than real predictors."""
 
 
 LENGTH_MODES = tuple(mode.value for mode in LengthMode)
@@ -76,11 +80,14 @@ class EngineConfig:
         default=Recompute.KEEP_OUTPUT, metadata={"help": "what an evicted request keeps: keep_output or restart"}
     )
     length_mode: LengthMode = field(
-        default=LengthMode.UNKNOWN, metadata={"help": "what policies observe of output lengths"}
+        default=LengthMode.UNKNOWN,
+        metadata={"help": "what policies observe of output lengths: known, predicted (a published predictor's "
+                  "errors), unknown, or truth_interval (an interval that contains the truth)"},
     )
     prediction_error: float = field(
         default=0.5,
-        metadata={"help": "predicted mode: lo >= true*(1-e*u1), hi <= true*(1+e*u2), u ~ U(0,1), seeded"},
+        metadata={"help": "truth_interval mode: lo >= true*(1-e*u1), hi <= true*(1+e*u2), u ~ U(0,1), seeded "
+                  "(predicted mode's errors are a published predictor's)"},
     )
     max_tokens: int = field(
         default=2048,

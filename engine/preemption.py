@@ -9,9 +9,11 @@ from servegym.engine.config import PreemptionRule
 
 def amin_estimate(lo: np.ndarray, hi: np.ndarray, generated: np.ndarray) -> np.ndarray:
     """A_min's output-length estimate: ``lo * 2**k`` for the smallest ``k`` with an estimate above
-    ``generated``, capped at ``hi``."""
+    ``generated``, capped at ``hi`` while ``hi`` is above ``generated``. A request that outgrew ``hi`` (a wrong
+    prediction, ``length_mode="predicted"``) keeps doubling, so the estimate stays above what it generated."""
     lo = np.maximum(lo, 1.0)
     doublings = np.ceil(np.log2(np.maximum((generated + 1.0) / lo, 1.0)))
+    hi = np.where(hi > generated, hi, np.inf)
     return np.minimum(lo * 2.0**doublings, hi)
 
 

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 
 from servegym.backends.calibrated import CalibratedBackend
-from servegym.engine import Engine, EngineConfig
+from servegym.engine import Engine, EngineConfig, LengthMode
 from servegym.envs.routing import RoutingEnv
 from servegym.envs.serving import ServingEnv
 from servegym.envs.tasks import SPLITS, Task, get_task
@@ -122,6 +122,15 @@ LOCKED = ("workload", "profile", "engine", "pool", "reward", "max_steps", "idle_
 ``unlocked=True``)."""
 
 
+def _legacy_lengths(engine: EngineConfig | dict[str, Any] | None, version: int) -> EngineConfig | dict[str, Any] | None:
+    """Engine settings as ``version`` means them: in Serving-v0 and -v1 ``length_mode="predicted"`` was the interval
+    that contains the truth (``truth_interval`` now), so their episodes reproduce; v2's ``predicted`` follows a
+    published predictor (:mod:`servegym.engine.prediction`). A config object is taken as given."""
+    if version < 2 and isinstance(engine, dict) and engine.get("length_mode") == LengthMode.PREDICTED:
+        return {**engine, "length_mode": LengthMode.TRUTH_INTERVAL.value}
+    return engine
+
+
 def make_serving_env(task: str | Task | None = None, split: str | None = None, version: int = VERSIONS[-1],
                      id_task: str | None = None, unlocked: bool = False, **kwargs: Any) -> ServingEnv | MixtureEnv:
     """The entry point of ``servegym/Serving-v2`` (and the legacy ``-v1``, ``-v0``): a :class:`ServingEnv` from
@@ -147,12 +156,12 @@ def make_serving_env(task: str | Task | None = None, split: str | None = None, v
     if version >= 1:
         kwargs.setdefault("truncation_penalty_s", V1_TRUNCATION_PENALTY_S)
     if task is None:
-        return ServingEnv(**kwargs)
+        return ServingEnv(**{**kwargs, "engine": _legacy_lengths(kwargs.get("engine"), version)})
     spec = get_task(task)
     if spec.is_mixture:
         return MixtureEnv({name: make_serving_env(name, split, version, **kwargs) for name in spec.components})
     settings = spec.env_kwargs(split, version)
-    engine = _merged(settings.pop("engine"), kwargs.pop("engine", None))
+    engine = _legacy_lengths(_merged(settings.pop("engine"), kwargs.pop("engine", None)), version)
     pool = _merged(settings.pop("pool"), kwargs.pop("pool", None))
     if spec.decision == "route":
         return _routing_env(spec, {**settings, **kwargs, "engine": engine, "pool": pool})

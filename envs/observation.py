@@ -32,7 +32,8 @@ ENGINE_SCHEMA = (
     Feature("baseline_step_s", "the profile's l_min (0 when the backend has none)"),
     Feature("num_running", "running requests (prefilling + decoding)"),
     Feature("num_prefilling", "running requests still ingesting their prompt"),
-    Feature("token_load", "sum over running requests of output_hi - num_generated: remaining-token upper bound"),
+    Feature("token_load", "sum over running requests of output_hi - num_generated: tokens left if each stops at its "
+            "upper bound (a request that outgrew a wrong prediction counts negative)", -BIG),
     Feature("num_waiting", "waiting requests (all of them, not only the visible window)"),
     Feature("kv_free_frac", "free KV blocks / all blocks", 0.0, 1.0),
     Feature("kv_free_delta", "EMA of the per-step change of kv_free_frac (negative while KV fills)", -1.0, 1.0),
@@ -41,8 +42,9 @@ ENGINE_SCHEMA = (
     Feature("last_num_preemptions", "requests preempted in the last iteration"),
     Feature("last_num_admitted", "requests admitted in the last iteration"),
     Feature("last_num_finished", "requests finished in the last iteration"),
-    Feature("length_mode", "what output_lo/hi mean: 0 known (exact), 1 predicted (interval), 2 unknown ([1, max])",
-            0.0, 2.0),
+    Feature("length_mode", "what output_lo/hi mean: 0 known (exact), 1 truth_interval (contains the truth; "
+            "'predicted' before Serving-v2), 2 unknown ([1, max]), 3 predicted (a real predictor's, often wrong)",
+            0.0, 3.0),
     Feature("prefill_chunk_tokens", "most prompt tokens one request ingests per step"),
     Feature("max_num_batched_tokens", "per-step token budget (decodes + prefill chunks)"),
 )
@@ -124,11 +126,16 @@ if (RUNNING_FEATURES, ENGINE_FEATURES, QUEUE_FEATURES) != (table.RUNNING_OBS_COL
                                                             table.QUEUE_FEATURES):
     raise ImportError("the observation schema changed: update Engine.observe in servegym/engine/engine.py and the "
                       "orders in servegym/engine/table.py")
-LENGTH_MODE_CODE = {mode: float(code) for code, mode in enumerate(LengthMode)}
-"""The ``length_mode`` feature's value for each :class:`LengthMode`."""
+LENGTH_MODE_CODE = {LengthMode.KNOWN: 0.0, LengthMode.TRUTH_INTERVAL: 1.0, LengthMode.UNKNOWN: 2.0,
+                    LengthMode.PREDICTED: 3.0}
+"""The ``length_mode`` feature's value for each :class:`LengthMode`. A code keeps its meaning: 1 was ``predicted``
+while that mode's interval contained the truth, so the interval that still does keeps it and the realistic
+``predicted`` mode takes the new code 3 (legacy envs observe what they did)."""
 
 
-_LENGTH_MODES = tuple(LengthMode)
+if set(LENGTH_MODE_CODE) != set(LengthMode):
+    raise ImportError("LENGTH_MODE_CODE must give every LengthMode a code")
+_LENGTH_MODES = tuple(sorted(LENGTH_MODE_CODE, key=LENGTH_MODE_CODE.__getitem__))
 _LENGTH_MODE_INDEX = ENGINE_INDEX["length_mode"]
 
 

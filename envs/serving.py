@@ -81,8 +81,9 @@ class ServingEnv(gym.Env):
 
     {observation_table}
 
-    Output lengths show as an interval `[lo, hi]`: exact when `length_mode="known"`, a seeded interval around
-    the truth when `"predicted"`, `[1, max_tokens]` when `"unknown"`.
+    Output lengths show as an interval `[lo, hi]`: exact when `length_mode="known"`, a published predictor's
+    (often wrong) interval when `"predicted"`, `[1, max_tokens]` when `"unknown"`, a seeded interval that
+    contains the truth when `"truth_interval"` (docs/ENV.md, length modes).
 
     ## Rewards
 

@@ -119,12 +119,12 @@ def output_estimate(lo: np.ndarray, hi: np.ndarray, length_mode: LengthMode,
                     unknown_prior: float | None) -> np.ndarray:
     """A point estimate of output length from the observed interval ``[lo, hi]``.
 
-    Known lengths: exact. Predicted: the interval's midpoint. Unknown: ``unknown_prior`` (an operator's
-    estimate of the mean, clipped to the interval), or ``hi`` (``max_tokens``) when the prior is None.
+    Known lengths: exact. Predicted or truth interval: the interval's midpoint. Unknown: ``unknown_prior`` (an
+    operator's estimate of the mean, clipped to the interval), or ``hi`` (``max_tokens``) when the prior is None.
     """
     if length_mode is LengthMode.KNOWN:
         return lo.astype(np.float64)
-    if length_mode is LengthMode.PREDICTED:
+    if length_mode is LengthMode.PREDICTED or length_mode is LengthMode.TRUTH_INTERVAL:
         return (lo + hi) / 2.0
     if unknown_prior is None:
         return hi.astype(np.float64)

@@ -20,6 +20,7 @@ from servegym.engine.compiled import engine_class
 from servegym.engine.config import EngineConfig, LengthMode, as_enum
 from servegym.engine.engine import Engine
 from servegym.engine.log import EpisodeLog
+from servegym.engine.prediction import predict_lengths, predicted_interval
 from servegym.engine.table import StepOutcome
 from servegym.pool.routing import ROUTERS, Router, RouteState
 from servegym.validation import boolean, count, in_range, optional, positive_number
@@ -402,12 +403,16 @@ class Cluster:
 
 def length_intervals(config: EngineConfig, rng: np.random.Generator, output: np.ndarray) -> tuple[np.ndarray,
                                                                                                     np.ndarray]:
-    """The ``[lo, hi]`` a policy observes for each true output length under ``config.length_mode``."""
+    """The ``[lo, hi]`` a policy observes for each true output length under ``config.length_mode``
+    (:mod:`servegym.engine.prediction` says what the predicted and truth-interval modes model)."""
     mode = config.length_mode
     if mode is LengthMode.KNOWN:
         return output.copy(), output.copy()
     if mode is LengthMode.UNKNOWN:
         return np.ones_like(output), np.full_like(output, config.max_tokens)
+    if mode is LengthMode.PREDICTED:
+        return predicted_interval(predict_lengths(output, rng, config.max_tokens), config.max_tokens)
+    # The truth interval: lo = floor(true * (1 - e * u1)), hi = ceil(true * (1 + e * u2)), u ~ U(0, 1).
     err = config.prediction_error
     u = rng.random((2, output.size))
     lo = np.maximum(1, np.floor(output * (1.0 - err * u[0]))).astype(np.int64)

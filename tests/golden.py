@@ -14,28 +14,30 @@ import numpy as np
 
 GOLDEN = Path(__file__).parent / "data" / "golden_logs.json"
 
-# (label, policy, policy params, workload, engine settings, pool settings, seed, step limit)
+# (label, policy, policy params, workload, engine settings, pool settings, seed, step limit). The "-predicted" cases
+# run truth_interval, the interval "predicted" meant when their fingerprints were taken (issue 51).
 CASES = [
     ("fcfs-low-unknown", "fcfs", {}, "low", {}, {}, 0, 600),
     ("fcfs-burst-tight-known", "fcfs", {}, "burst", {"num_kv_blocks": 300, "length_mode": "known"}, {}, 1, 800),
-    ("twp-burst-predicted", "twp", {}, "burst", {"length_mode": "predicted"}, {}, 2, 800),
+    ("twp-burst-predicted", "twp", {}, "burst", {"length_mode": "truth_interval"}, {}, 2, 800),
     ("twp-high-tight-unknown", "twp", {}, "high", {"num_kv_blocks": 400}, {}, 3, 600),
     ("flow-control-medium-tight", "flow-control", {"activation_budget": 1.7}, "medium", {"num_kv_blocks": 300},
      {}, 4, 800),
     ("vllm-burst-tight", "vllm", {}, "burst", {"num_kv_blocks": 300}, {}, 5, 600),
     ("sarathi-high", "sarathi", {}, "high", {}, {}, 6, 500),
-    ("mc-sf-burst-predicted", "mc-sf", {}, "burst", {"num_kv_blocks": 400, "length_mode": "predicted"}, {}, 7, 600),
-    ("amin-burst-predicted", "amin", {}, "burst", {"num_kv_blocks": 120, "length_mode": "predicted"}, {}, 8, 600),
+    ("mc-sf-burst-predicted", "mc-sf", {}, "burst", {"num_kv_blocks": 400, "length_mode": "truth_interval"}, {}, 7,
+     600),
+    ("amin-burst-predicted", "amin", {}, "burst", {"num_kv_blocks": 120, "length_mode": "truth_interval"}, {}, 8, 600),
     ("alpha-medium-tight", "alpha-protection", {}, "medium", {"num_kv_blocks": 300}, {}, 9, 600),
     ("clairvoyant-greedy-burst", "clairvoyant-greedy", {}, "burst", {"num_kv_blocks": 400}, {}, 10, 600),
     ("dynamic-batch-high", "dynamic-batch", {}, "high", {}, {}, 11, 500),
     ("priority-pool-cold", "priority", {}, "burst", {"num_kv_blocks": 600},
      {"num_containers": 3, "keep_alive_s": 5.0, "start_cold": True}, 12, 900),
     ("serverless-pool", "serverless-llm", {}, "burst", {}, {"num_containers": 2, "keep_alive_s": 0.3}, 13, 900),
-    ("round-robin-pool", "round-robin", {}, "medium", {"num_kv_blocks": 400, "length_mode": "predicted"},
+    ("round-robin-pool", "round-robin", {}, "medium", {"num_kv_blocks": 400, "length_mode": "truth_interval"},
      {"num_containers": 2}, 14, 900),
     # Trace replays with long prompts: many rows prefill at once, few (FCFS) or many (TWP, C=32) get a chunk.
-    ("fcfs-azure", "fcfs", {}, "azure", {"length_mode": "predicted"}, {}, 15, 2500),
+    ("fcfs-azure", "fcfs", {}, "azure", {"length_mode": "truth_interval"}, {}, 15, 2500),
     ("twp-azure-small-chunks", "twp", {"prefill_chunk_tokens": 32}, "azure", {}, {}, 16, 2500),
     ("sarathi-azure-tight", "sarathi", {}, "azure", {"num_kv_blocks": 1500}, {}, 17, 2500),
 ]

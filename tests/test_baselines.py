@@ -69,7 +69,7 @@ def test_amin_estimate_rises_when_a_request_outgrows_it():
     policy = make_policy("amin")
     record.policy = policy
     env = make_env(policy, workload=fixed([0.0], [10], [100]), skip_idle=False,  # asked at every iteration
-                   engine={"length_mode": "predicted", "prediction_error": 0.9})
+                   engine={"length_mode": "truth_interval", "prediction_error": 0.9})
     obs, _ = env.reset(seed=3)
     lo = env.unwrapped.cluster.log.output_lo[0]
     assert lo < 100

@@ -374,14 +374,14 @@ POOL = {"num_containers": 3, "keep_alive_s": 0.5, "cold_start_s": 0.3, "start_co
 
 
 @pytest.mark.parametrize("pool", [None, POOL], ids=["one", "pool"])
-@pytest.mark.parametrize("length_mode", ["known", "predicted", "unknown"])
+@pytest.mark.parametrize("length_mode", ["known", "predicted", "unknown", "truth_interval"])
 def test_same_seed_same_log(length_mode, pool):
     a, b = episode(length_mode, 5, pool), episode(length_mode, 5, pool)
     assert a.num_requests > 50 and a.num_preemptions.sum() > 0  # the episode exercises preemption
     assert_same_log(a, b)
     c = episode(length_mode, 6, pool)
     assert c.num_requests != a.num_requests or not np.array_equal(c.arrival_s, a.arrival_s)
-    if length_mode == "predicted":
+    if length_mode in ("predicted", "truth_interval"):
         assert np.any(a.output_lo < a.num_output_tokens) and np.any(a.output_hi > a.num_output_tokens)
 
 

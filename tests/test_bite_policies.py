@@ -258,11 +258,11 @@ def test_unknown_lengths_are_planned_at_their_upper_bound(name):
 
 
 def test_mc_plans_predicted_lengths_at_their_upper_bound():
-    # Predicted intervals (seeded) around true outputs of 40 tokens; 20 blocks of 16. The expected first
+    # Truth intervals (seeded) around true outputs of 40 tokens; 20 blocks of 16. The expected first
     # admission count is the definition evaluated by brute force on the observed upper bounds.
     policy = make_policy("mc")
     env = make_env(policy, workload=fixed(np.zeros(6), np.full(6, 10), np.full(6, 40)), profile=flat_profile(),
-                   engine={"length_mode": "predicted", "prediction_error": 0.9, "num_kv_blocks": 20,
+                   engine={"length_mode": "truth_interval", "prediction_error": 0.9, "num_kv_blocks": 20,
                            "block_size": 16})
     obs, _ = env.reset(seed=0)
     log = env.unwrapped.cluster.log
@@ -365,11 +365,12 @@ def test_flow_control_evicts_the_newest_even_when_it_generated_most(asked):
 
 
 def test_output_estimate_per_length_mode_on_an_asymmetric_interval():
-    # Intervals [5, 10], [1, 3] and [2, 400]: known reads lo (the engine sets lo = hi = truth), predicted the
-    # midpoint, unknown the prior clipped into each interval (4 -> 5, 3, 4), or hi without a prior.
+    # Intervals [5, 10], [1, 3] and [2, 400]: known reads lo (the engine sets lo = hi = truth), predicted and
+    # truth_interval the midpoint, unknown the prior clipped into each interval (4 -> 5, 3, 4), or hi without one.
     lo, hi = np.array([5.0, 1.0, 2.0], dtype=np.float32), np.array([10.0, 3.0, 400.0], dtype=np.float32)
     assert output_estimate(lo, hi, LengthMode.KNOWN, 4.0).tolist() == [5.0, 1.0, 2.0]
     assert output_estimate(lo, hi, LengthMode.PREDICTED, 4.0).tolist() == [7.5, 2.0, 201.0]
+    assert output_estimate(lo, hi, LengthMode.TRUTH_INTERVAL, 4.0).tolist() == [7.5, 2.0, 201.0]
     unknown = output_estimate(lo, hi, LengthMode.UNKNOWN, 4.0)
     assert unknown.tolist() == [5.0, 3.0, 4.0] and unknown.dtype == np.float64
     assert output_estimate(lo, hi, LengthMode.UNKNOWN, None).tolist() == [10.0, 3.0, 400.0]

@@ -105,7 +105,10 @@ def test_true_length_hidden_unless_known():
     for mode, check in [
         ("known", lambda lo, hi, true: np.all(lo == true) and np.all(hi == true)),
         ("unknown", lambda lo, hi, true: np.all(lo == 1) and np.all(hi == 2048)),
-        ("predicted", lambda lo, hi, true: np.all(lo <= true) and np.all(true <= hi) and np.any(lo < hi)),
+        ("truth_interval", lambda lo, hi, true: np.all(lo <= true) and np.all(true <= hi) and np.any(lo < hi)),
+        # A real predictor's interval: within bounds, and wrong for some requests on both sides.
+        ("predicted", lambda lo, hi, true: np.all((lo >= 1) & (lo <= hi) & (hi <= 2048)) and np.any(true < lo)
+         and np.any(true > hi)),
     ]:
         env = make("medium", engine={"length_mode": mode})
         env.reset(seed=3)
@@ -163,7 +166,7 @@ def test_every_engine_feature_is_the_named_engine_quantity():
             "kv_free_delta": e.kv_free_delta, "kv_capacity_tokens": e.num_kv_blocks * e.block_size,
             "kv_block_size": e.block_size, "last_num_preemptions": info["num_preemptions"],
             "last_num_admitted": info["num_admitted"], "last_num_finished": info["num_finished"],
-            "length_mode": 1.0, "prefill_chunk_tokens": cfg.prefill_chunk_tokens,
+            "length_mode": 3.0, "prefill_chunk_tokens": cfg.prefill_chunk_tokens,  # predicted's code
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
         }
         assert set(expected) == set(ENGINE_FEATURES)

@@ -60,11 +60,12 @@ def test_per_class_flow_control_checks_free_kv_for_the_requests_it_chose():
 
 
 def test_amin_estimate_doubles_only_once_the_request_has_generated_it():
-    # Rule: lo * 2**k for the smallest k with lo * 2**k > generated, capped at hi; lo below 1 counts as 1.
-    lo = np.array([10.0, 10.0, 10.0, 10.0, 3.0, 0.0])
-    hi = np.array([100.0, 100.0, 100.0, 15.0, 100.0, 100.0])
-    generated = np.array([0.0, 9.0, 10.0, 20.0, 3.0, 1.0])
-    np.testing.assert_array_equal(amin_estimate(lo, hi, generated), [10.0, 10.0, 20.0, 15.0, 6.0, 2.0])
+    # Rule: lo * 2**k for the smallest k with lo * 2**k > generated, capped at hi while hi > generated; lo below 1
+    # counts as 1. A request that outgrew hi (a real predictor's miss) keeps doubling: 10 -> 20 -> 40 > 20, not 15.
+    lo = np.array([10.0, 10.0, 10.0, 10.0, 3.0, 0.0, 10.0, 10.0])
+    hi = np.array([100.0, 100.0, 100.0, 15.0, 100.0, 100.0, 15.0, 15.0])
+    generated = np.array([0.0, 9.0, 10.0, 12.0, 3.0, 1.0, 20.0, 15.0])
+    np.testing.assert_array_equal(amin_estimate(lo, hi, generated), [10.0, 10.0, 20.0, 15.0, 6.0, 2.0, 40.0, 20.0])
 
 
 @pytest.mark.parametrize(("budget", "seqs"), [(64, 64), (512, 128)])

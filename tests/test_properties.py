@@ -66,7 +66,7 @@ def scenarios(draw):
         "max_num_batched_tokens": max(chunk, max_num_seqs) + draw(st.integers(0, 40)),
         "max_prefill_tokens": draw(st.one_of(st.none(), st.integers(1, 64))),
         "preemption": draw(st.sampled_from(["lifo", "clear_all", "fewest_generated"])),
-        "length_mode": draw(st.sampled_from(["known", "predicted", "unknown"])),
+        "length_mode": draw(st.sampled_from(["known", "predicted", "unknown", "truth_interval"])),
         "max_tokens": max_tokens,
     }
     pool = draw(st.fixed_dictionaries({
@@ -173,9 +173,12 @@ def check_final_log(env, spec):
     true_output = np.minimum(spec["output"], engine_cfg.max_tokens)
     np.testing.assert_array_equal(log.num_output_tokens, true_output)
     np.testing.assert_array_equal(log.truncated, np.asarray(spec["output"]) > engine_cfg.max_tokens)
-    # The observed length interval contains the truth (and is exact / uninformative where it should be).
-    assert np.all(log.output_lo <= true_output) and np.all(true_output <= log.output_hi)
-    assert np.all(log.output_lo >= 1) and np.all(log.output_hi <= engine_cfg.max_tokens)
+    # The observed length interval contains the truth, but for a real predictor's (and is exact / uninformative
+    # where it should be).
+    if engine_cfg.length_mode != "predicted":
+        assert np.all(log.output_lo <= true_output) and np.all(true_output <= log.output_hi)
+    assert np.all(log.output_lo >= 1) and np.all(log.output_lo <= log.output_hi)
+    assert np.all(log.output_hi <= engine_cfg.max_tokens)
     if engine_cfg.length_mode == "known":
         assert np.all(log.output_lo == true_output) and np.all(log.output_hi == true_output)
     if engine_cfg.length_mode == "unknown":
@@ -288,7 +291,7 @@ def seeded_scenario(seed):
             "max_num_batched_tokens": max(chunk, max_num_seqs) + int(rng.integers(0, 41)),
             "max_prefill_tokens": pick([None, None, int(rng.integers(1, 65))]),
             "preemption": pick(["lifo", "clear_all", "fewest_generated"]),
-            "length_mode": pick(["known", "predicted", "unknown"]),
+            "length_mode": pick(["known", "predicted", "unknown", "truth_interval"]),
             "max_tokens": max_tokens,
         },
         "pool": {
