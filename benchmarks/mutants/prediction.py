@@ -1,0 +1,40 @@
+"""Mutations of the output-length predictions (issue 51, item 6): the published predictor's error and its interval,
+the truth interval's codes and legacy mapping, and the policies' estimates when the truth lies outside."""
+
+PREDICTION = "tests/test_prediction.py"
+PINS = "tests/test_pins_policies.py"
+
+MUTATIONS = [
+    ("predicted-lo-above-prediction", "engine/prediction.py",
+     "lo = np.maximum(1, np.floor(shifted / spread - SHIFT_TOKENS))",
+     "lo = np.maximum(1, np.floor(shifted * spread - SHIFT_TOKENS))", (PREDICTION,), "engine"),
+    ("predicted-hi-floor-for-ceil", "engine/prediction.py",
+     "np.ceil(shifted * spread - SHIFT_TOKENS)", "np.floor(shifted * spread - SHIFT_TOKENS)", (PREDICTION,), "engine"),
+    ("predicted-more-accurate-than-cited", "engine/prediction.py",
+     "LOG_SIGMA = 0.33", "LOG_SIGMA = 0.25", (PREDICTION,), "engine"),
+    ("predicted-no-shift", "engine/prediction.py",
+     "SHIFT_TOKENS = 80.0", "SHIFT_TOKENS = 0.0", (PREDICTION,), "engine"),
+    ("predicted-error-sign-flipped", "engine/prediction.py",
+     "np.exp(LOG_SIGMA * z)", "np.exp(-LOG_SIGMA * z)", (PREDICTION,), "engine"),
+    ("predicted-band-90-percent", "engine/prediction.py",
+     "INTERVAL_Z = 1.2815515655446004", "INTERVAL_Z = 1.6448536269514722", (PREDICTION,), "engine"),
+    ("predicted-uncapped", "engine/prediction.py",
+     "np.clip(predicted, 1, max_tokens)", "np.maximum(predicted, 1)", (PREDICTION,), "engine"),
+    ("predicted-draws-unseeded", "engine/prediction.py",
+     "z = rng.standard_normal(output.size)", "z = np.random.default_rng().standard_normal(output.size)",
+     (PREDICTION, "tests/test_bite_engine.py::test_same_seed_same_log"), "determinism"),
+    ("predicted-mode-contains-the-truth", "pool/cluster.py",
+     "    if mode is LengthMode.PREDICTED:\n", "    if False:\n", (PREDICTION, "tests/test_env_api.py"), "engine"),
+    ("legacy-predicted-is-realistic", "envs/mixture.py",
+     "if version < 2 and isinstance(engine, dict)", "if version < 0 and isinstance(engine, dict)", (PREDICTION,),
+     "env"),
+    ("truth-interval-takes-the-new-code", "envs/observation.py",
+     "LengthMode.TRUTH_INTERVAL: 1.0, LengthMode.UNKNOWN: 2.0,\n                    LengthMode.PREDICTED: 3.0}",
+     "LengthMode.TRUTH_INTERVAL: 3.0, LengthMode.UNKNOWN: 2.0,\n                    LengthMode.PREDICTED: 1.0}",
+     (PREDICTION,), "env"),
+    ("amin-estimate-capped-below-generated", "engine/preemption.py",
+     "hi = np.where(hi > generated, hi, np.inf)", "hi = np.where(hi > 0, hi, np.inf)", (PREDICTION, PINS), "policy"),
+    ("truth-interval-estimated-as-unknown", "policies/base.py",
+     "if length_mode is LengthMode.PREDICTED or length_mode is LengthMode.TRUTH_INTERVAL:",
+     "if length_mode is LengthMode.PREDICTED:", ("tests/test_bite_policies.py",), "policy"),
+]
