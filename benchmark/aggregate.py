@@ -9,7 +9,8 @@ without assuming the tests are independent.
 
 *Across tasks.* Each policy's per-seed normalized scores (0 = the task's random floor, 100 = its oracle, clipped
 to :data:`SCORE_CLIP`) form a seeds x tasks matrix; rliable's interquartile mean, optimality gap and performance
-profile summarise it, with 95% stratified-bootstrap intervals (seeds resampled within each task).
+profile summarise it, with 95% stratified-bootstrap intervals (seeds resampled within each task, from a seeded
+generator).
 """
 
 from __future__ import annotations
@@ -62,33 +63,29 @@ def clip_score(value: float) -> float:
     return float(np.clip(value, *SCORE_CLIP)) if not math.isnan(value) else math.nan
 
 
-def across_tasks(scores: Mapping[str, np.ndarray]) -> dict[str, dict[str, tuple[float, float, float]]]:
-    """Per policy, from its seeds x tasks matrix of normalized scores (0-100 units, clipped): the IQM, the
-    optimality gap (mean shortfall below 100) and the performance profile at :data:`PROFILE_TAUS`, each as
-    ``(value, low, high)`` with a 95% stratified-bootstrap interval."""
-    from rliable import library as rly
+def across_tasks(scores: Mapping[str, np.ndarray], seed: int = 0) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """Per policy, from its seeds x tasks matrix of normalized scores (0-100 units, clipped): rliable's IQM and
+    optimality gap (mean shortfall below 100) and the performance profile at :data:`PROFILE_TAUS` (the fraction of
+    episodes above each score), each as ``(value, low, high)`` with a 95% percentile interval from a stratified
+    bootstrap: each task's seeds resampled with replacement, independently, :data:`BOOTSTRAP_REPS` times, from a
+    generator seeded with ``seed`` (rliable's own bootstrap draws from an unseeded generator)."""
     from rliable import metrics
 
-    fractions = {name: np.clip(matrix, *SCORE_CLIP) / 100.0 for name, matrix in scores.items()}
-
-    def aggregates(x: np.ndarray) -> np.ndarray:
-        return np.array([metrics.aggregate_iqm(x), metrics.aggregate_optimality_gap(x, 1.0)])
-
-    point, interval = rly.get_interval_estimates(fractions, aggregates, reps=BOOTSTRAP_REPS,
-                                                 random_state=np.random.RandomState(0))
-    state = np.random.get_state()  # noqa: NPY002 (rliable profiles draw from the global generator: seed, restore)
-    try:
-        np.random.seed(0)  # noqa: NPY002
-        profile, profile_ci = rly.create_performance_profile(fractions, np.array(PROFILE_TAUS) / 100.0,
-                                                             reps=BOOTSTRAP_REPS)
-    finally:
-        np.random.set_state(state)  # noqa: NPY002
+    rng = np.random.default_rng(seed)
     result = {}
-    for name in fractions:
-        row = {"iqm": (100 * point[name][0], 100 * interval[name][0, 0], 100 * interval[name][1, 0]),
-               "optimality_gap": (100 * point[name][1], 100 * interval[name][0, 1], 100 * interval[name][1, 1])}
-        for k, tau in enumerate(PROFILE_TAUS):
-            row[f"above_{tau:g}"] = (float(profile[name][k]), float(profile_ci[name][0, k]),
-                                     float(profile_ci[name][1, k]))
-        result[name] = row
+    for name, matrix in scores.items():
+        x = np.clip(np.asarray(matrix, dtype=np.float64), *SCORE_CLIP) / 100.0
+        runs, tasks = x.shape
+
+        def statistics(sample: np.ndarray) -> np.ndarray:
+            return np.array([metrics.aggregate_iqm(sample), metrics.aggregate_optimality_gap(sample, 1.0),
+                             *((sample > tau / 100.0).mean() for tau in PROFILE_TAUS)])
+
+        picks = rng.integers(runs, size=(BOOTSTRAP_REPS, runs, tasks))  # stratified: rows drawn per task column
+        samples = np.array([statistics(np.take_along_axis(x, pick, axis=0)) for pick in picks])
+        point, (low, high) = statistics(x), np.percentile(samples, [2.5, 97.5], axis=0)
+        scale = [100.0, 100.0, *([1.0] * len(PROFILE_TAUS))]
+        keys = ["iqm", "optimality_gap", *(f"above_{tau:g}" for tau in PROFILE_TAUS)]
+        result[name] = {k: (float(point[i] * scale[i]), float(low[i] * scale[i]), float(high[i] * scale[i]))
+                        for i, k in enumerate(keys)}
     return result

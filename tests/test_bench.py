@@ -465,3 +465,20 @@ def test_a_leaderboard_written_before_the_prefix_hit_column_still_reads(tmp_path
     (row,) = read_leaderboard(old)
     assert row.steps == 7 and math.isnan(row.prefix_hit_ratio)
     assert "prefix_hit_ratio" not in shown_columns("relaxed") and "prefix_hit_ratio" in shown_columns("prefix-reuse")
+
+
+def test_validation_episodes_play_the_training_split_and_test_episodes_the_test_split(monkeypatch):
+    # The best heuristic is chosen on training data: a validation episode on the held-out test windows would let
+    # the test data choose what it is compared against.
+    asked = []
+
+    def spy(policy=None, **kwargs):
+        asked.append(kwargs["split"])
+        raise StopIteration
+
+    monkeypatch.setattr(bench_module, "make_env", spy)
+    jobs = make_jobs(["long-context"], make_entries(["fcfs"]), SEEDS[:1])
+    for job in (jobs[0], next(j for j in jobs if j.track == "validation")):
+        with pytest.raises(StopIteration):
+            play(job)
+    assert asked == ["test", "train"]

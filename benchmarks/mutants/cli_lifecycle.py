@@ -79,7 +79,7 @@ MUTATIONS = [
     # ---------------------------------------------------------------------------------- bar and verdict rule
     ("life-bar-drawn-into-logs", "evaluation/executor.py", "unit=unit, disable=None)", "unit=unit, disable=False)",
      (LIFE + "::test_no_progress_bar_is_drawn_into_a_log",), "cli lifecycle"),
-    ("life-bench-verdict-from-any-seeds", "benchmark/leaderboard.py",
+    ("life-bench-verdict-from-any-seeds", "benchmark/board.py",
      "        if min(s.episodes for s in (random, fcfs, best)) < MIN_VERDICT_SEEDS:",
      "        if min(s.episodes for s in (random, fcfs, best)) < 1:",
      (LIFE + "::test_bench_gives_no_verdict_from_fewer_than_three_seeds",), "cli lifecycle"),

@@ -61,7 +61,7 @@ MUTATIONS = [
      "need = num_blocks(first + (first == target), block)", "need = num_blocks(first, block)", (POLICIES,),
      "policy"),
     # ------------------------------------------------------------------ evaluation, tuning, tasks, training seeds
-    ("pins-leaderboard-nan-as-zero", "benchmark/leaderboard.py",
+    ("pins-leaderboard-nan-as-zero", "benchmark/board.py",
      "scores.sort(key=lambda s: (math.isnan(s.mean(ranking)), sign * np.nan_to_num(s.mean(ranking))))",
      "scores.sort(key=lambda s: sign * np.nan_to_num(s.mean(ranking)))", (EVALUATION,), "evaluation"),
     ("pins-run-store-eof-raises", "evaluation/executor.py",
