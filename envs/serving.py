@@ -159,7 +159,8 @@ class ServingEnv(gym.Env):
 
     ## Version History
 
-    * v2: the benchmark's second integrity round (`servegym.ENV_CHANGES[2]`).
+    * v2: realistic predicted lengths (the interval can miss the truth), disjoint test episodes (ten tiles of a
+      held-out 35% per trace task), `unlocked=True` for a task id's overrides (`servegym.ENV_CHANGES[2]`).
     * v1: trace tasks hold out their test data (`split="test"`); 600 s per unserved request at truncation;
       `servegym bench` evaluates on exactly the task's settings (`servegym.ENV_CHANGES`).
     * v0: initial release (legacy, `servegym/Serving-v0`: whole-trace windows for every split, 60 s).

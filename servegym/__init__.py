@@ -17,8 +17,13 @@ LEGACY_ENV_ID = "servegym/Serving-v0"
 ENV_IDS = {version: f"servegym/Serving-v{version}" for version in range(VERSION + 1)}
 """Every registered version's id: the current one and the legacy ones, whose results reproduce."""
 ENV_CHANGES = {
-    2: "the benchmark's second integrity round: a task's own id refuses overrides of its locked settings unless "
-       "built with unlocked=True (recorded in the env's spec)",
+    2: "the benchmark's second integrity round: predicted output lengths err like a published predictor (Zheng et "
+       "al., NeurIPS 2023: 62-token mean absolute error) and their interval can miss the truth (v1's interval, which "
+       "always held it, is the length mode 'truth_interval'); test episodes share no request: a trace task's test "
+       "split is its held-out middle 35% (v1: 30%, random windows that overlapped) cut into ten disjoint tiles, seed "
+       "s replaying tile s mod 10, and the task reports on its own Task.test_seeds (10 for trace tasks, 27 for the "
+       "mixture, 30 for the synthetic tasks); cluster-routing's windows are 120 s (v1: 300 s); a task's own id "
+       "refuses overrides of its locked settings unless built with unlocked=True (recorded in the env's spec)",
     1: "trace tasks hold out their test data (long-context: test windows, split='test', from the middle 35-65% of "
        "the Azure code trace, training and validation windows from the rest); the truncation charge per unserved "
        "request is 600 s (v0: 60 s, which let 'never admit' tie FCFS on a heavy long-context window); servegym "

@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     stab.add_argument("--workload", default="medium", choices=sorted(WORKLOADS))
     stab.add_argument("--profile", default=None, help="default: the workload's own (servegym workloads)")
     stab.add_argument("--eps", type=float, default=0.1, help="safety margin of the sufficient condition")
-    stab.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None)
+    stab.add_argument("--length-mode", choices=LENGTH_MODES, default=None)
     stab.set_defaults(func=cmd_stability)
     pol = sub.add_parser("policies", help="list the registered policies")
     pol.add_argument("--markdown", action="store_true", help="the table README.md and docs/POLICIES.md carry")

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from servegym.cli_args import add_config_args, config_args, json_object
+from servegym.engine.config import LENGTH_MODES
 from servegym.envs.tasks import TASKS
 from servegym.rl.config import TrainConfig
 from servegym.rl.zoo import shipped_zoo_files
@@ -84,7 +85,7 @@ def add_train_parser(sub: Any) -> None:
     trn.add_argument("--env", default=None,
                      help='other gym.make arguments as JSON, e.g. \'{"decision_steps": true}\'')
     add_config_args(trn, TrainConfig, TRAIN_FLAGS)
-    trn.add_argument("--length-mode", choices=["known", "predicted", "unknown"], default=None,
+    trn.add_argument("--length-mode", choices=LENGTH_MODES, default=None,
                      help="default: predicted (every task uses predicted lengths)")
     trn.add_argument("--hyperparams", default=None, help='JSON, e.g. \'{"learning_rate": 3e-4, "n_steps": 512}\'')
     trn.add_argument("--no-normalize", action="store_true",

@@ -22,7 +22,8 @@ def test_every_argument_in_the_env_docstring_table_is_a_constructor_parameter():
     arguments = ServingEnv.__doc__.split("## Arguments")[1].split("## Version")[0]
     table = [line for line in arguments.splitlines() if line.strip().startswith("| `")]
     documented = {name for line in table for name in re.findall(r"`([a-z_]+)`", line.split("|")[1])}
-    accepted = set(inspect.signature(ServingEnv.__init__).parameters) | {"task", "split", "version"}  # the factory's
+    factory = {"task", "split", "version", "unlocked"}  # make_serving_env's own arguments
+    accepted = set(inspect.signature(ServingEnv.__init__).parameters) | factory
     assert documented and documented <= accepted, documented - accepted
     assert accepted - {"self", "render_mode"} <= documented  # and every parameter is documented
 

@@ -197,8 +197,8 @@ def test_a_route_agent_can_start_as_a_router(tmp_path):
                       out=str(tmp_path))
     run = train(cfg, progress=False, subprocess=False)
     fit = json.loads((run / "config.json").read_text())["imitation"]
-    assert fit["demonstration_steps"] > 500 and fit["last_loss"] < fit["first_loss"] and fit["agreement"] > 0.25
-    # (chance is 1/8; one short episode and 80 gradient steps)
+    assert fit["demonstration_steps"] > 300 and fit["last_loss"] < fit["first_loss"] and fit["agreement"] > 0.25
+    # (chance is 1/8; one 120 s episode, about 380 arrivals, and its gradient steps)
     assert make_policy(f"rl:{run}").decision == "route"
 
 
