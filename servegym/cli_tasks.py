@@ -29,10 +29,13 @@ def cmd_tasks(args: argparse.Namespace) -> int:
         print(f"{task.name}")
         print(textwrap.fill(task.summary, 104, initial_indent="    hard: ", subsequent_indent="          "))
         print(textwrap.fill(_setting(task), 104, initial_indent="    set:  ", subsequent_indent="          "))
+        seeds = task.test_seeds
+        print(f"    test: {len(seeds)} seeds, {seeds[0]}..{seeds[-1]}, no request in two of them")
         if task.name in headroom:
             print(f"    headroom: {headroom[task.name]}")
     print(f"\nseeds: train {TRAIN_SEEDS.start}-{TRAIN_SEEDS.stop - 1}, validation {VALIDATION_SEEDS[0]}-"
-          f"{VALIDATION_SEEDS[-1]}, test {TEST_SEEDS[0]}-{TEST_SEEDS[-1]} (frozen; servegym bench reports on these)")
+          f"{VALIDATION_SEEDS[-1]}, test {TEST_SEEDS[0]}-{TEST_SEEDS[-1]} (frozen; servegym bench reports on "
+          "each task's own, above)")
     if not headroom:
         print("headroom: run `servegym bench` and pass --leaderboard bench/leaderboard.csv")
     return 0
