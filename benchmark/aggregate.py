@@ -68,12 +68,13 @@ def across_tasks(scores: Mapping[str, np.ndarray], seed: int = 0) -> dict[str, d
     optimality gap (mean shortfall below 100) and the performance profile at :data:`PROFILE_TAUS` (the fraction of
     episodes above each score), each as ``(value, low, high)`` with a 95% percentile interval from a stratified
     bootstrap: each task's seeds resampled with replacement, independently, :data:`BOOTSTRAP_REPS` times, from a
-    generator seeded with ``seed`` (rliable's own bootstrap draws from an unseeded generator)."""
+    generator seeded with ``seed`` afresh for each policy (the same resamples for every policy, so a policy's
+    interval does not move when another joins; rliable's own bootstrap draws from an unseeded generator)."""
     from rliable import metrics
 
-    rng = np.random.default_rng(seed)
     result = {}
     for name, matrix in scores.items():
+        rng = np.random.default_rng(seed)
         x = np.clip(np.asarray(matrix, dtype=np.float64), *SCORE_CLIP) / 100.0
         runs, tasks = x.shape
 

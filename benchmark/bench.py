@@ -25,6 +25,7 @@ from typing import Any
 
 from servegym.benchmark.board import (
     ENGINE_CONFIG_SUFFIX,
+    INTERRUPTED_MARK,
     VALIDATION_SUFFIX,
     is_heuristic,
     unranked_label,
@@ -129,13 +130,16 @@ def make_entries(policies: Sequence[str] = DEFAULT_POLICIES, params_files: Seque
     best_params.json`` found for one of ``tasks`` (on that task only), and an ``rl:<run name>`` entry per trained
     run (on the task it trained on, or on every task when it trained on none).
 
-    A params file or run whose data record (:mod:`servegym.benchmark.provenance`) shows test data, another env
-    version or no record at all is labelled ``<label> [unranked: why]``: the board shows it apart and never ranks
-    it, counts it in the headroom or plans the oracle over it.
+    A run whose training did not finish is labelled ``<label> [interrupted]`` (its ``config.json`` says so), never
+    shown as a finished agent. A params file or run whose data record (:mod:`servegym.benchmark.provenance`) shows
+    test data, another env version or no record at all is labelled ``<label> [unranked: why]``: the board shows it
+    apart and never ranks it, counts it in the headroom, chooses it as the best heuristic or plans the oracle over
+    it.
 
     Every entry is checked here, before anything runs: unknown policies, unreadable params files, parameters a
     policy rejects, run folders without a ``config.json`` and labels that repeat on a task are errors.
     """
+    from servegym.rl.runs import unfinished
     from servegym.tuning.study import params_record, read_params
 
     entries = [Entry(name, name, asdict(Budget()) if name == ORACLE else {}) for name in policies]
@@ -159,6 +163,7 @@ def make_entries(policies: Sequence[str] = DEFAULT_POLICIES, params_files: Seque
         record = json.loads(config.read_text()) if config.is_file() else {}
         trained_on = record.get("task")
         label = unranked_label(f"rl:{Path(run).name}", unranked_reasons(record.get(RECORD)) if record else [])
+        label += INTERRUPTED_MARK if record and unfinished(run) else ""
         entries.append(Entry(label, f"rl:{run}", {}, (trained_on,) if trained_on else (), _fingerprint(Path(run))))
     for entry in entries:
         check_entry(entry)

@@ -200,9 +200,10 @@ def agent_table(board: TaskBoard) -> list[str]:
     if not groups or best is None:
         return []
     higher = not board.lower_is_better
-    lines = ["Agents over training seeds (interquartile mean and probability of improvement over the best "
-             f"heuristic `{best.policy}`, 95% bootstrap intervals over runs and seeds):", "",
-             "| agent | runs | IQM | P(episode beats the best heuristic) |", "|---|---:|---:|---:|"]
+    lines = ["Agents over training seeds (interquartile mean of the ranking metric, and as a normalized score, "
+             f"and probability of improvement over the best heuristic `{best.policy}`, 95% bootstrap intervals over "
+             "runs and seeds):", "",
+             "| agent | runs | IQM | IQM (score) | P(episode beats the best heuristic) |", "|---|---:|---:|---:|---:|"]
     for name, runs in groups.items():
         seeds = sorted(set.intersection(*(set(r.per_seed) for r in runs)) & set(best.per_seed))
         matrix = np.array([[r.per_seed[s] for s in seeds] for r in runs])
@@ -211,8 +212,12 @@ def agent_table(board: TaskBoard) -> list[str]:
         chance = p_improve(matrix, base, higher)
         plow, phigh = bootstrap_interval(lambda m, b: p_improve(m, b, higher), matrix, base)
         digits = _decimals(value)
+        ends = sorted(board.normalized_value(v) for v in (low, high))  # a lower-is-better metric reverses them
+        middle = board.normalized_value(value)
+        score = "n/a" if math.isnan(middle) else \
+            f"{_score_cell(middle)} [{_score_cell(ends[0])}, {_score_cell(ends[1])}]"
         lines.append(f"| {name}__s* | {len(runs)} | {value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}] | "
-                     f"{chance:.2f} [{plow:.2f}, {phigh:.2f}] |")
+                     f"{score} | {chance:.2f} [{plow:.2f}, {phigh:.2f}] |")
     return [*lines, ""]
 
 
@@ -314,10 +319,18 @@ def task_table(board: TaskBoard, rows: Sequence[BenchRow] = (), adjusted: Mappin
 
 
 def aggregate_table(task_boards: Sequence[TaskBoard]) -> list[str]:
-    """The policies that ran on every task with both anchors, aggregated across those tasks with rliable."""
-    anchored = [b for b in task_boards if all(a is not None for a in b.anchors)]
-    if not anchored:
-        return []
+    """Per decision (admission, routing), the policies that ran on every task of it with both anchors, aggregated
+    across those tasks with rliable."""
+    lines: list[str] = []
+    for decision in ("admission", "route"):
+        anchored = [b for b in task_boards
+                    if get_task(b.task).decision == decision and all(a is not None for a in b.anchors)]
+        if anchored:
+            lines += _aggregate(anchored)
+    return lines
+
+
+def _aggregate(anchored: Sequence[TaskBoard]) -> list[str]:
     common = set.intersection(*({s.policy for s in b.scores} for b in anchored))
     n = min(min(len(b.score(p).per_seed) for b in anchored) for p in common) if common else 0
     if not common or n < MIN_VERDICT_SEEDS:
@@ -333,10 +346,11 @@ def aggregate_table(task_boards: Sequence[TaskBoard]) -> list[str]:
     taus = " | ".join(f"P(score > {tau:g})" for tau in PROFILE_TAUS)
     lines = [f"## Across tasks ({', '.join(b.task for b in anchored)})", "",
              f"Normalized scores (0 = random floor, 100 = oracle, clipped to {SCORE_CLIP[0]:.0f}..{SCORE_CLIP[1]:.0f})"
-             f" of the policies that ran on every task, over the first {n} test seeds of each: rliable's interquartile"
-             " mean, optimality gap (mean shortfall below 100) and performance profile (the fraction of (seed, task)"
-             " episodes above a score), each with a 95% stratified-bootstrap interval (seeds resampled within each "
-             "task). Best IQM first.", "", f"| policy | IQM | optimality gap | {taus} |",
+             f" of the policies that ran on every one of these tasks, over the first {n} test seeds of each (the "
+             "fewest any task has, so every task weighs the same): rliable's interquartile mean, optimality gap "
+             "(mean shortfall below 100) and performance profile (the fraction of (seed, task) episodes above a "
+             "score), each with a 95% stratified-bootstrap interval (seeds resampled within each task). Best IQM "
+             "first.", "", f"| policy | IQM | optimality gap | {taus} |",
              "|---|---:|---:|" + "---:|" * len(PROFILE_TAUS)]
     for policy in sorted(stats, key=lambda p: -stats[p]["iqm"][0]):
         row = stats[policy]

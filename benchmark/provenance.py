@@ -60,6 +60,19 @@ def test_workloads() -> frozenset[str]:
     return frozenset(held | {name for name in WORKLOADS if name.endswith("-test")})
 
 
+def _outside_training_data(workload: str) -> bool:
+    """Whether ``workload`` replays a trace some task holds test data out of, without being a task's training
+    workload (the whole trace, v1's training span, which overlaps v2's test tiles, ...)."""
+    from servegym.envs.tasks import TASKS
+    from servegym.workloads import WORKLOADS, make_workload
+
+    if workload not in WORKLOADS:
+        return False
+    held = {getattr(make_workload(t.test_workload), "path", None) for t in TASKS.values() if t.test_workload}
+    training = {t.workload for t in TASKS.values() if not t.is_mixture}
+    return getattr(make_workload(workload), "path", None) in held and workload not in training
+
+
 def unranked_reasons(record: Mapping[str, Any] | None) -> list[str]:
     """Why a result with this data record may not be ranked on this servegym's board (empty: it may be)."""
     from servegym.envs.tasks import TEST_SEEDS
@@ -73,6 +86,9 @@ def unranked_reasons(record: Mapping[str, Any] | None) -> list[str]:
         reasons.append("saw test data (split 'test')")
     if record.get("workload") in test_workloads():
         reasons.append(f"saw test data (workload {record['workload']!r})")
+    elif record.get("workload") is not None and _outside_training_data(record["workload"]):
+        reasons.append(f"saw data outside the training split (workload {record['workload']!r} replays a trace "
+                       "whose held-out part is test data)")
     for use, span in (record.get("seeds") or {}).items():
         if len(span) == 2 and any(span[0] <= seed < span[1] for seed in TEST_SEEDS):
             reasons.append(f"saw test seeds ({use} seeds {span[0]}-{span[1] - 1})")

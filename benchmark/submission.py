@@ -11,6 +11,7 @@ match to the last digit. Any difference exits 1.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -80,6 +81,16 @@ def task_settings(task: str) -> dict[str, Any]:
     return {"components": list(spec.components)} if spec.is_mixture else spec.env_kwargs("test")
 
 
+def replay(run: str | Path, task: str, seeds: tuple[int, ...], workers: int | None = None,
+           progress: bool = False) -> list[dict[str, Any]]:
+    """The agent's test-track rows on ``seeds`` of ``task``, labelled ``rl:<run name>``, whatever its record says
+    (:func:`verify` reports that apart, :func:`submit` refuses it first)."""
+    (entry,) = make_entries((), (), [run])
+    entry = dataclasses.replace(entry, label=f"rl:{Path(run).name}", tasks=(task,))
+    return [asdict(row) for row in run_bench([task], [entry], seeds, workers=workers, progress=progress,
+                                             validation=())]
+
+
 def submit(run: str | Path, seeds: tuple[int, ...] | None = None, workers: int | None = None,
            progress: bool = False) -> dict[str, Any]:
     """Run the agent of ``run`` on its task's test seeds (the locked test track; ``seeds`` replays others, which
@@ -87,13 +98,12 @@ def submit(run: str | Path, seeds: tuple[int, ...] | None = None, workers: int |
     entry = agent_entry(run)
     task = entry.tasks[0]
     seeds = task_test_seeds(task) if seeds is None else tuple(seeds)
-    rows = [row for row in run_bench([task], [entry], seeds, workers=workers, progress=progress, validation=())
-            if row.policy == entry.label]
+    rows = replay(run, task, seeds, workers, progress)
     files = agent_files(Path(run))
     return {"format": FORMAT, "servegym_version": __version__, "commit": source_commit(), "env_id": ENV_ID,
             "track": TEST_TRACK, "task": task, "task_settings": task_settings(task), "seeds": list(seeds),
             "agent": {"run": str(run), "files": files, "digest": agent_digest(files)},
-            "training": training_summary(Path(run)), "rows": [asdict(row) for row in rows]}
+            "training": training_summary(Path(run)), "rows": rows}
 
 
 def write_submission(submission: dict[str, Any], path: str | Path) -> Path:
@@ -126,7 +136,7 @@ def verify(path: str | Path, run: str | Path | None = None, workers: int | None 
     data = read_submission(path)
     run = Path(run or data["agent"].get("run", ""))
     problems = [*_stamp_problems(data), *_agent_problems(data, run)]
-    replayed = submit(run, tuple(data["seeds"]), workers)["rows"]
+    replayed = replay(run, data["task"], tuple(data["seeds"]), workers)
     names = [f.name for f in fields(BenchRow)]
     for claimed, actual in zip(data["rows"], replayed, strict=False):
         for name in names:
@@ -147,6 +157,10 @@ def _stamp_problems(data: dict[str, Any]) -> list[str]:
     for key, value in here.items():
         if data[key] != value:
             problems.append(f"{key}: submitted {data[key]!r}, this servegym has {value!r}")
+    for side, commit in (("submitted", data["commit"]), ("this servegym's", here["commit"])):
+        if str(commit).endswith("+dirty"):  # two different edits of one commit would compare equal
+            problems.append(f"commit: the {side} commit {commit!r} has uncommitted changes, so it does not identify "
+                            "the code")
     try:
         seeds = task_test_seeds(data["task"])
     except ValueError as err:

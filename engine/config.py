@@ -39,7 +39,7 @@ class LengthMode(StrEnum):
     """The observed interval is ``[true, true]``."""
     PREDICTED = "predicted"
     """A published predictor's seeded interval ``[lo, hi]``, as often wrong as the predictor: the truth lies
-    outside it for about one request in five (:mod:`servegym.engine.prediction`)."""
+    outside it for about one request in six (up to 10% on each side; :mod:`servegym.engine.prediction`)."""
     UNKNOWN = "unknown"
     """The observed interval is ``[1, max_tokens]``."""
     TRUTH_INTERVAL = "truth_interval"

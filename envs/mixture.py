@@ -88,8 +88,11 @@ class MixtureEnv(gym.Env):
 
 
 def _check_locked(id_task: str, task: str | Task | None, kwargs: dict[str, Any]) -> None:
-    from servegym import ENV_ID, task_id
+    from servegym import ENV_ID, VERSION, task_id
 
+    if kwargs.get("version", VERSION) != VERSION:  # another version's windows overlap this one's test data
+        raise ValueError(f"{task_id(id_task)} is version {VERSION} of its task; version={kwargs['version']!r} needs "
+                         f"unlocked=True, or use servegym/Serving-v{kwargs['version']} with task={id_task!r}")
     name = task.name if isinstance(task, Task) else task
     if name != id_task:
         raise ValueError(f"{task_id(id_task)} is the task {id_task!r}; it cannot build task={name!r} (use "
@@ -146,7 +149,7 @@ def make_serving_env(task: str | Task | None = None, split: str | None = None, v
     if not isinstance(unlocked, bool):
         raise ValueError(f"unlocked must be True or False, got {unlocked!r}")
     if id_task is not None and not unlocked:
-        _check_locked(id_task, task, kwargs)
+        _check_locked(id_task, task, {**kwargs, "version": version})
     if split is not None and task is None:
         raise ValueError(f"split={split!r} picks a task's data; give task=... (or use a task's id, "
                          "servegym/LongContext-v2)")

@@ -165,6 +165,10 @@ class TrainConfig:
         clash = {"task", "workload", "profile", "engine", "pool", "max_episode_steps"} & set(self.env)
         if clash:
             raise ValueError(f"env must not hold {sorted(clash)}: they have their own fields")
+        legacy = {"version", "id_task", "unlocked"} & set(self.env)
+        if legacy:
+            raise ValueError(f"env must not hold {sorted(legacy)}: training runs on the current env version's "
+                             "task (another version's windows overlap this one's test data)")
 
     @property
     def decision(self) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import shlex
 from pathlib import Path
@@ -19,7 +18,6 @@ from servegym.benchmark.bench import (
     task_test_seeds,
     write_leaderboard,
 )
-from servegym.benchmark.board import INTERRUPTED_MARK
 from servegym.cli_args import add_executor_args, executor_from_args, writable_dir
 from servegym.envs.tasks import TASKS, TEST_SEEDS
 from servegym.evaluation.executor import Executor, FolderLock, Interrupted, JobFailed, RunStore
@@ -52,23 +50,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.seeds is not None and args.seeds > len(TEST_SEEDS):
         raise ValueError(f"--seeds {args.seeds}: there are only {len(TEST_SEEDS)} test seeds")
     seeds = {task: task_test_seeds(task, args.seeds) for task in tasks}
-    entries = mark_interrupted(make_entries(args.policies or DEFAULT_POLICIES, args.params or (), args.rl or (),
-                                            args.tuned, tasks))
+    entries = make_entries(args.policies or DEFAULT_POLICIES, args.params or (), args.rl or (), args.tuned, tasks)
     jobs = make_jobs(tasks, entries, max_seeds=args.seeds)
     out = Path(args.out)
     writable_dir(out)
     with FolderLock(out):  # one bench writes a folder at a time
         return _run_and_write(args, executor, tasks, entries, seeds, jobs, out)
-
-
-def mark_interrupted(entries: list[Entry]) -> list[Entry]:
-    """The entries, each trained agent whose training did not finish (its ``config.json``) labelled with
-    :data:`~servegym.benchmark.leaderboard.INTERRUPTED_MARK`, so the board never shows it as a finished agent."""
-    from servegym.rl.runs import unfinished
-
-    return [dataclasses.replace(entry, label=entry.label + INTERRUPTED_MARK)
-            if entry.policy.startswith("rl:") and unfinished(entry.policy.removeprefix("rl:")) else entry
-            for entry in entries]
 
 
 def _run_and_write(args: argparse.Namespace, executor: Executor, tasks: list[str], entries: list[Entry],

@@ -60,6 +60,8 @@ def test_across_tasks_iqm_gap_and_profile_by_hand():
     low, high = stats["iqm"][1:]
     assert low <= 57.5 <= high and high - low > 0
     assert across_tasks({"p": matrix}) == across_tasks({"p": matrix})  # seeded: the same intervals
+    # ...and a policy's intervals do not move when another policy joins the board.
+    assert across_tasks({"a": matrix / 2, "p": matrix})["p"] == stats
 
 
 def _rows(task: str, values: dict[str, list[float]]) -> list[BenchRow]:
@@ -82,3 +84,37 @@ def test_the_aggregate_table_covers_policies_on_every_anchored_task():
     assert "| random | 0.0 [0.0, 0.0] | 100.0 [100.0, 100.0] |" in table
     assert table.index("| oracle |") < table.index("| twp |") < table.index("| random |")  # best IQM first
     assert "## Across tasks" in markdown(rows)
+
+
+def test_admission_and_routing_tasks_are_aggregated_apart():
+    # Routers play only routing tasks and admission policies only admission tasks: one table over both would hold
+    # only the oracle. Each decision gets its own table.
+    from servegym.benchmark.board import boards
+
+    rows = [*_rows("relaxed", {"random": [-200.0] * 3, "oracle": [-100.0] * 3, "twp": [-150.0] * 3}),
+            *[BenchRow("cluster-routing", label, 900_000 + s, v, 1.0, 1.0, 1.0, 0, False, 10, 0.1)
+              for label, v in (("router-round-robin", -90.0), ("oracle", -50.0), ("router-kv-aware", -60.0))
+              for s in range(3)]]
+    table = "\n".join(aggregate_table(boards(rows)))
+    assert "## Across tasks (relaxed)" in table and "## Across tasks (cluster-routing)" in table
+    admission, routing = table.split("## Across tasks (cluster-routing)")
+    assert "| twp | 50.0 [" in admission and "| router-kv-aware | 75.0 [" in routing
+
+
+def test_the_agent_table_gives_the_iqm_in_return_and_in_score_units():
+    # Two training seeds x 3 test seeds: returns -150, -140, -130 and -170, -100, -160. IQM of the six drops the
+    # lowest and highest one (6 // 4 = 1): mean(-160, -150, -140, -130) = -145; as a score (random -200 = 0,
+    # oracle -100 = 100) 55. The best heuristic twp scores -145 on each seed: the agents beat it on 3 of 6
+    # episodes (-140, -130, -100 do; -150, -170, -160 do not): 0.50.
+    from servegym.benchmark.board import boards
+    from servegym.benchmark.leaderboard import agent_table
+
+    rows = [*_rows("relaxed", {"random": [-200.0] * 3, "oracle": [-100.0] * 3, "twp": [-145.0] * 3,
+                               "rl:A__s0": [-150.0, -140.0, -130.0], "rl:A__s1": [-170.0, -100.0, -160.0]})]
+    (board,) = boards(rows)
+    line = next(x for x in agent_table(board) if x.startswith("| rl:A__s* |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[1] == "2" and cells[2].startswith("-145 [") and cells[3].startswith("55 [")
+    low, high = (float(x) for x in cells[3].split("[")[1].rstrip("]").split(","))
+    assert low <= 55 <= high and low < high  # the interval's ends in order
+    assert cells[4].startswith("0.50 [")

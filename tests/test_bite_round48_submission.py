@@ -2,7 +2,7 @@
 model, NaN rows, changed task settings, another format version, and every stamp that binds a submission to what
 made it: version, commit, env, track, seeds, the agent's files and digest, and its training record.
 
-The replay is stubbed: ``submit`` returns fixed rows, ``agent_files`` fixed digests, ``training_summary`` a fixed
+The replay is stubbed: ``replay`` returns fixed rows, ``agent_files`` fixed digests, ``training_summary`` a fixed
 record, the commit and the task's test seeds fixed values, so every case states what it feeds the comparison and
 the exact discrepancies ``verify`` must list (the slow end-to-end replay of a trained agent is
 ``tests/test_submission.py``).
@@ -45,8 +45,8 @@ def stubbed(monkeypatch, tmp_path):
     monkeypatch.setattr(sub, "training_summary", lambda run: json.loads(json.dumps(TRAINING)))
     monkeypatch.setattr(sub, "source_commit", lambda: "y")
     monkeypatch.setattr(sub, "task_test_seeds", lambda task: tuple(SEEDS))
-    monkeypatch.setattr(sub, "submit", lambda run, seeds, workers=None, progress=False:
-                        {"rows": [row for row in replayed_rows() if row["seed"] in seeds]})
+    monkeypatch.setattr(sub, "replay", lambda run, task, seeds, workers=None, progress=False:
+                        [row for row in replayed_rows() if row["seed"] in seeds])
 
     def write(change=lambda data: None, name="submission.json"):
         data = {"format": sub.FORMAT, "servegym_version": __version__, "commit": "y", "env_id": ENV_ID,
@@ -142,7 +142,7 @@ def test_changed_task_settings_are_a_difference(stubbed):
 @pytest.mark.parametrize("version", [1, 3, "2"])
 def test_another_format_version_is_refused_before_any_replay(stubbed, monkeypatch, version, capsys):
     # A format-1 (unbound) or format-3 (or string "2") file is not read as format 2; nothing is replayed.
-    monkeypatch.setattr(sub, "submit", lambda *args, **kwargs: pytest.fail("replayed a refused file"))
+    monkeypatch.setattr(sub, "replay", lambda *args, **kwargs: pytest.fail("replayed a refused file"))
     path = stubbed(lambda data: data.update(format=version))
     with pytest.raises(ValueError, match=rf"not a format-2 servegym submission \(format {version!r}, missing \[\]\)"):
         sub.verify(path)
@@ -161,6 +161,7 @@ def test_the_cli_exits_1_and_lists_the_differences(stubbed, capsys):
 # Issue 51, item 1: each stamp tampered with alone is named, and the CLI exits 1 (one case per field).
 @pytest.mark.parametrize(("change", "expected"), [
     (lambda d: d.update(commit="0123abc"), "commit: submitted '0123abc', this servegym has 'y'"),
+    (lambda d: d.update(commit="y+dirty"), "commit: the submitted commit 'y+dirty' has uncommitted changes"),
     (lambda d: d.update(servegym_version="9.9.9"), f"servegym_version: submitted '9.9.9', this servegym has "
                                                   f"{__version__!r}"),
     (lambda d: d.update(env_id="servegym/Serving-v1"), f"env_id: submitted 'servegym/Serving-v1', this servegym "

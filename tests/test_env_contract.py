@@ -93,6 +93,13 @@ def test_a_task_id_refuses_to_change_what_its_task_fixes(key):
     unlocked.close()
 
 
+def test_a_task_id_refuses_another_version():
+    # servegym/LongContext-v2 with version=0 would replay v0's whole-trace windows, test tiles included.
+    with pytest.raises(ValueError, match=r"servegym/LongContext-v2 is version 2 of its task; version=0 needs "):
+        gym.make("servegym/LongContext-v2", version=0)
+    assert gym.make("servegym/LongContext-v2", version=0, unlocked=True).spec.kwargs["version"] == 0
+
+
 def test_unlocked_must_be_a_bool():
     with pytest.raises(ValueError, match="unlocked must be True or False, got 'yes'"):
         gym.make("servegym/MemoryTight-v2", unlocked="yes")

@@ -47,13 +47,33 @@ def test_every_task_test_workload_counts_as_test_data():
     assert not {task.workload for task in TASKS.values() if not task.is_mixture} & test_workloads()
 
 
+@pytest.mark.parametrize("workload", ["azure-code-window", "azure-code-window-train", "mooncake-conversation",
+                                      "mooncake-cluster"])
+def test_a_whole_trace_or_v1s_training_span_is_not_training_data(workload):
+    # The whole trace holds the test tiles; v1's training span (0-35%, 65-100%) overlaps v2's held-out 32.5-67.5%.
+    run = training_record(TrainConfig(task="long-context", workload=workload, timesteps=128))
+    assert unranked_reasons(run) == [f"saw data outside the training split (workload {workload!r} replays a trace "
+                                     "whose held-out part is test data)"]
+    study = study_record(TuneConfig(policy="scorer", workload=workload, objective="return"))
+    assert unranked_reasons(study) == unranked_reasons(run)
+    # A task's own training workload and a synthetic workload are training data.
+    assert unranked_reasons({**CLEAN, "workload": "azure-code-window-train-v2"}) == []
+    assert unranked_reasons({**CLEAN, "workload": "tight-memory"}) == []
+
+
+@pytest.mark.parametrize("key", ["version", "id_task", "unlocked"])
+def test_training_refuses_another_env_version(key):
+    with pytest.raises(ValueError, match=rf"env must not hold \['{key}'\]: training runs on the current env"):
+        TrainConfig(task="long-context", env={key: 0}, timesteps=128)
+
+
 def test_training_and_tuning_record_what_they_saw(tmp_path):
     run = training_record(TrainConfig(task="long-context", workload="azure-code-window-test", timesteps=128))
     assert (run["env_id"], run["task"], run["split"], run["workload"]) == (
         ENV_ID, "long-context", "train", "azure-code-window-test")
     assert run["seeds"] == {"train": [0, 100_000], "validation": [100_000, 100_005]}
     assert unranked_reasons(run) == ["saw test data (workload 'azure-code-window-test')"]
-    study = study_record(TuneConfig(policy="scorer", workload="azure-code-window-train", objective="return",
+    study = study_record(TuneConfig(policy="scorer", workload="azure-code-window-train-v2", objective="return",
                                     env={"task": "long-context", "split": "test"}, seeds=3))
     assert study["seeds"]["tuning"] == [10_000, 10_003] and study["split"] == "test"
     path = tmp_path / "best_params.json"

@@ -69,6 +69,21 @@ def test_verify_replays_a_submission_exactly_and_catches_tampering(submission, t
     assert "NOT verified" in capsys.readouterr().out
 
 
+def test_an_interrupted_run_is_a_listed_difference_not_an_error(agent, submission, tmp_path):
+    # verify replays whatever the run's record says, and lists why it is not a verified submission.
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(agent, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config.update(status="interrupted", stopped_by="SIGTERM", timesteps_done=64)
+    (copy / "config.json").write_text(json.dumps(config))
+    problems = verify(submission, run=copy, workers=1)
+    assert "training: the run is interrupted, not finished" in problems
+    assert "training status: submitted 'finished', the run's record says 'interrupted'" in problems
+    assert not any(p.startswith("seed ") for p in problems)  # the rows themselves still replay exactly
+
+
 def test_an_edited_config_changes_the_digest_though_the_model_is_the_same(agent, submission, tmp_path):
     # The config decides the actions too (a residual's base parameters, the observation scaling): an edit after
     # submitting is caught even though best_model.zip is untouched.

@@ -13,7 +13,6 @@ from servegym.benchmark.board import INTERRUPTED_MARK, boards
 from servegym.benchmark.leaderboard import markdown
 from servegym.benchmark.provenance import data_record
 from servegym.cli import main
-from servegym.cli_bench import mark_interrupted
 from servegym.rl.runs import unfinished
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +50,7 @@ def test_the_kept_sac_run_is_the_interrupted_one():
 def test_an_interrupted_agent_is_marked_on_the_board_and_only_it(tmp_path):
     done = run_folder(tmp_path, "A__s0", status="finished", timesteps_done=30_720)
     stopped = run_folder(tmp_path, "A__s1", status="interrupted", stopped_by="SIGTERM", timesteps_done=100)
-    entries = mark_interrupted(make_entries(["fcfs"], (), [done, stopped]))
+    entries = make_entries(["fcfs"], (), [done, stopped])  # any caller, not only the CLI, gets the mark
     assert [e.label for e in entries] == ["fcfs", "rl:A__s0", "rl:A__s1 [interrupted]"]
     assert [e.policy for e in entries] == ["fcfs", f"rl:{done}", f"rl:{stopped}"]  # the agent itself is unchanged
 

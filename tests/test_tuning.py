@@ -230,8 +230,21 @@ def test_a_study_refuses_another_policy_and_objective(tmp_path, capsys):
     assert "objective 'goodput'" in capsys.readouterr().err
     study = optuna.load_study(study_name="shared", storage=make_storage(storage))
     assert len(study.trials) == 2 and all(set(t.params) == {"activation_budget"} for t in study.trials)
-    assert study.user_attrs == {"policy": "flow-control", "workload": "low", "objective": "goodput"}
+    assert study.user_attrs == {"policy": "flow-control", "workload": "low", "objective": "goodput",
+                                "env_id": "servegym/Serving-v2"}
     assert main(tune_args(storage, "--policy", "flow-control", "--trials", "0", "--out", str(tmp_path / "r"))) == 0
+
+
+def test_a_study_begun_on_an_older_env_is_refused(tmp_path):
+    # A v1 study (identity recorded, no env id) holds trials scored on another env: resuming it under v2 would mix
+    # them into a file stamped Serving-v2.
+    storage = f"sqlite:///{tmp_path}/v1.db"
+    old = optuna.create_study(study_name="shared", storage=make_storage(storage), direction="maximize")
+    for key, value in {"policy": "flow-control", "workload": "low", "objective": "goodput"}.items():
+        old.set_user_attr(key, value)
+    old.optimize(lambda trial: POLICIES["flow-control"].search_space(trial)["activation_budget"], n_trials=1)
+    with pytest.raises(TuningError, match=r"on an env before servegym/Serving-v2, not of .* on servegym/Serving-v2"):
+        load_study(TuneConfig(policy="flow-control", workload="low", storage=storage, study_name="shared"))
 
 
 def test_a_study_from_before_identities_is_checked_by_its_parameters(tmp_path):

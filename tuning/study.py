@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 
 TUNING_SEED_BASE = 10_000
 """Tuning episodes use seeds from here on; evaluation uses seeds 0.. (disjoint by construction)."""
-IDENTITY = ("policy", "workload", "objective")
-"""Study user attributes fixed by its first run; a run asking for other values is refused."""
+IDENTITY = ("policy", "workload", "objective", "env_id")
+"""Study user attributes fixed by its first run; a run asking for other values is refused (a study begun on another
+env version too: its trials scored another env)."""
 NOT_COUNTED = "not_counted"
 """A trial user attribute: why this PRUNED trial is not one of the study's finished trials (a stop cut it short, or
 the study already held its ``--trials`` when it started). :func:`finished_trials` leaves such trials out."""
@@ -172,10 +173,14 @@ def _pruner(name: str):
 
 
 def _check_identity(study: optuna.Study, cfg: TuneConfig) -> None:
-    """Record the study's policy, workload and objective on first use; refuse a run that asks for others."""
-    wanted = {"policy": cfg.policy, "workload": cfg.workload, "objective": cfg.objective}
+    """Record the study's policy, workload, objective and env id on first use; refuse a run that asks for others."""
+    from servegym import ENV_ID
+
+    wanted = {"policy": cfg.policy, "workload": cfg.workload, "objective": cfg.objective, "env_id": ENV_ID}
     if not any(key in study.user_attrs for key in IDENTITY):
         _check_legacy_params(study, cfg)
+    elif "env_id" not in study.user_attrs and study.get_trials(deepcopy=False):
+        study.set_user_attr("env_id", "an env before servegym/Serving-v2")  # its trials ran on v1 or v0
     for key in IDENTITY:
         if key not in study.user_attrs:
             study.set_user_attr(key, wanted[key])
@@ -205,7 +210,7 @@ def _check_legacy_params(study: optuna.Study, cfg: TuneConfig) -> None:
 
 def _describe(identity: dict[str, str]) -> str:
     return (f"policy {identity['policy']!r} on workload {identity['workload']!r} "
-            f"with objective {identity['objective']!r}")
+            f"with objective {identity['objective']!r} on {identity['env_id']}")
 
 
 def load_study(cfg: TuneConfig, create: bool = True) -> optuna.Study:

@@ -35,3 +35,12 @@ MUTATIONS = [
      "        bases = tuple(Entry(name, name) for name in FROZEN_BASES[decision])",
      "        bases = tuple(e for e, _ in runs if e.policy != ORACLE)", (ORACLE,), "bench"),
 ]
+
+MUTATIONS += [
+    ("aggregate-mixes-decisions", "benchmark/leaderboard.py",
+     "                    if get_task(b.task).decision == decision and all(a is not None for a in b.anchors)]",
+     "                    if all(a is not None for a in b.anchors)]", (AGG,), "bench"),
+    ("agent-score-iqm-unsorted-ends", "benchmark/leaderboard.py",
+     "        ends = sorted(board.normalized_value(v) for v in (low, high))",
+     "        ends = [board.normalized_value(v) for v in (high, low)]", (AGG,), "bench"),
+]

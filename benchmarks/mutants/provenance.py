@@ -39,3 +39,21 @@ MUTATIONS = [
     ("verify-dirty-record-passes", "benchmark/submission.py",
      '    problems += [f"training: {why}" for why in unranked_reasons(training[RECORD])]', "    pass", (SUB,), "bench"),
 ]
+
+MUTATIONS += [
+    ("prov-whole-trace-is-training-data", "benchmark/provenance.py",
+     "    elif record.get(\"workload\") is not None and _outside_training_data(record[\"workload\"]):",
+     "    elif False:", (PROV,), "bench"),
+    ("prov-train-env-takes-a-version", "rl/config.py",
+     'legacy = {"version", "id_task", "unlocked"} & set(self.env)', 'legacy = set()', (PROV,), "bench"),
+    ("task-id-takes-another-version", "envs/mixture.py",
+     'if kwargs.get("version", VERSION) != VERSION:', "if False:", ("tests/test_env_contract.py",), "env"),
+    ("interrupted-unmarked-outside-the-cli", "benchmark/bench.py",
+     'label += INTERRUPTED_MARK if record and unfinished(run) else ""', "pass", ("tests/test_train_marked.py",),
+     "bench"),
+    ("verify-dirty-commit-passes", "benchmark/submission.py",
+     '        if str(commit).endswith("+dirty"):', "        if False:", (SUB,), "bench"),
+    ("tune-study-ignores-env", "tuning/study.py",
+     '    elif "env_id" not in study.user_attrs and study.get_trials(deepcopy=False):', "    elif False:",
+     ("tests/test_tuning.py",), "tune"),
+]
