@@ -21,9 +21,12 @@ pytestmark = pytest.mark.slow  # trains a tiny agent and replays its episodes (a
 
 @pytest.fixture(scope="module", autouse=True)
 def two_test_seeds():
-    """The task's test seeds cut to two for speed: a submission must still hold all of them (``test_seeds``)."""
+    """The task's test seeds cut to two for speed: a submission must still hold all of them (``task_test_seeds``).
+    The commit is fixed too: these tests replay episodes, and a checkout with local edits would add its own
+    (correct) difference; the commit checks are tests/test_bite_round48_submission.py's."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sub, "task_test_seeds", lambda task: SEEDS)
+        patch.setattr(sub, "source_commit", lambda: "0123456789abcdef")
         yield
 
 
@@ -73,7 +76,7 @@ def test_an_interrupted_run_is_a_listed_difference_not_an_error(agent, submissio
     # verify replays whatever the run's record says, and lists why it is not a verified submission.
     import shutil
 
-    copy = tmp_path / "run"
+    copy = tmp_path / agent.name  # the same name, so the same label on its rows
     shutil.copytree(agent, copy)
     config = json.loads((copy / "config.json").read_text())
     config.update(status="interrupted", stopped_by="SIGTERM", timesteps_done=64)
