@@ -177,6 +177,16 @@ class TaskBoard:
         span = high.mean(self.ranking) - low.mean(self.ranking)
         return math.nan if span == 0 else 100.0 * (value - low.mean(self.ranking)) / span
 
+    def normalized_on_seed(self, score: Score, seed: int) -> float:
+        """``score``'s value on ``seed`` against the anchors' values on that same seed (paired: the seed's workload,
+        which moves all three, cancels); the anchors' means where they tie or lack the seed."""
+        low, high = self.anchors
+        value = score.per_seed[seed]
+        if low is None or high is None or seed not in low.per_seed or seed not in high.per_seed:
+            return self.normalized_value(value)
+        span = high.per_seed[seed] - low.per_seed[seed]
+        return self.normalized_value(value) if span == 0 else 100.0 * (value - low.per_seed[seed]) / span
+
     def normalized(self, score: Score) -> float:
         """``score``'s mean on the anchors' scale (:meth:`normalized_value`)."""
         return self.normalized_value(score.mean(self.ranking))

@@ -340,13 +340,14 @@ def _aggregate(anchored: Sequence[TaskBoard]) -> list[str]:
         columns = []
         for b in anchored:
             per_seed = b.score(policy).per_seed
-            columns.append([b.normalized_value(per_seed[s]) for s in sorted(per_seed)[:n]])
+            columns.append([b.normalized_on_seed(b.score(policy), s) for s in sorted(per_seed)[:n]])
         matrices[policy] = np.array(columns).T
     stats = across_tasks(matrices)
     taus = " | ".join(f"P(score > {tau:g})" for tau in PROFILE_TAUS)
     lines = [f"## Across tasks ({', '.join(b.task for b in anchored)})", "",
-             f"Normalized scores (0 = random floor, 100 = oracle, clipped to {SCORE_CLIP[0]:.0f}..{SCORE_CLIP[1]:.0f})"
-             f" of the policies that ran on every one of these tasks, over the first {n} test seeds of each (the "
+             "Normalized scores, each episode against the anchors' episodes on the same seed (0 = random floor, 100 "
+             f"= oracle, clipped to {SCORE_CLIP[0]:.0f}..{SCORE_CLIP[1]:.0f}) of the policies that ran on every one "
+             f"of these tasks, over the first {n} test seeds of each (the "
              "fewest any task has, so every task weighs the same): rliable's interquartile mean, optimality gap "
              "(mean shortfall below 100) and performance profile (the fraction of (seed, task) episodes above a "
              "score), each with a 95% stratified-bootstrap interval (seeds resampled within each task). Best IQM "

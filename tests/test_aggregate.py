@@ -118,3 +118,18 @@ def test_the_agent_table_gives_the_iqm_in_return_and_in_score_units():
     low, high = (float(x) for x in cells[3].split("[")[1].rstrip("]").split(","))
     assert low <= 55 <= high and low < high  # the interval's ends in order
     assert cells[4].startswith("0.50 [")
+
+
+def test_the_aggregate_normalizes_each_episode_against_the_anchors_on_its_seed():
+    # Seed 0 is a light workload (random -100, oracle -50), seed 1 heavy (random -1000, oracle -500): twp at -75 and
+    # -750 scores 50 on both seeds, paired; against the anchors' means (-550, -275) it would score 172.7 and -72.7.
+    from servegym.benchmark.board import boards
+
+    rows = [BenchRow("relaxed", label, 900_000 + s, v, 1.0, 1.0, 1.0, 0, False, 10)
+            for label, values in (("random", (-100.0, -1000.0)), ("oracle", (-50.0, -500.0)), ("twp", (-75.0, -750.0)))
+            for s, v in enumerate((*values, sum(values) / 2))]
+    (board,) = boards(rows)
+    twp = board.score("twp")
+    assert [board.normalized_on_seed(twp, 900_000 + s) for s in range(3)] == pytest.approx([50.0, 50.0, 50.0])
+    assert board.normalized_value(twp.per_seed[900_000]) == pytest.approx(100 * 475 / 275)
+    assert "| twp | 50.0 [50.0, 50.0] |" in "\n".join(aggregate_table([board]))

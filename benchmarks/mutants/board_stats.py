@@ -44,3 +44,9 @@ MUTATIONS += [
      "        ends = sorted(board.normalized_value(v) for v in (low, high))",
      "        ends = [board.normalized_value(v) for v in (high, low)]", (AGG,), "bench"),
 ]
+
+MUTATIONS += [
+    ("aggregate-unpaired-anchors", "benchmark/leaderboard.py",
+     "columns.append([b.normalized_on_seed(b.score(policy), s) for s in sorted(per_seed)[:n]])",
+     "columns.append([b.normalized_value(per_seed[s]) for s in sorted(per_seed)[:n]])", (AGG,), "bench"),
+]
