@@ -175,7 +175,7 @@ class TaskBoard:
         if low is None or high is None:
             return math.nan
         span = high.mean(self.ranking) - low.mean(self.ranking)
-        return math.nan if span == 0 else 100.0 * (value - low.mean(self.ranking)) / span
+        return math.nan if span == 0 else 100.0 * ((value - low.mean(self.ranking)) / span)
 
     def normalized_on_seed(self, score: Score, seed: int) -> float:
         """``score``'s value on ``seed`` against the anchors' values on that same seed (paired: the seed's workload,
@@ -185,7 +185,7 @@ class TaskBoard:
         if low is None or high is None or seed not in low.per_seed or seed not in high.per_seed:
             return self.normalized_value(value)
         span = high.per_seed[seed] - low.per_seed[seed]
-        return self.normalized_value(value) if span == 0 else 100.0 * (value - low.per_seed[seed]) / span
+        return self.normalized_value(value) if span == 0 else 100.0 * ((value - low.per_seed[seed]) / span)
 
     def normalized(self, score: Score) -> float:
         """``score``'s mean on the anchors' scale (:meth:`normalized_value`)."""
