@@ -31,7 +31,7 @@ from servegym.benchmark.board import (
     unranked_label,
 )
 from servegym.benchmark.leaderboard import markdown
-from servegym.benchmark.oracle import FROZEN_BASES, ORACLE, Budget, plan_episode
+from servegym.benchmark.oracle import ORACLE, Budget, frozen_bases, plan_episode
 from servegym.benchmark.provenance import RECORD, stamp, unranked_reasons
 from servegym.engine import EngineConfig
 from servegym.envs.tasks import VALIDATION_SEEDS, get_task
@@ -87,7 +87,7 @@ class BenchJob:
     track: str = TEST_TRACK
     """:data:`TEST_TRACK`, :data:`ENGINE_CONFIG_TRACK` or :data:`VALIDATION_TRACK`."""
     bases: tuple[Entry, ...] = ()
-    """For the oracle: its frozen base policies (:data:`~servegym.benchmark.oracle.FROZEN_BASES`)."""
+    """For the oracle: its frozen base policies (:func:`~servegym.benchmark.oracle.frozen_bases`)."""
 
     @property
     def label(self) -> str:
@@ -281,7 +281,7 @@ def make_jobs(tasks: Sequence[str], entries: Sequence[Entry], seeds: Iterable[in
         runs = [(entry, track) for entry in entries
                 if entry.runs_on(task) and entry_decision(entry) in (None, decision)
                 for track in tracks(task, entry, settings[entry.label])]
-        bases = tuple(Entry(name, name) for name in FROZEN_BASES[decision])
+        bases = tuple(Entry(label, policy, params) for label, policy, params in frozen_bases(task, decision))
         seeds = fixed if fixed is not None else task_test_seeds(task, max_seeds)
         for entry, track in runs:
             jobs += [BenchJob(task, entry, seed, track, bases if entry.policy == ORACLE else ()) for seed in seeds]

@@ -2,10 +2,11 @@
 
 It plans on copies of the task's env, so it knows every future arrival and every true output length (the
 engine's, whatever the task reveals to policies). Its *base policies* are frozen per board version
-(:data:`FROZEN_BASES`: the hand-coded policies at their default parameters, or every router on a routing task),
+(:data:`FROZEN_BASES`: the hand-coded policies at their default parameters, or every router on a routing task, and
+the task's tuned parameter sets frozen in :data:`TUNED_BASES`),
 never the board's other contestants, so its score does not move when a contestant joins and can anchor the
-normalized scores. It is the best the search found, not the optimum: a tuned policy or a trained agent may beat it
-on a seed, and the leaderboard says so. On one seed:
+normalized scores. It is the best the search found, not the optimum: a policy tuned since, or a trained agent, may
+beat it on a seed, and the leaderboard says so. On one seed:
 
 1. **Sweep.** From the reset, each base policy plays the whole episode on a copy of the env. The best return
    is the plan: its actions are what the oracle follows.
@@ -27,8 +28,10 @@ Search budget per seed (:class:`Budget`, stated on the board): one whole episode
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -49,7 +52,22 @@ FROZEN_BASES = {
               "router-prefix-affinity", "router-kv-aware"),
 }
 """The oracle's base policies per task decision (``Task.decision``), at their default parameters, for
-:data:`BOARD_VERSION`."""
+:data:`BOARD_VERSION`; :func:`frozen_bases` adds the task's tuned parameter sets."""
+TUNED_BASES = Path(__file__).with_name("oracle_bases.json")
+"""The tuned parameter sets of :data:`BOARD_VERSION`, per task, copied from ``docs/tuning`` when the version was
+made: frozen with the package, so a board run with other ``--tuned`` files (or none) plans over the same bases."""
+
+
+def frozen_bases(task: str, decision: str) -> tuple[tuple[str, str, dict], ...]:
+    """``(label, policy, params)`` of the oracle's bases on ``task``: :data:`FROZEN_BASES` at default parameters,
+    then the task's frozen tuned sets, labelled ``<policy> (frozen tuned)``."""
+    data = json.loads(TUNED_BASES.read_text())
+    if data["board_version"] != BOARD_VERSION:
+        raise ValueError(f"{TUNED_BASES} is for board version {data['board_version']}, not {BOARD_VERSION}")
+    tuned = tuple((f"{row['policy']} (frozen tuned)", row["policy"], dict(row["params"]))
+                  for row in data["tuned"].get(task, ()))
+    return tuple((name, name, {}) for name in FROZEN_BASES[decision]) + tuned
+
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 
 import gymnasium as gym
@@ -24,7 +25,7 @@ from servegym.benchmark.bench import (
 )
 from servegym.benchmark.board import ORACLE, boards
 from servegym.benchmark.leaderboard import bound_line, headroom_line, markdown
-from servegym.benchmark.oracle import FROZEN_BASES, Budget, plan_episode
+from servegym.benchmark.oracle import FROZEN_BASES, TUNED_BASES, Budget, plan_episode
 from servegym.envs import TEST_SEEDS
 from servegym.evaluation.stats import t_critical
 from servegym.policies import make_policy
@@ -122,8 +123,13 @@ def test_the_oracles_bases_are_frozen_whoever_else_plays():
     # playing alone changes nothing, so the score's 100 does not move when a contestant joins.
     few = make_entries(["fcfs", "twp", ORACLE])
     (job,) = [j for j in make_jobs([TASK], few, SEEDS[:1], ()) if j.entry.policy == ORACLE]
-    assert [e.label for e in job.bases] == list(FROZEN_BASES["admission"]) and job.track == TEST_TRACK
-    assert all(e.params == {} for e in job.bases)  # default parameters
+    # The defaults, then the task's tuned sets frozen with the package (not docs/tuning, which a re-tune changes).
+    frozen = json.loads(TUNED_BASES.read_text())["tuned"][TASK]
+    assert [e.label for e in job.bases] == [*FROZEN_BASES["admission"],
+                                            *(f"{row['policy']} (frozen tuned)" for row in frozen)]
+    assert job.track == TEST_TRACK and all(e.params == {} for e in job.bases[: len(FROZEN_BASES["admission"])])
+    assert [e.params for e in job.bases[len(FROZEN_BASES["admission"]):]] == [row["params"] for row in frozen]
+    assert {row["policy"] for row in frozen} == {"flow-control", "mc-sf", "scorer", "twp"}
     alone = [j for j in make_jobs([TASK], make_entries([ORACLE]), SEEDS[:1], ()) if j.entry.policy == ORACLE]
     assert alone == [job]  # the same job, so the same stored episode
     assert job.entry.params == {"replans": Budget().replans, "width": Budget().width} == {"replans": 16, "width": 8}

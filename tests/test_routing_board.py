@@ -78,4 +78,5 @@ def test_contestants_play_only_tasks_of_their_decision():
     assert played == {("relaxed", "fcfs"), ("relaxed", "oracle"), ("cluster-routing", "router-least-loaded"),
                       ("cluster-routing", "oracle")}
     oracle = next(job for job in jobs if job.task == "cluster-routing" and job.label == "oracle")
-    assert [base.label for base in oracle.bases] == list(FROZEN_BASES["route"])  # every router, whoever plays
+    # every router, whoever plays, and the frozen tuned kv-aware router
+    assert [base.label for base in oracle.bases] == [*FROZEN_BASES["route"], "router-kv-aware (frozen tuned)"]

@@ -32,7 +32,7 @@ MUTATIONS = [
     ("validation-on-test-split", "benchmark/bench.py",
      'split = "train" if job.track == VALIDATION_TRACK else "test"', 'split = "test"', (BENCH,), "bench"),
     ("oracle-bases-are-contestants", "benchmark/bench.py",
-     "        bases = tuple(Entry(name, name) for name in FROZEN_BASES[decision])",
+     "        bases = tuple(Entry(label, policy, params) for label, policy, params in frozen_bases(task, decision))",
      "        bases = tuple(e for e, _ in runs if e.policy != ORACLE)", (ORACLE,), "bench"),
 ]
 
@@ -49,4 +49,10 @@ MUTATIONS += [
     ("aggregate-unpaired-anchors", "benchmark/leaderboard.py",
      "columns.append([b.normalized_on_seed(b.score(policy), s) for s in sorted(per_seed)[:n]])",
      "columns.append([b.normalized_value(per_seed[s]) for s in sorted(per_seed)[:n]])", (AGG,), "bench"),
+]
+
+MUTATIONS += [
+    ("oracle-frozen-tuned-dropped", "benchmark/oracle.py",
+     "    return tuple((name, name, {}) for name in FROZEN_BASES[decision]) + tuned",
+     "    return tuple((name, name, {}) for name in FROZEN_BASES[decision])", (ORACLE,), "bench"),
 ]
