@@ -104,7 +104,7 @@ def test_a_test_trained_run_and_a_test_tuned_params_file_never_reach_a_ranked_ro
     assert labels[3] == "scorer (tuned) [unranked: saw test data (workload 'azure-code-window-test')]"
     assert labels[4] == f"rl:{test_run.name} [unranked: saw test data (split 'test')]"
     oracle_job = next(job for job in make_jobs(["long-context"], entries, [900_000]) if job.entry.policy == "oracle")
-    assert not any(is_unranked(base.label) or base.params for base in oracle_job.bases)  # never planned over
+    assert not any(is_unranked(b.label) or b.params == {"output_weight": 2.0} for b in oracle_job.bases)  # frozen only
     jobs = make_jobs(["long-context"], entries, [900_000])
     validated = {job.entry.label for job in jobs if job.track == "validation"}
     assert validated == {"fcfs"}  # never a candidate for the best heuristic either
