@@ -51,7 +51,7 @@ def data_record(task: str | None, split: str | None, workload: str | None, seeds
             "inputs": dict(inputs or {})}
 
 
-def test_workloads() -> frozenset[str]:
+def held_out_workloads() -> frozenset[str]:
     """Every workload that holds a task's test data, in any env version (a study or run given one saw test data)."""
     from servegym.envs.tasks import TASKS
     from servegym.workloads import WORKLOADS
@@ -84,7 +84,7 @@ def unranked_reasons(record: Mapping[str, Any] | None) -> list[str]:
         reasons.append(f"made on {record.get('env_id')}, not {ENV_ID}")
     if record.get("split") == "test":
         reasons.append("saw test data (split 'test')")
-    if record.get("workload") in test_workloads():
+    if record.get("workload") in held_out_workloads():
         reasons.append(f"saw test data (workload {record['workload']!r})")
     elif record.get("workload") is not None and _outside_training_data(record["workload"]):
         reasons.append(f"saw data outside the training split (workload {record['workload']!r} replays a trace "

@@ -12,7 +12,7 @@ from servegym import ENV_ID
 from servegym.benchmark.bench import BenchRow, make_entries, make_jobs
 from servegym.benchmark.board import boards, is_heuristic, is_unranked
 from servegym.benchmark.leaderboard import markdown
-from servegym.benchmark.provenance import data_record, test_workloads, unranked_reasons
+from servegym.benchmark.provenance import data_record, held_out_workloads, unranked_reasons
 from servegym.rl.config import TrainConfig
 from servegym.rl.train import training_record
 from servegym.tuning.study import TuneConfig, params_record, study_record, write_params
@@ -43,8 +43,8 @@ def test_every_task_test_workload_counts_as_test_data():
     from servegym.envs.tasks import TASKS
 
     held = {task.test_workload for task in TASKS.values() if task.test_workload}
-    assert held and held <= test_workloads()
-    assert not {task.workload for task in TASKS.values() if not task.is_mixture} & test_workloads()
+    assert held and held <= held_out_workloads()
+    assert not {task.workload for task in TASKS.values() if not task.is_mixture} & held_out_workloads()
 
 
 @pytest.mark.parametrize("workload", ["azure-code-window", "azure-code-window-train", "mooncake-conversation",

@@ -8,7 +8,7 @@ MUTATIONS = [
     ("prov-test-split-ranked", "benchmark/provenance.py",
      '    if record.get("split") == "test":', "    if False:", (PROV,), "bench"),
     ("prov-test-workload-ranked", "benchmark/provenance.py",
-     '    if record.get("workload") in test_workloads():', "    if False:", (PROV,), "bench"),
+     '    if record.get("workload") in held_out_workloads():', "    if False:", (PROV,), "bench"),
     ("prov-other-env-ranked", "benchmark/provenance.py",
      '    if record.get("env_id") != ENV_ID:', "    if False:", (PROV,), "bench"),
     ("prov-test-seed-span-off-by-one", "benchmark/provenance.py",
