@@ -30,8 +30,10 @@ VERDICT_RULES = [
     "A \"lowest\" claim is reproduced when the paired difference to every other policy excludes zero in the "
     "policy's favour, not reproduced when some other policy is lower with a CI that excludes zero, partly "
     "reproduced otherwise.",
-    "A \"beats\" claim counts (baseline, workload) pairs whose paired-difference CI excludes zero in the policy's "
-    "favour: all of them reproduce the claim, some of them partly, none of them do not.",
+    "A \"beats\" claim counts every (baseline, workload) pair: it is *reproduced* when the policy beats every "
+    "pair with the whole paired-difference CI in its favour, *partly reproduced* when it beats more than half of "
+    "the pairs and is significantly worse (the whole CI against it) in none, and *not reproduced* otherwise: one "
+    "pair won does not outweigh pairs lost.",
     "Baselines with identical per-seed results in a workload on every metric the setting's claims compare (for "
     "example MC and MC-SF with unknown lengths) are one baseline there, named together (\"mc = mc-sf (identical "
     "per-seed results)\") and counted once.",
@@ -222,11 +224,22 @@ def lowest_claim(table: Table, paper: str, text: str, policy: str, metric: str, 
                     f"95% CI of the difference to every other policy, least favourable shown, {_pairing(intervals)}")
 
 
+def every_pair_verdict(wins: int, losses: int, total: int) -> str:
+    """\"X beats Y1..Yk\" over ``total`` (baseline, workload) pairs, of which X significantly wins ``wins`` and
+    significantly loses ``losses``: reproduced when it wins all, partly when it wins more than half and loses
+    none, not reproduced otherwise (no pairs at all: not reproduced)."""
+    if total and wins == total:
+        return REPRODUCED
+    if 2 * wins > total and not losses:
+        return PARTLY
+    return NOT
+
+
 def beats_claim(table: Table, paper: str, text: str, policy: str, baselines: list[str], metric: str,
                 same_on: tuple[str, ...], higher_is_better: bool = False) -> Claim:
     """``policy`` better than each baseline on ``metric``; baselines identical on every metric of ``same_on`` (the
     metrics the setting's claims compare) are one baseline."""
-    wins, total, parts, intervals = 0, 0, [], []
+    wins, losses, total, parts, intervals = 0, 0, 0, [], []
     sign = -1.0 if higher_is_better else 1.0
     for w in table.workloads:
         present = [b for b in baselines if (w, b, metric) in table.values]
@@ -234,15 +247,16 @@ def beats_claim(table: Table, paper: str, text: str, policy: str, baselines: lis
         for group in table.equivalence_groups(w, present, same_on):
             ci = paired_difference(table.cells(w, group[0], metric), table.cells(w, policy, metric))
             ci = Interval(sign * ci.mean, ci.half, ci.paired)  # > 0: policy better
-            won = ci.low > 0
-            total, wins = total + 1, wins + won
+            won, lost = ci.low > 0, ci.high < 0
+            total, wins, losses = total + 1, wins + won, losses + lost
             intervals.append(ci)
-            pairs.append(f"{group_name(group)} {ci.describe('+.3g')}{' (better)' if won else ''}")
+            pairs.append(f"{group_name(group)} {ci.describe('+.3g')}"
+                         f"{' (better)' if won else ' (worse)' if lost else ''}")
         parts.append(f"{w}: " + ", ".join(pairs))
-    verdict = REPRODUCED if wins == total else PARTLY if wins else NOT
+    verdict = every_pair_verdict(wins, losses, total)
     better = "higher" if higher_is_better else "lower"
-    return Claim(paper, text, f"{wins} of {total} (baseline, workload) pairs, identical baselines counted once; "
-                 "policy's advantage per baseline: " + "; ".join(parts), verdict,
+    return Claim(paper, text, f"better in {wins} and worse in {losses} of {total} (baseline, workload) pairs, "
+                 "identical baselines counted once; policy's advantage per baseline: " + "; ".join(parts), verdict,
                  f"{better} mean {metric} with a 95% CI on the difference that excludes zero, {_pairing(intervals)}")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from servegym.evaluation import TaskResult
 from servegym.evaluation.reproduction import (
@@ -18,6 +19,7 @@ from servegym.evaluation.reproduction import (
     REPRODUCED,
     Table,
     beats_claim,
+    every_pair_verdict,
     gain_verdict,
     lowest_claim,
     near_claim,
@@ -111,16 +113,40 @@ def test_a_partly_workload_keeps_the_claim_from_reproduced():
 # ---------------------------------------------------------------------------------------------- "beats": partial wins
 
 
-def test_beating_some_baselines_is_partly_and_counts_pairs_across_workloads():
-    # Lower latency wins. Workload a: policy 10 on every seed; x at 12 (+2: a win), y at 10 (a tie: no win), z at 9
-    # (-1: a loss). Workload b: policy 10, x 11 (+1: a win). Pairs: 3 in a, 1 in b; wins: 2 of 4: partly.
+def test_a_significant_loss_makes_a_beats_claim_not_reproduced_even_with_wins():
+    # Lower latency wins. Workload a: policy 10 on every seed; x at 12 (+2: a win), y at 10 (a tie), z at 9 (-1: a
+    # significant loss). Workload b: policy 10, x 11 (+1: a win). 2 wins of 4 pairs and a loss: not reproduced (the
+    # old one-pair rule said partly).
     values = {("a", "policy"): [10.0] * 3, ("a", "x"): [12.0] * 3, ("a", "y"): [10.0] * 3,
               ("a", "z"): [9.0] * 3, ("b", "policy"): [10.0] * 3, ("b", "x"): [11.0] * 3}
     claim = beats_claim(table(values), "P", "beats", "policy", ["x", "y", "z"], METRIC, (METRIC,))
-    assert claim.verdict == PARTLY
-    assert claim.measured.startswith("2 of 4 (baseline, workload) pairs")
-    assert "a: x +2 ± 0, CI [2, 2] (better), y +0 ± 0, CI [0, 0], z -1 ± 0, CI [-1, -1]" in claim.measured
+    assert claim.verdict == NOT
+    assert claim.measured.startswith("better in 2 and worse in 1 of 4 (baseline, workload) pairs")
+    assert "a: x +2 ± 0, CI [2, 2] (better), y +0 ± 0, CI [0, 0], z -1 ± 0, CI [-1, -1] (worse)" in claim.measured
     assert "b: x +1 ± 0, CI [1, 1] (better)" in claim.measured
+
+
+@pytest.mark.parametrize(("baselines", "verdict", "head"), [
+    # x 12 and w 13 beaten, y 10 tied, z 9 lower: per pair +2, +3, 0, -1.
+    (["x", "w", "y"], PARTLY, "better in 2 and worse in 0 of 3"),  # most won, none lost
+    (["x", "y"], NOT, "better in 1 and worse in 0 of 2"),  # half is not most
+    (["x", "w"], REPRODUCED, "better in 2 and worse in 0 of 2"),  # every pair
+    (["x", "w", "z"], NOT, "better in 2 and worse in 1 of 3"),  # most won, but one significant loss
+    (["y"], NOT, "better in 0 and worse in 0 of 1"),  # a tie alone
+])
+def test_the_every_pair_rule_on_constructed_results(baselines, verdict, head):
+    values = {("a", "policy"): [10.0] * 3, ("a", "x"): [12.0] * 3, ("a", "w"): [13.0] * 3,
+              ("a", "y"): [10.0] * 3, ("a", "z"): [9.0] * 3}
+    claim = beats_claim(table(values), "P", "beats", "policy", baselines, METRIC, (METRIC,))
+    assert claim.verdict == verdict and claim.measured.startswith(head)
+
+
+@pytest.mark.parametrize(("wins", "losses", "total", "verdict"), [
+    (3, 0, 3, REPRODUCED), (2, 0, 3, PARTLY), (3, 0, 5, PARTLY), (2, 0, 4, NOT), (3, 1, 4, NOT), (0, 0, 0, NOT),
+    (1, 0, 1, REPRODUCED), (0, 1, 1, NOT),
+])
+def test_every_pair_verdict(wins, losses, total, verdict):
+    assert every_pair_verdict(wins, losses, total) == verdict
 
 
 def test_higher_is_better_flips_which_baselines_are_beaten():
@@ -128,12 +154,12 @@ def test_higher_is_better_flips_which_baselines_are_beaten():
     values = {("w", "policy"): [10.0] * 3, ("w", "x"): [12.0] * 3, ("w", "y"): [8.0] * 3}
     claim = beats_claim(table(values, "throughput_tps"), "P", "tp", "policy", ["x", "y"], "throughput_tps",
                         ("throughput_tps",), higher_is_better=True)
-    assert claim.verdict == PARTLY and claim.measured.startswith("1 of 2")
-    assert "x -2 ± 0, CI [-2, -2], y +2 ± 0, CI [2, 2] (better)" in claim.measured
+    assert claim.verdict == NOT and claim.measured.startswith("better in 1 and worse in 1 of 2")
+    assert "x -2 ± 0, CI [-2, -2] (worse), y +2 ± 0, CI [2, 2] (better)" in claim.measured
     assert claim.reason.startswith("higher mean throughput_tps")
     none = beats_claim(table({("w", "policy"): [10.0] * 3, ("w", "x"): [12.0] * 3}, "throughput_tps"), "P", "tp",
                        "policy", ["x"], "throughput_tps", ("throughput_tps",), higher_is_better=True)
-    assert none.verdict == NOT and none.measured.startswith("0 of 1")
+    assert none.verdict == NOT and none.measured.startswith("better in 0 and worse in 1 of 1")
 
 
 # ---------------------------------------------------------------------------------------------- "lowest"

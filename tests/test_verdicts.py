@@ -113,7 +113,7 @@ def test_identical_baselines_are_counted_once_and_named_together():
                             ("w", "mc-sf"): [5.0, 5.2, 4.9], ("w", "amin"): [3.0, 3.1, 2.8]}))
     assert table.equivalence_groups("w", ["mc", "mc-sf", "amin"], FLOW_METRICS) == [["mc", "mc-sf"], ["amin"]]
     claim = beats_claim(table, "P", "beats", "flow-control", ["mc", "mc-sf", "amin"], "e2e_mean_all_s", FLOW_METRICS)
-    assert claim.measured.startswith("2 of 2 (baseline, workload) pairs")
+    assert claim.measured.startswith("better in 2 and worse in 0 of 2 (baseline, workload) pairs")
     assert "mc = mc-sf (identical per-seed results)" in claim.measured
     assert claim.verdict == REPRODUCED
 
@@ -127,7 +127,7 @@ def test_baselines_equal_on_one_metric_but_not_another_stay_apart():
     table = Table(results)
     assert table.equivalence_groups("w", ["mc", "mc-sf"], FLOW_METRICS) == [["mc"], ["mc-sf"]]
     claim = beats_claim(table, "P", "beats", "flow-control", ["mc", "mc-sf"], "e2e_mean_all_s", FLOW_METRICS)
-    assert claim.measured.startswith("2 of 2") and "identical" not in claim.measured.split(";", 1)[1]
+    assert claim.measured.startswith("better in 2 and worse in 0 of 2") and "identical" not in claim.measured.split(";", 1)[1]
 
 
 def test_a_seed_apart_is_not_identical():
@@ -141,7 +141,7 @@ def test_beats_needs_the_whole_difference_interval_above_zero():
     # Policy ahead of mc on average (+0.2) but the paired CI crosses zero: not a win.
     table = Table(_results({("w", "flow-control"): [1.0, 2.0, 0.5], ("w", "mc"): [1.5, 1.8, 0.8]}))
     claim = beats_claim(table, "P", "beats", "flow-control", ["mc"], "e2e_mean_all_s", FLOW_METRICS)
-    assert claim.verdict == NOT and claim.measured.startswith("0 of 1")
+    assert claim.verdict == NOT and claim.measured.startswith("better in 0 and worse in 0 of 1")
 
 
 def test_lowest_claim_needs_every_difference_to_exclude_zero():
@@ -205,7 +205,7 @@ def test_mc_sf_is_left_out_of_unknown_length_claims_and_fcfs_is_the_throttles_ch
     assert "mc-sf" not in unknown and "mc " in unknown
     assert "mc-sf" in latency.measured.split("w/unknown: ", 1)[0]
     throttle = claims["the throttle pays: flow control beats unthrottled FCFS admission on latency"]
-    assert throttle.verdict == REPRODUCED and throttle.measured.startswith("2 of 2")
+    assert throttle.verdict == REPRODUCED and throttle.measured.startswith("better in 2 and worse in 0 of 2")
 
 
 def test_twp_p99_ttft_claim_is_against_the_three_the_papers_figure_shows_above_it():
@@ -214,7 +214,7 @@ def test_twp_p99_ttft_claim_is_against_the_three_the_papers_figure_shows_above_i
            "serverless-llm": [3.0, 3.0, 3.1], "priority": [0.5, 0.6, 0.5], "fcfs": [0.7, 0.8, 0.9]}
     table = Table(_results({("w", p): v for p, v in per.items()}, metrics=("ttft_p99", "itl_cv", "throughput_rps")))
     claim = next(c for c in twp_claims(table, "c") if "P99 TTFT" in c.claim)
-    assert claim.verdict == REPRODUCED and claim.measured.startswith("3 of 3")
+    assert claim.verdict == REPRODUCED and claim.measured.startswith("better in 3 and worse in 0 of 3")
     assert "priority" not in claim.measured and "fcfs" not in claim.measured
 
 
