@@ -71,7 +71,7 @@ def m(id: str, file: str, old: str, new: str, *targets: str, kind: str) -> Mutat
 ADMIT_STOP = "            if self.num_running >= self.max_num_seqs or blocks > free:\n                break"
 TWP_GATE = ("            if token_load_after + want[i] > self.window or kv_free - blocks[i] <= self.kv_guard:\n"
             "                break")
-MC_LINE = "count = longest_feasible_prefix(obs, upper_remaining_running(obs), rows, upper_remaining_queue(rows))"
+MC_LINE = "upper_remaining_queue(rows, bound))"
 MC_SF_LINE = "count = longest_feasible_prefix(obs, upper_remaining_running(obs), rows, upper_remaining_queue(rows),"
 TASKS = "tests/test_tasks.py"
 ATTENTION = "tests/test_real_attention.py"
@@ -85,6 +85,7 @@ POSTGRES = "tests/test_tune_postgres.py"
 TUNING = "tests/test_tuning.py"
 R48_SUBMISSION = "tests/test_bite_round48_submission.py"
 R48_VERDICTS = "tests/test_bite_round48_verdicts.py"
+BASELINES = "tests/test_baselines.py"
 R48_STATS = "tests/test_bite_round48_stats.py"
 R48_TRACE = "tests/test_bite_round48_trace.py"
 R48_ACTIONS = "tests/test_bite_round48_actions.py"
@@ -281,20 +282,32 @@ MUTATIONS: list[Mutation] = [
       POLICIES, "-k", "twp", kind="twp"),
     # ------------------------------------------------------------------ memory-aware baselines
     m("mc-queue-lower-bound", "policies/mc.py", MC_LINE,
-      MC_LINE.replace("upper_remaining_queue(rows)", "np.maximum(rows[:, 3] - rows[:, 5], 1.0)"),
+      MC_LINE.replace("upper_remaining_queue(rows, bound)", "np.maximum(rows[:, 3] - rows[:, 5], 1.0)"),
       POLICIES, "-k", "upper_bound", kind="memory-aware"),
     m("mc-sf-queue-lower-bound", "policies/mc_sf.py", MC_SF_LINE,
       MC_SF_LINE.replace("upper_remaining_queue(rows)",
                       "np.maximum(rows[:, QUEUE_INDEX[\"output_lo\"]] - rows[:, QUEUE_INDEX[\"num_generated\"]], 1.0)"),
       POLICIES, "-k", "mc_sf or upper_bound", kind="memory-aware"),
     m("running-lower-bound", "policies/common.py",
-      "return np.maximum(run[:, RUNNING_INDEX[\"output_hi\"]] - run[:, RUNNING_INDEX[\"num_generated\"]], 1.0)",
-      "return np.maximum(run[:, RUNNING_INDEX[\"output_lo\"]] - run[:, RUNNING_INDEX[\"num_generated\"]], 1.0)",
+      "hi = run[:, RUNNING_INDEX[\"output_hi\"]] if bound <= 0 else bound",
+      "hi = run[:, RUNNING_INDEX[\"output_lo\"]] if bound <= 0 else bound",
       POLICIES, "-k", "upper_bound", kind="memory-aware"),
     m("queue-lower-bound", "policies/common.py",
-      "return np.maximum(rows[:, QUEUE_INDEX[\"output_hi\"]] - rows[:, QUEUE_INDEX[\"num_generated\"]], 1.0)",
-      "return np.maximum(rows[:, QUEUE_INDEX[\"output_lo\"]] - rows[:, QUEUE_INDEX[\"num_generated\"]], 1.0)",
+      "hi = rows[:, QUEUE_INDEX[\"output_hi\"]] if bound <= 0 else bound",
+      "hi = rows[:, QUEUE_INDEX[\"output_lo\"]] if bound <= 0 else bound",
       POLICIES, "-k", "upper_bound or mc_sf", kind="memory-aware"),
+    m("r52-mc-ignores-its-unknown-bound", "policies/mc.py",
+      "bound = self.params.unknown_output_bound if length_mode_of(obs) == LengthMode.UNKNOWN else 0.0",
+      "bound = 0.0", BASELINES, "-k", "bound", kind="memory-aware"),
+    m("r52-mc-bound-with-known-lengths", "policies/mc.py",
+      "bound = self.params.unknown_output_bound if length_mode_of(obs) == LengthMode.UNKNOWN else 0.0",
+      "bound = self.params.unknown_output_bound", BASELINES, "-k", "bound", kind="memory-aware"),
+    m("r52-mc-sf-keeps-the-window", "policies/mc_sf.py",
+      'return {"queue_window": self.params.window or WHOLE_QUEUE}', "return {}", BASELINES, "-k", "whole_queue",
+      kind="memory-aware"),
+    m("r52-runner-drops-env-overrides", "servegym/runner.py",
+      "        env_kwargs = {**policy.env_overrides(), **env_kwargs}\n", "", BASELINES, "-k", "whole_queue",
+      kind="memory-aware"),
     m("no-block-slack", "policies/common.py",
       "slack = (engine_feature(obs, \"kv_block_size\") - 1) * (run.shape[0] + np.arange(1, limit + 1))",
       "slack = 0", POLICIES, "-k", "slack", kind="memory-aware"),
@@ -687,32 +700,39 @@ MUTATIONS: list[Mutation] = [
     m("r48-verify-first-columns-only", "benchmark/submission.py",
       "        for name in names:", "        for name in names[:4]:", R48_SUBMISSION, kind="bench"),
     # the reproduction verdict rules at their edges (tests/test_bite_round48_verdicts.py)
-    m("r48-verdicts-half-failing-is-not", "evaluation/reproduction.py",
+    m("r48-verdicts-half-failing-is-not", "evaluation/verdicts.py",
       "    elif verdicts.count(NOT) > len(verdicts) / 2:", "    elif verdicts.count(NOT) >= len(verdicts) / 2:",
       R48_VERDICTS, kind="verdict"),
-    m("r48-verdicts-one-partly-is-enough", "evaluation/reproduction.py",
+    m("r48-verdicts-one-partly-is-enough", "evaluation/verdicts.py",
       "    if all(v == REPRODUCED for v in verdicts):", "    if any(v == REPRODUCED for v in verdicts):",
       R48_VERDICTS, kind="verdict"),
-    m("r48-verdicts-partial-wins-are-not", "evaluation/reproduction.py",
-      "    verdict = REPRODUCED if wins == total else PARTLY if wins else NOT",
-      "    verdict = REPRODUCED if wins == total else NOT", R48_VERDICTS, kind="verdict"),
-    m("r48-verdicts-beats-direction-ignored", "evaluation/reproduction.py",
+    m("r52-every-pair-one-win-is-partly", "evaluation/verdicts.py",
+      "    if 2 * wins > total and not losses:", "    if wins and not losses:", R48_VERDICTS, kind="verdict"),
+    m("r52-every-pair-losses-ignored", "evaluation/verdicts.py",
+      "    if 2 * wins > total and not losses:", "    if 2 * wins > total:", R48_VERDICTS, kind="verdict"),
+    m("r52-every-pair-half-is-most", "evaluation/verdicts.py",
+      "    if 2 * wins > total and not losses:", "    if 2 * wins >= total and not losses:", R48_VERDICTS,
+      kind="verdict"),
+    m("r52-every-pair-loss-not-counted", "evaluation/verdicts.py",
+      "            won, lost = ci.low > 0, ci.high < 0", "            won, lost = ci.low > 0, False", R48_VERDICTS,
+      kind="verdict"),
+    m("r48-verdicts-beats-direction-ignored", "evaluation/verdicts.py",
       "    sign = -1.0 if higher_is_better else 1.0", "    sign = 1.0", R48_VERDICTS, kind="verdict"),
-    m("r48-verdicts-lowest-tie-is-not", "evaluation/reproduction.py",
+    m("r48-verdicts-lowest-tie-is-not", "evaluation/verdicts.py",
       "        if any(ci.high < 0 for ci in diffs.values()):", "        if any(ci.high <= 0 for ci in diffs.values()):",
       R48_VERDICTS, kind="verdict"),
-    m("r48-verdicts-lowest-tie-is-reproduced", "evaluation/reproduction.py",
+    m("r48-verdicts-lowest-tie-is-reproduced", "evaluation/verdicts.py",
       "        elif all(ci.low > 0 for ci in diffs.values()):",
       "        elif all(ci.low >= 0 for ci in diffs.values()):",
       R48_VERDICTS, kind="verdict"),
-    m("r48-verdicts-lowest-shows-the-farthest", "evaluation/reproduction.py",
+    m("r48-verdicts-lowest-shows-the-farthest", "evaluation/verdicts.py",
       "        closest = min(diffs, key=lambda p: diffs[p].low)",
       "        closest = max(diffs, key=lambda p: diffs[p].low)",
       R48_VERDICTS, kind="verdict"),
-    m("r48-verdicts-touching-edge-is-not", "evaluation/reproduction.py",
+    m("r48-verdicts-touching-edge-is-not", "evaluation/verdicts.py",
       "    if ci.high < low or ci.low > high:", "    if ci.high <= low or ci.low >= high:",
       R48_VERDICTS, kind="verdict"),
-    m("r48-verdicts-gain-from-zero-is-partly", "evaluation/reproduction.py",
+    m("r48-verdicts-gain-from-zero-is-partly", "evaluation/verdicts.py",
       "    return PARTLY if verdict == NOT and ci.low > 0 else verdict",
       "    return PARTLY if verdict == NOT and ci.low >= 0 else verdict", R48_VERDICTS, kind="verdict"),
     # evaluation/stats.py (tests/test_bite_round48_stats.py)

@@ -25,6 +25,10 @@ DEFAULT_EXPERIMENT = {
         "default profile (Llama-3-8B on an A100, from measured tables), with predicted output lengths (a seeded "
         "interval around the truth)."
     ),
+    "regime": (
+        "The default workload on the default calibrated profile: a quick comparison of the hand-coded policies, not a "
+        "paper's setting."
+    ),
     "seeds": 5,
     "engine": {"length_mode": "predicted"},
     "policies": ["twp", "flow-control", "fcfs", "round-robin", "priority", "dynamic-batch", "serverless-llm",

@@ -29,7 +29,7 @@ from servegym.workloads import (
     bundled_trace,
     make_workload,
 )
-from servegym.workloads.scenarios import gsm8k_pairs
+from servegym.workloads.scenarios import PAIRED_LENGTHS
 
 
 class ExperimentError(ValueError):
@@ -76,6 +76,9 @@ class Experiment:
     workloads: tuple[WorkloadSpec, ...]
     seeds: tuple[int, ...] = tuple(range(10))
     description: str = ""
+    regime: str = ""
+    """The regime the experiment runs in and why (load against its bounds, what an eviction costs), stated in the
+    file before any result; the reproduction report prints it beside the verdicts."""
     profile: str | None = None
     """One profile for every workload; None: each named workload's own (``profile_for``), else the default."""
     engine: dict[str, Any] = field(default_factory=dict)
@@ -99,7 +102,7 @@ class Experiment:
         return replace(self, seeds=tuple(range(seeds)))
 
 
-TOP_KEYS = {"name", "description", "profile", "seeds", "engine", "pool", "max_steps", "policies", "workloads",
+TOP_KEYS = {"name", "description", "regime", "profile", "seeds", "engine", "pool", "max_steps", "policies", "workloads",
             "length_modes", "ttft_slo_s", "itl_slo_s", "task", "split"}
 
 
@@ -169,7 +172,7 @@ def experiment_from_dict(data: Any, source: str = "<experiment>", base: Path | N
             raise fail(f"profile: {err}") from None
     experiment = Experiment(
         name=str(data["name"]), policies=policies, workloads=tuple(workloads), seeds=seeds,
-        description=str(data.get("description", "")),
+        description=str(data.get("description", "")), regime=" ".join(str(data.get("regime", "")).split()),
         profile=profile,
         engine=dict(data.get("engine", {})), pool=dict(data.get("pool", {})), max_steps=max_steps,
         ttft_slo_s=float(data.get("ttft_slo_s", 2.0)), itl_slo_s=float(data.get("itl_slo_s", 0.2)),
@@ -392,7 +395,7 @@ def build_workload(source: str | dict[str, Any], label: str = "") -> Workload:
     Inline: ``{trace: {path: bundled | PATH, time_scale, duration_s, max_requests}}``, or
     ``{arrivals: {kind: poisson|gamma|mmpp, ...}, duration_s, max_requests, prompt: LEN, output: LEN}`` with
     ``LEN`` one of ``{kind: choice, values, probs}``, ``{kind: range_mix, ranges, probs}``,
-    ``{kind: fixed, value}``; or ``lengths: gsm8k`` instead of prompt and output.
+    ``{kind: fixed, value}``; or ``lengths: gsm8k | azure-conv`` (pairs drawn jointly) instead of prompt and output.
     """
     if isinstance(source, str):
         return make_workload(source)
@@ -409,8 +412,10 @@ def build_workload(source: str | dict[str, Any], label: str = "") -> Workload:
         raise ValueError(f"unknown workload key(s) {sorted(unknown)}")
     arrivals = _arrivals(source.get("arrivals"))
     common = {"duration_s": source.get("duration_s", 60.0), "max_requests": source.get("max_requests")}
-    if source.get("lengths") == "gsm8k":
-        return SyntheticWorkload(arrivals, paired=gsm8k_pairs(), **common)
+    if "lengths" in source:
+        if source["lengths"] not in PAIRED_LENGTHS:
+            raise ValueError(f"lengths {source['lengths']!r} is not one of {sorted(PAIRED_LENGTHS)}")
+        return SyntheticWorkload(arrivals, paired=PAIRED_LENGTHS[source["lengths"]](), **common)
     return SyntheticWorkload(arrivals, prompt=_lengths(source.get("prompt"), "prompt"),
                              output=_lengths(source.get("output"), "output"), **common)
 

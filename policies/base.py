@@ -69,6 +69,11 @@ class Policy(ABC):
         """PoolConfig fields this policy needs (its router, its loader's cold-start scale)."""
         return {}
 
+    def env_overrides(self) -> dict[str, Any]:
+        """Env arguments this policy's rule needs (MC-SF's queue window, to sort the whole queue); runners apply
+        them with the engine overrides, unless the caller set the argument itself."""
+        return {}
+
     def bind_profile(self, profile: Profile | None) -> None:
         """Take what the policy reads from the latency profile it will run on (TWP: its ``B0``). ``make_env`` calls
         it with the env's profile, None for another backend or a mixture of envs."""

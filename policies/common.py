@@ -76,15 +76,18 @@ def remaining_queued(obs: Observation, rows: np.ndarray, unknown_prior: float | 
     return np.maximum(estimate - rows[:, QUEUE_INDEX["num_generated"]], 1.0)
 
 
-def upper_remaining_running(obs: Observation) -> np.ndarray:
-    """Remaining output tokens of running requests at their upper bound (exact when lengths are known)."""
+def upper_remaining_running(obs: Observation, bound: float = 0.0) -> np.ndarray:
+    """Remaining output tokens of running requests at their upper bound (exact when lengths are known); a positive
+    ``bound`` replaces the observed upper end (a rule's own assumption for unknown lengths)."""
     run = running_rows(obs)
-    return np.maximum(run[:, RUNNING_INDEX["output_hi"]] - run[:, RUNNING_INDEX["num_generated"]], 1.0)
+    hi = run[:, RUNNING_INDEX["output_hi"]] if bound <= 0 else bound
+    return np.maximum(hi - run[:, RUNNING_INDEX["num_generated"]], 1.0)
 
 
-def upper_remaining_queue(rows: np.ndarray) -> np.ndarray:
-    """Remaining output tokens of waiting requests ``rows`` at their upper bound."""
-    return np.maximum(rows[:, QUEUE_INDEX["output_hi"]] - rows[:, QUEUE_INDEX["num_generated"]], 1.0)
+def upper_remaining_queue(rows: np.ndarray, bound: float = 0.0) -> np.ndarray:
+    """Remaining output tokens of waiting requests ``rows`` at their upper bound (or at ``bound``, when positive)."""
+    hi = rows[:, QUEUE_INDEX["output_hi"]] if bound <= 0 else bound
+    return np.maximum(hi - rows[:, QUEUE_INDEX["num_generated"]], 1.0)
 
 
 def admission_blocks(obs: Observation, rows: np.ndarray) -> np.ndarray:

@@ -244,8 +244,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-PAPER_EXPERIMENTS = ("twp_paper_warm", "twp_paper", "flow_control_synthetic", "flow_control_mixed",
-                     "flow_control_trace")
+PAPER_EXPERIMENTS = ("twp_paper_warm", "twp_paper", "twp_memory_bound", "flow_control_synthetic",
+                     "flow_control_synthetic_80", "flow_control_mixed", "flow_control_chat")
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -278,7 +278,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             results[name], _ = compare(experiment, results_dir / name, workers=args.workers,
                                        progress=not args.quiet, executor=executor)
             seeds[name] = len(experiment.seeds)
-    claims = write_reproduction(results, seeds, doc)
+    claims = write_reproduction(results, seeds, doc, {name: e.regime for name, e in experiments.items()})
     for c in claims:
         print(f"[{c.verdict}] {c.paper}: {c.claim}")
     print(f"wrote {doc}" + ("" if args.update_docs else " (pass --update-docs to refresh docs/ instead)"))

@@ -88,6 +88,7 @@ def make_env(policy: Policy | None = None, max_episode_steps: int | None = None,
     if policy is not None and apply_overrides:
         engine = {**engine, **policy.engine_overrides()}
         pool = {**pool, **policy.pool_overrides()}
+        env_kwargs = {**policy.env_overrides(), **env_kwargs}
     skip = (policy is not None and policy.stateless) if skip_idle is None else bool(skip_idle)
     if decision == "route":
         skip = False  # the routing env steps once per arrival; its serving env skips what its admission allows

@@ -62,7 +62,7 @@ COUNT_LIMITS: dict[str, tuple[int, str]] = {
     "envs": (1_024, "each env is a process or an engine in memory"),
     "requests": (5_000_000, "an episode's expected arrivals: rate x duration"),
     "steps": (10**9, "env steps"),
-    "slots": (4_096, "rows of the observation's visible queue"),
+    "slots": (65_536, "rows of the observation's visible queue"),
     "tokens": (100_000_000, "one request's prompt or output tokens; the longest context windows hold 10M"),
 }
 """The most of each kind of count that any command, experiment file or ``gym.make`` accepts, and why: a count past

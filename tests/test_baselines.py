@@ -52,6 +52,39 @@ def test_mc_sf_admits_shortest_predicted_first():
     assert seen[0] == [3, 1, 2]
 
 
+def first_action(policy, workload, apply_overrides=True, **engine):
+    env = make_env(policy, workload=workload, strict_actions=True, engine=engine, apply_overrides=apply_overrides)
+    obs, _ = env.reset(seed=0)
+    return policy.act(obs), env.unwrapped
+
+
+def test_mc_sf_sorts_the_whole_queue_and_the_windowed_variant_only_its_head():
+    # 40 requests wait at once: the 32 at the head will write 100 tokens, the 8 behind them 5. The paper's MC-SF
+    # ranks the 8 short ones first (slots 32..39); sorting only the env's 32-request window never sees them.
+    workload = fixed(np.zeros(40), np.full(40, 10), [100] * 32 + [5] * 8)
+    whole, env = first_action(make_policy("mc-sf"), workload, length_mode="known")
+    assert env.queue_window == 65_536 and whole[32:40].tolist() == list(range(1, 9))
+    windowed, env = first_action(make_policy("mc-sf", window=32), workload, length_mode="known")
+    assert env.queue_window == 32 and windowed.shape == (32,) and windowed[0] == 1
+    locked, env = first_action(make_policy("mc-sf"), workload, apply_overrides=False, length_mode="known")
+    assert env.queue_window == 32 and locked[0] == 1  # a locked env keeps its own window
+
+
+@pytest.mark.parametrize(("bound", "mode", "admitted"), [
+    # 20 prompts of 10 tokens, 1,000 KV tokens, unknown lengths shown as [1, 128]. All admitted together finish
+    # together, so k of them peak at k (10 + R) tokens for an assumed output R: R = 128 (the shown upper end)
+    # admits 7 (966 tokens), R = 60 (the workload's longest, the paper's bound) 14 (980).
+    (0.0, "unknown", 7), (60.0, "unknown", 14), (128.0, "unknown", 7),
+    # With known lengths (all 60) the bound is not used: 14 either way.
+    (5.0, "known", 14), (0.0, "known", 14),
+])
+def test_mc_assumes_its_bound_for_an_unknown_output(bound, mode, admitted):
+    workload = fixed(np.zeros(20), np.full(20, 10), np.full(20, 60))
+    action, _ = first_action(make_policy("mc", unknown_output_bound=bound), workload, length_mode=mode,
+                             max_tokens=128, num_kv_blocks=1000, block_size=1)
+    assert int((action > 0).sum()) == admitted
+
+
 def test_amin_estimate_doubles_from_the_lower_end():
     gen = np.array([0, 9, 10, 19, 20, 79, 80])
     assert amin_estimate(np.full(7, 10.0), np.full(7, 100.0), gen).tolist() == [10, 10, 20, 20, 40, 80, 100]

@@ -136,7 +136,7 @@ def test_reproduce_reads_the_shipped_experiments_from_any_folder(tmp_path, monke
 
     read = []
     monkeypatch.setattr(cli, "_saved_results", lambda folder, name: (read.append(name) or [], 3))
-    monkeypatch.setattr(reproduction, "write_reproduction", lambda results, seeds, doc: [])
+    monkeypatch.setattr(reproduction, "write_reproduction", lambda results, seeds, doc, regimes: [])
     monkeypatch.chdir(tmp_path)
     assert main(["reproduce", "--from-results", "--results", "saved", "--out", "out"]) == 0
     assert read == list(PAPER_EXPERIMENTS)

@@ -25,7 +25,8 @@ from servegym.evaluation.reproduction import Table, write_reproduction
 from servegym.metrics import METRICS
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-PAPER_FILES = ["twp_paper_warm", "twp_paper", "flow_control_synthetic", "flow_control_mixed", "flow_control_trace"]
+PAPER_FILES = ["twp_paper_warm", "twp_paper", "twp_memory_bound", "flow_control_synthetic", "flow_control_synthetic_80",
+               "flow_control_mixed", "flow_control_chat"]
 
 
 def tiny(experiment, seeds=1, max_steps=250):
@@ -148,8 +149,9 @@ def test_reproduction_report_has_every_claim_and_a_verdict(tmp_path):
         results[name] = run_grid(experiment, workers=2, progress=False)
     claims = write_reproduction(results, {n: 2 for n in PAPER_FILES}, tmp_path / "R.md")
     text = (tmp_path / "R.md").read_text()
-    # TWP warm and cold; flow control synthetic, mixed (+ per-class), trace, each with the throttle check
-    assert len(claims) == 4 + 4 + 6 + 7 + 6
+    # TWP warm, cold and memory-bound (6 each); flow control synthetic at 95% and 80%, mixed (+ per-class), chat at
+    # low and high demand (7 each, the throttle check among them); the gap on real data
+    assert len(claims) == 3 * 6 + 5 * 7 + 1 + 1
     assert all(c.verdict in ("reproduced", "partly reproduced", "not reproduced") for c in claims)
     assert "+45% throughput over ServerlessLLM (warm pool" in text
     assert "comes near hindsight (mixed classes; checked against the per-seed best measured" in text

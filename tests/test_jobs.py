@@ -236,7 +236,7 @@ def test_reproduce_writes_to_its_output_folder_and_docs_only_when_asked(tmp_path
 
     folders, docs = [], []
     monkeypatch.setattr(evaluation, "compare", lambda experiment, out, **kw: (folders.append(out) or [], {}))
-    monkeypatch.setattr(reproduction, "write_reproduction", lambda results, seeds, doc: docs.append(doc) or [])
+    monkeypatch.setattr(reproduction, "write_reproduction", lambda results, seeds, doc, regimes: docs.append(doc) or [])
     assert main(["reproduce", "--seeds", "3", "--out", str(tmp_path), "--quiet",
                  "--experiments", str(ROOT / "experiments")]) == 0
     assert docs == [tmp_path / "REPRODUCTION.md"]

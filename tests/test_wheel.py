@@ -103,7 +103,7 @@ def test_an_installed_wheel_rederives_the_verdicts_from_saved_results(installed,
     done = _run([installed / "servegym", "reproduce", "--from-results", "--results", ROOT / "docs" / "results",
                  "--out", "reproduced"], work)
     assert "[reproduced]" in done.stdout
-    assert (work / "reproduced" / "REPRODUCTION.md").read_text().count("| TWP (Desai") == 8
+    assert (work / "reproduced" / "REPRODUCTION.md").read_text().count("| TWP (Desai") == 18
 
 
 @pytest.mark.slow

@@ -59,6 +59,19 @@ def gsm8k_pairs(tokens_per_word: float = 1.0) -> PairedEmpirical:
     return PairedEmpirical(tuple(prompts.tolist()), tuple(outputs.tolist()))
 
 
+@lru_cache(maxsize=1)
+def azure_conv_pairs() -> PairedEmpirical:
+    """(prompt, output) token counts of the 19,366 requests of the Azure LLM inference trace 2023's conversation
+    service (the bundled ``azure_llm_2023_conv.csv``, as Vidur ships it): a public chat trace, resampled jointly."""
+    data = np.genfromtxt(bundled_trace("azure_llm_2023_conv.csv"), delimiter=",", skip_header=1, usecols=(1, 2),
+                         dtype=np.int64)
+    return PairedEmpirical(tuple(data[:, 0].tolist()), tuple(data[:, 1].tolist()))
+
+
+PAIRED_LENGTHS: dict[str, Callable[[], PairedEmpirical]] = {"gsm8k": gsm8k_pairs, "azure-conv": azure_conv_pairs}
+"""Length sets an experiment's workload may draw (prompt, output) pairs from (``lengths: NAME``)."""
+
+
 TEST_SPANS = ((0.35, 0.65),)
 TRAIN_SPANS = ((0.0, 0.35), (0.65, 1.0))
 """Trace tasks test on windows inside the middle 35-65% of the trace's time range and train and validate on windows

@@ -30,7 +30,7 @@ MUTATIONS = [
     ("claims-rank-by-finished-latency", "evaluation/reproduction.py",
      'table, chosen = table.best_variants("e2e_mean_all_s")', 'table, chosen = table.best_variants("e2e_mean")',
      (VERDICTS,), "verdict"),
-    ("claims-envelope-highest", "evaluation/reproduction.py",
+    ("claims-envelope-highest", "evaluation/verdicts.py",
      "{s: min(c[s] for c in per_policy) for s in sorted(seeds)}",
      "{s: max(c[s] for c in per_policy) for s in sorted(seeds)}", (VERDICTS,), "verdict"),
     ("metrics-censored-p95-of-finished", "metrics/core.py",
