@@ -190,6 +190,11 @@ def gain_claim(table: Table, paper: str, text: str, policy: str, others: list[st
         theirs_cells = [table.cells(w, o, metric) for o in others]
         seeds = sorted(set.intersection(*(set(c) for c in theirs_cells)))
         theirs = {s: float(np.mean([c[s] for c in theirs_cells])) for s in seeds}
+        empty = [s for s in seeds if theirs[s] <= 0.0]
+        if empty:  # a baseline that served nothing leaves no ratio to take (a run cut off before any finished)
+            parts.append(f"{w}: the baselines' {metric} is 0 on seed(s) {empty}, no gain to measure: {NOT}")
+            verdicts.append(NOT)
+            continue
         ci = paired_ratio(table.cells(w, policy, metric), theirs)
         verdict = gain_verdict(ci, claimed)
         parts.append(f"{w}: {ci.describe('+.0%')}: {verdict}")

@@ -118,3 +118,18 @@ def test_reproduce_from_results_rederives_the_page_byte_for_byte(tmp_path, monke
     assert main(["reproduce", "--from-results", "--results", str(ROOT / "docs" / "results"), "--out", "out"]) == 0
     assert (tmp_path / "out" / "REPRODUCTION.md").read_bytes() == (ROOT / "docs" / "REPRODUCTION.md").read_bytes()
     assert set(PAPER_EXPERIMENTS) <= {p.name for p in (ROOT / "docs" / "results").iterdir()}
+
+
+def test_the_bundled_chat_trace_is_vidurs_file_byte_for_byte():
+    import hashlib
+
+    from servegym.workloads.scenarios import azure_conv_pairs
+    from servegym.workloads.trace import bundled_trace
+
+    data = bundled_trace("azure_llm_2023_conv.csv").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == "439e4138b7e384f316de614c071f7162be05b8af0cef866f82faacd1b0472249"
+    pairs = azure_conv_pairs()
+    assert len(pairs.prompts) == 19_366 and max(pairs.outputs) == 1000
+    assert np.mean(pairs.prompts) == pytest.approx(1154.70, abs=0.01)
+    assert np.mean(pairs.outputs) == pytest.approx(211.13, abs=0.01)
+    assert (pairs.prompts[0], pairs.outputs[0]) == (374, 44)  # the file's first row, in its column order

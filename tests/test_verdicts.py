@@ -164,6 +164,19 @@ def test_gain_claim_through_a_table():
     assert claim.verdict == PARTLY and "CI [" in claim.measured
 
 
+def test_a_gain_over_a_baseline_that_served_nothing_is_not_reproduced_not_a_crash():
+    # A run cut off before any request finished: the baseline's throughput is 0 on seed 1 (the mean of its two
+    # members, 0 and 0), so no ratio exists there; the other workload still gets its interval.
+    table = Table(_results({("w", "twp"): [1.5, 0.2, 1.4], ("w", "fcfs"): [1.0, 0.0, 1.0],
+                            ("w", "priority"): [1.0, 0.0, 1.0], ("v", "twp"): [2.0, 2.0, 2.0],
+                            ("v", "fcfs"): [1.0, 1.0, 1.0], ("v", "priority"): [1.0, 1.0, 1.0]},
+                           metrics=("throughput_rps",)))
+    claim = gain_claim(table, "P", "+45%", "twp", ["fcfs", "priority"], "throughput_rps", 0.45)
+    assert claim.verdict == PARTLY  # w not reproduced, v reproduced (+100%, CI of zero width, above +45%)
+    assert "w: the baselines' throughput_rps is 0 on seed(s) [1], no gain to measure" in claim.measured
+    assert "v: +100%" in claim.measured
+
+
 def test_paired_intervals_use_the_seeds_and_say_so():
     # Both sides swing together with the seed: the paired difference is exact, the unpaired one wide.
     a, b = {0: 10.0, 1: 20.0, 2: 30.0}, {0: 9.0, 1: 19.0, 2: 29.0}
