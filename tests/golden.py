@@ -27,6 +27,9 @@ CASES = [
     ("sarathi-high", "sarathi", {}, "high", {}, {}, 6, 500),
     ("mc-sf-burst-predicted", "mc-sf", {}, "burst", {"num_kv_blocks": 400, "length_mode": "truth_interval"}, {}, 7,
      600),
+    # The windowed variant sorts the env's 32 visible requests: MC-SF's episodes before it sorted the whole queue.
+    ("mc-sf-window32-burst-predicted", "mc-sf", {"window": 32}, "burst",
+     {"num_kv_blocks": 400, "length_mode": "truth_interval"}, {}, 7, 600),
     ("amin-burst-predicted", "amin", {}, "burst", {"num_kv_blocks": 120, "length_mode": "truth_interval"}, {}, 8, 600),
     ("alpha-medium-tight", "alpha-protection", {}, "medium", {"num_kv_blocks": 300}, {}, 9, 600),
     ("clairvoyant-greedy-burst", "clairvoyant-greedy", {}, "burst", {"num_kv_blocks": 400}, {}, 10, 600),
