@@ -17,6 +17,16 @@ Each row times ``model.learn(steps)`` (rollouts and gradient updates; model cons
 
 The ``env`` rows step the wrapped env with random actions: the ceiling any agent could train at. The last row
 trains PPO on Gymnasium's ``CartPole-v1`` (``MlpPolicy``) with the same settings, in the same run: the yardstick.
+
+``--section vec`` steps ``--vec-envs`` envs of ``--task`` per action mode with pre-drawn random actions: one env
+alone, the native vector env (``servegym.rl.vec_env.NativeVecEnv``: all in this process, one call) and SB3's
+``SubprocVecEnv`` (one spawned worker each), side by side. ``--section train`` trains PPO in the ``score`` mode
+on ``--task`` two ways, each as the current path and as the lean one, with the same rollout size, minibatch,
+epochs and learning rate: the shipped recipe (``SubprocVecEnv`` of 2, 2048 steps per env, minibatch 512, 4
+epochs, the score network on every row) against the native vector env of ``--vec-envs`` and the packed network;
+and this benchmark's own PPO settings (one env, 512 / 64 / 10 epochs). Each row says where the wall time went:
+stepping the envs, the rollout's forward passes, the update's forward passes and its backward passes and
+optimiser steps (the rest: buffers, GAE, logging).
 """
 
 from __future__ import annotations
@@ -24,13 +34,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import torch as th
-from stable_baselines3.common.vec_env import DummyVecEnv
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 from servegym.rl.fast_dist import policy_for
 from servegym.rl.train import algorithm_class, make_training_env
@@ -127,6 +139,129 @@ def table(rows: list[Row], env_rates: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+VEC_MODES = ("admit", "count", "window", "rank", "score", "params")
+
+
+def vec_rates(args: argparse.Namespace) -> str:
+    """Env steps per second per action mode: one env, the native vector env and SubprocVecEnv of ``vec_envs``."""
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    from servegym.rl.vec_env import NativeVecEnv
+
+    n = args.vec_envs
+    lines = [f"| mode | one env | native x{n} | SubprocVecEnv x{n} | native / SubprocVecEnv |",
+             "|---|---:|---:|---:|---:|"]
+    for mode in VEC_MODES:
+        factory = partial(_task_env, args.task, mode)
+        single = _sb3_rate(partial(DummyVecEnv, [factory]), args.vec_steps * n)
+        native = _sb3_rate(partial(NativeVecEnv, [factory] * n), args.vec_steps)
+        workers = _sb3_rate(partial(SubprocVecEnv, [factory] * n, start_method="spawn"), args.vec_steps)
+        lines.append(f"| {mode} | {single:.0f} | {native:.0f} | {workers:.0f} | {native / workers:.1f}x |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
+def _task_env(task: str, mode: str) -> gym.Env:
+    case, kwargs, observation = VARIANTS.get(mode, (mode, {}, "raw"))
+    return make_training_env({"task": task, "decision_steps": True}, case, None, mode_kwargs=kwargs,
+                             observation=observation)
+
+
+def _sb3_rate(build: Callable[[], VecEnv], steps: int) -> float:
+    venv = build()
+    try:
+        venv.seed(0)
+        venv.reset()
+        space = venv.action_space
+        space.seed(0)
+        actions = [np.stack([space.sample() for _ in range(venv.num_envs)]) for _ in range(64)]
+        start = time.perf_counter()
+        for k in range(steps):
+            venv.step(actions[k % len(actions)])
+        return steps * venv.num_envs / (time.perf_counter() - start)
+    finally:
+        venv.close()
+
+
+@dataclass(frozen=True)
+class TrainPath:
+    label: str
+    vec: str
+    n_envs: int
+    n_steps: int
+    batch_size: int
+    n_epochs: int
+    packed: bool
+
+
+def train_paths(n: int) -> list[TrainPath]:
+    """Pairs (current, lean) with the same rollout size, minibatch and epochs."""
+    return [TrainPath("recipe, current", "subprocess", 2, 2048, 512, 4, False),
+            TrainPath("recipe, lean", "native", n, 4096 // n, 512, 4, True),
+            TrainPath("benchmark PPO, current", "dummy", 1, 512, 64, 10, False),
+            TrainPath("benchmark PPO, lean", "native", n, max(1, 512 // n), 64, 10, True)]
+
+
+def train_breakdown(args: argparse.Namespace, path: TrainPath) -> dict[str, float]:
+    """Train PPO (score mode) on ``args.task`` along ``path`` for ``args.train_steps``; the wall time split."""
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    from servegym.rl.vec_env import NativeVecEnv
+
+    factories = [partial(make_training_env, {"task": args.task, "decision_steps": True}, "score", None,
+                         (i, path.n_envs)) for i in range(path.n_envs)]
+    venv = {"subprocess": partial(SubprocVecEnv, factories, start_method="spawn"),
+            "dummy": partial(DummyVecEnv, factories), "native": partial(NativeVecEnv, factories)}[path.vec]()
+    venv.seed(0)
+    model = algorithm_class("ppo")(policy_for("ppo", venv.action_space, "score"), venv, seed=0, verbose=0,
+                                   n_steps=path.n_steps, batch_size=path.batch_size, n_epochs=path.n_epochs,
+                                   learning_rate=2e-5, policy_kwargs={"log_std_init": -3.0, "features_extractor_kwargs":
+                                                                      {"packed": path.packed}})
+    spent = dict.fromkeys(("env", "rollout forward", "update forward", "update"), 0.0)
+    _timed_attr(venv, "step", spent, "env")
+    _timed_attr(model.policy, "forward", spent, "rollout forward")
+    _timed_attr(model.policy, "evaluate_actions", spent, "update forward")
+    _timed_attr(model, "train", spent, "update")
+    with validation(False):
+        start = time.perf_counter()
+        model.learn(total_timesteps=args.train_steps)
+        wall = time.perf_counter() - start
+    venv.close()
+    spent["update backward"] = spent.pop("update") - spent["update forward"]
+    spent["other"] = wall - sum(spent.values())
+    return {"steps/s": model.num_timesteps / wall, "wall": wall, **spent}
+
+
+def _timed_attr(owner: object, name: str, spent: dict[str, float], key: str) -> None:
+    """Replace ``owner.name`` by a wrapper adding its wall time to ``spent[key]``."""
+    inner = getattr(owner, name)
+
+    def timed(*args: object, **kwargs: object) -> object:
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent[key] += time.perf_counter() - start
+
+    setattr(owner, name, timed)
+
+
+def train_table(args: argparse.Namespace) -> str:
+    keys = ("env", "rollout forward", "update forward", "update backward", "other")
+    lines = ["| path | envs | n_steps / batch / epochs | network | steps/s | vs current | "
+             + " | ".join(f"{k} (s)" for k in keys) + " |", "|---|---|---|---|---:|---:|" + "---:|" * len(keys)]
+    current = None
+    for path in train_paths(args.vec_envs):
+        row = train_breakdown(args, path)
+        current = row["steps/s"] if path.label.endswith("current") else current
+        ratio = "-" if path.label.endswith("current") else f"{row['steps/s'] / current:.1f}x"
+        lines.append(f"| {path.label} | {path.vec} x{path.n_envs} | {path.n_steps} / {path.batch_size} / "
+                     f"{path.n_epochs} | {'packed' if path.packed else 'every row'} | {row['steps/s']:.0f} | {ratio} | "
+                     + " | ".join(f"{row[k]:.1f}" for k in keys) + " |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4096, help="timesteps per measurement")
@@ -139,9 +274,27 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (0: torch default)")
     parser.add_argument("--skip-baseline", action="store_true", help="only the fast path (no stock rows)")
     parser.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
+    parser.add_argument("--section", choices=("modes", "vec", "train", "all"), default="all",
+                        help="modes: the action modes' training rates; vec: one env, the native vector env and "
+                             "SubprocVecEnv; train: the score mode's current and lean training paths")
+    parser.add_argument("--task", default="memory-tight", help="the task of the vec and train sections")
+    parser.add_argument("--vec-envs", type=int, default=16, help="envs in the vec and train sections' vector envs")
+    parser.add_argument("--vec-steps", type=int, default=500, help="vector steps per rate in the vec section")
+    parser.add_argument("--train-steps", type=int, default=16_384, help="timesteps per path in the train section")
     args = parser.parse_args()
     if args.torch_threads:
         th.set_num_threads(args.torch_threads)
+    reports = []
+    if args.section in ("vec", "all"):
+        reports.append(vec_rates(args))
+    if args.section in ("train", "all"):
+        reports.append(train_table(args))
+    if args.section in ("vec", "train"):
+        report = "\n\n".join(reports)
+        print(report)
+        if args.out is not None:
+            args.out.write_text(report + "\n")
+        return
 
     env_rates = {mode: env_rate(args, mode) for mode in sorted({mode for _, mode in CASES})}
     print("env steps/s with random actions: " + ", ".join(f"{m} {r:.0f}" for m, r in env_rates.items()), flush=True)
@@ -153,6 +306,7 @@ def main() -> None:
     cartpole = cartpole_rate(args)
     print(f"{'ppo':>12} {'cartpole':>6} {'stock':>11}: {cartpole:7.1f} steps/s", flush=True)
     report = table(rows, env_rates) + f"\n| ppo | CartPole-v1 | MlpPolicy | {cartpole:.0f} | - | - |"
+    report = "\n\n".join([*reports, report])
     print(report)
     if args.out is not None:
         args.out.write_text(report + "\n")

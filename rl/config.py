@@ -14,6 +14,9 @@ from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS, get_task
 from servegym.rl.wrappers import OBSERVATIONS, RESIDUAL_SCALE, ROUTE_MODE
 from servegym.validation import count, count_arg
 
+VEC_ENVS = ("native", "subprocess")
+"""How ``servegym train`` steps its envs: in the training process (default) or one worker process each."""
+
 ALGOS = ("ppo", "a2c", "dqn", "sac", "maskable-ppo")
 DEFAULT_MODE = {"ppo": "count", "a2c": "count", "dqn": "count", "sac": "window", "maskable-ppo": "admit"}
 COMPATIBLE = {"ppo": {"admit", "window", "count", "rank", "score", "params", ROUTE_MODE},
@@ -46,7 +49,12 @@ class TrainConfig:
     timesteps: int = field(default=100_000, metadata={"help": "environment steps to train for",
                                                       "type": count_arg("steps")})
     seed: int = field(default=0, metadata={"help": "the run's seed: env i's first training episode is seed + i"})
-    n_envs: int = field(default=2, metadata={"help": "parallel envs (SubprocVecEnv)", "type": count_arg("envs")})
+    n_envs: int = field(default=2, metadata={"help": "training envs, stepped together (see --vec-env)",
+                                             "type": count_arg("envs")})
+    vec_env: str = field(default="native", metadata={
+        "help": "how the training envs step: native, all in the training process in one call "
+                "(servegym.rl.vec_env.NativeVecEnv, DummyVecEnv's transitions); subprocess, one worker process each "
+                "(SB3's SubprocVecEnv)", "choices": VEC_ENVS})
     max_episode_steps: int | None = field(default=None, metadata={
         "help": "the env's own episode limit (max_steps; default: the task's): a truncation there pays the "
                 "truncation penalty, so cutting episodes short never looks good", "type": count_arg("steps")})
@@ -126,6 +134,8 @@ class TrainConfig:
         elif self.imitate is not None and (self.resolved_mode != "score" or self.algo not in ("ppo", "a2c")):
             raise ValueError(f"imitate warm-starts PPO or A2C in the score mode, not {self.algo} in "
                              f"{self.resolved_mode!r}")
+        if self.vec_env not in VEC_ENVS:
+            raise ValueError(f"vec_env must be one of {VEC_ENVS}, got {self.vec_env!r}")
         if self.observation not in OBSERVATIONS:
             raise ValueError(f"observation must be one of {OBSERVATIONS}, got {self.observation!r}")
         if self.observation == "scaled" and self.resolved_mode == "score" and self.algo in ("ppo", "a2c"):

@@ -86,18 +86,20 @@ def _scaled(scale: float, reward: float) -> float:
 
 
 def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    from servegym.rl.vec_env import NativeVecEnv
 
     start = cfg.seed * 10_007 + offset
     factories = [partial(make_training_env, cfg.env_kwargs(), cfg.resolved_mode, cfg.max_episode_steps,
                          (start + rank, cfg.n_envs), True, cfg.reward_scale, cfg.reward_reference,
                          cfg.mode_kwargs(), cfg.observation)
                  for rank in range(cfg.n_envs)]
-    if subprocess and cfg.n_envs > 1:
+    if cfg.vec_env == "subprocess" and subprocess and cfg.n_envs > 1:
         # spawn, not SB3's default forkserver: each worker is this process's own child, known by its pid from the
         # start, so a stop during set-up ends it at once (a forkserver's children outlived a SIGTERM by ~30 s).
         return SubprocVecEnv(factories, start_method="spawn")
-    return DummyVecEnv(factories)
+    return NativeVecEnv(factories)
 
 
 def _imitate(model: BaseAlgorithm, cfg: TrainConfig) -> dict[str, float]:

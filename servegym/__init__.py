@@ -44,12 +44,23 @@ def task_id(task: str) -> str:
 
 
 _ENTRY = "servegym.envs.mixture:make_serving_env"
+_VECTOR_ENTRY = "servegym.envs.vector:make_serving_vector_env"
 TASK_MAX_STEPS = {"prefix-reuse": 200_000, "cluster-routing": 1_000_000}
 """Tasks whose episodes run past the ids' 20,000 steps (their ``Task.max_steps``; tests check the two agree)."""
 for _id, _kwargs in (*((env_id, {"version": version}) for version, env_id in ENV_IDS.items()),
                      *((task_id(task), {"version": VERSION, "task": task, "id_task": task}) for task in TASK_IDS)):
     if _id not in registry:
         register(id=_id, entry_point=_ENTRY, max_episode_steps=TASK_MAX_STEPS.get(_kwargs.get("task"), 20_000),
-                 kwargs=_kwargs)
+                 kwargs=_kwargs, vector_entry_point=_VECTOR_ENTRY)
 
-__all__ = ["ENV_CHANGES", "ENV_ID", "ENV_IDS", "LEGACY_ENV_ID", "TASK_IDS", "VERSION", "__version__", "task_id"]
+
+def make_vec(env_id: str = ENV_ID, num_envs: int = 1, **kwargs):
+    """``num_envs`` envs of ``env_id`` stepped in one call in this process (:class:`servegym.envs.vector.
+    ServingVectorEnv`): ``gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point", **kwargs)``;
+    ``kwargs`` are ``gym.make``'s (``task=``, ``flat_obs=``, ...) plus ``autoreset_mode`` and ``copy``."""
+    import gymnasium as gym
+
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
+
+__all__ = ["ENV_CHANGES", "ENV_ID", "ENV_IDS", "LEGACY_ENV_ID", "TASK_IDS", "VERSION", "__version__", "make_vec",
+           "task_id"]

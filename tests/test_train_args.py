@@ -18,16 +18,20 @@ TASK = ["train", "--task", "memory-tight", "--n-envs", "2", "--timesteps", "128"
 
 @pytest.fixture
 def spawned(monkeypatch) -> list[int]:
-    """``SubprocVecEnv`` replaced by a spy that records each construction and starts nothing."""
+    """The training vector envs (``NativeVecEnv``, the default, and ``SubprocVecEnv``) replaced by spies that record
+    each construction's env count and build nothing."""
     import stable_baselines3.common.vec_env as vec_env
+
+    import servegym.rl.vec_env as native
 
     calls: list[int] = []
 
     def spy(env_fns, start_method=None):
         calls.append(len(env_fns))
-        raise RuntimeError("SubprocVecEnv started")
+        raise RuntimeError("the training envs started")
 
     monkeypatch.setattr(vec_env, "SubprocVecEnv", spy)
+    monkeypatch.setattr(native, "NativeVecEnv", spy)
     return calls
 
 
@@ -106,6 +110,7 @@ def test_counts_follow_the_shared_bounded_count_rule(tmp_path, capsys, spawned, 
     ("timesteps", True, "timesteps must be a whole number in [1, 1,000,000,000] (env steps), got True"),
     ("hyperparams", [1], "hyperparams must be a mapping, got [1]"),
     ("normalize", "no", "normalize must be true or false, got 'no'"),
+    ("vec_env", "dummy", "vec_env must be one of ('native', 'subprocess'), got 'dummy'"),
 ])
 def test_the_config_applies_the_same_rules(field, value, message):
     with pytest.raises(ValueError) as err:
@@ -122,10 +127,13 @@ def test_good_input_reaches_the_workers_and_their_failure_leaves_no_folder(tmp_p
     # The spy above is what a good command reaches (so its silence above means something); a start that fails
     # there, whatever the error, removes the run folder it made.
     out = tmp_path / "out"
-    with pytest.raises(RuntimeError, match="SubprocVecEnv started"):
+    with pytest.raises(RuntimeError, match="the training envs started"):
         main([*TASK, "--out", str(out)])
     assert spawned == [2]
     assert out.is_dir() and list(out.iterdir()) == []
+    with pytest.raises(RuntimeError, match="the training envs started"):  # in workers: the same reach
+        main([*TASK, "--vec-env", "subprocess", "--out", str(out)])
+    assert spawned == [2, 2]
 
 
 def test_a_value_the_algorithm_refuses_at_start_leaves_nothing_and_the_corrected_command_runs(tmp_path, capsys):

@@ -31,15 +31,17 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = {"n_steps": 64, "batch_size": 64, "n_epochs": 1}
 
 
-def train_command(out: Path) -> list[str]:
-    """A run far longer than any test waits: it ends only by the signal the test sends."""
+def train_command(out: Path, vec_env: str = "subprocess") -> list[str]:
+    """A run far longer than any test waits: it ends only by the signal the test sends (its envs in worker
+    processes unless ``vec_env="native"``)."""
     return [sys.executable, "-m", "servegym.cli", "train", "--task", "memory-tight", "--timesteps", "1000000",
-            "--n-envs", "2", "--max-episode-steps", "100", "--eval-freq", "1000000", "--eval-episodes", "1",
+            "--n-envs", "2", "--vec-env", vec_env, "--max-episode-steps", "100", "--eval-freq", "1000000",
+            "--eval-episodes", "1",
             "--checkpoint-freq", "128", "--hyperparams", json.dumps(TINY), "--out", str(out), "--quiet"]
 
 
-def start_training(out: Path) -> subprocess.Popen:
-    return subprocess.Popen(train_command(out), cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
+def start_training(out: Path, vec_env: str = "subprocess") -> subprocess.Popen:
+    return subprocess.Popen(train_command(out, vec_env), cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -78,13 +80,16 @@ def test_sigterm_during_env_setup_exits_143_and_leaves_no_process(tmp_path):
             f"train --resume {run} (no step was taken yet: it starts over)") in err
 
 
-@pytest.mark.parametrize(("sig", "group", "status"), [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)],
-                         ids=["ctrl-c", "sigterm"])
-def test_a_stop_while_learning_records_the_steps_and_checkpoint_and_resume_finishes(tmp_path, sig, group, status):
+@pytest.mark.parametrize(("sig", "group", "status", "vec_env"),
+                         [(signal.SIGINT, True, 130, "native"), (signal.SIGTERM, False, 143, "subprocess")],
+                         ids=["ctrl-c-native", "sigterm-subprocess"])
+def test_a_stop_while_learning_records_the_steps_and_checkpoint_and_resume_finishes(tmp_path, sig, group, status,
+                                                                                    vec_env):
     # Rule: after a stop, config.json says interrupted, by which signal, the steps the model took and the last
-    # checkpoint (whole: a resume loads it); the exit status is 128 + the signal.
+    # checkpoint (whole: a resume loads it); the exit status is 128 + the signal; with the envs in this process
+    # or in workers.
     out = tmp_path / "out"
-    proc = start_training(out)
+    proc = start_training(out, vec_env)
     try:
         wait_until("the first checkpoint", lambda: any(out.glob("*/checkpoints/model_vecnormalize_*.pkl")), proc)
         err = stop_and_wait(proc, sig, group=group)
@@ -171,7 +176,7 @@ def test_a_stop_during_env_setup_ends_every_worker_it_started(tmp_path):
     threading.Thread(target=sigterm_at_setup, daemon=True).start()
     try:
         with pytest.raises(TrainingInterrupted):
-            train(tiny(tmp_path, timesteps=1_000_000), progress=False, subprocess=True)
+            train(tiny(tmp_path, timesteps=1_000_000, vec_env="subprocess"), progress=False, subprocess=True)
         print(f"stopped {time.monotonic() - sent[0]:.2f} s after SIGTERM")
         left = {pid: args for pid, args in child_processes().items() if pid not in before}
         assert left == {}, "processes the stopped call started are still running"

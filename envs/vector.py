@@ -1,0 +1,260 @@
+"""A Gymnasium vector env that steps N serving episodes in one call, in this process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space, create_empty_array, iterate
+
+
+class ServingVectorEnv(VectorEnv):
+    """
+    ## Description
+
+    `num_envs` serving episodes stepped in one call, in one process: each sub-env keeps its own compiled engine,
+    and each step writes every sub-env's observation into one preallocated batch (no worker processes, no
+    pickling, no pipes). The sub-envs are built by `env_fns`, as for Gymnasium's `SyncVectorEnv`, so an action
+    mode's wrappers (`servegym.rl.wrappers`) vectorise unchanged; `gym.make_vec(id, num_envs=N,
+    vectorization_mode="vector_entry_point")` and `servegym.make_vec` build the plain env's.
+
+    Episode i is the episode a single env would play: `reset(seed=s)` resets sub-env `i` with seed `s + i` (a
+    list gives each its own), and later resets draw from the sub-env's own `np_random`, as a single env's
+    unseeded `reset()` does.
+
+    ## Spaces
+
+    `observation_space` and `action_space` are the sub-env's batched by `gymnasium.vector.utils.batch_space`: a
+    flat `Box` (with `flat_obs=True`) becomes `(num_envs, n)`, a `Dict` a `Dict` of batched keys, the
+    `MultiDiscrete` action `(num_envs, W)`.
+
+    ## Autoreset
+
+    `autoreset_mode="NextStep"` (Gymnasium's default): the step after an episode ends resets that sub-env,
+    ignores its action and returns the first observation, reward 0, and neither terminated nor truncated.
+    `"SameStep"`: the ending step resets at once and returns the new episode's first observation, the final one in
+    `infos["final_obs"]` and the final info in `infos["final_info"]`. Infos are Gymnasium's vector infos: an array
+    per key over the sub-envs and a boolean mask `"_key"` saying which sub-envs set it.
+
+    ## Arguments
+
+    | parameter | default | description |
+    |-----------|---------|-------------|
+    | `env_fns` | | one callable per sub-env, each returning an env with the same spaces |
+    | `autoreset_mode` | `NextStep` | `"NextStep"`, `"SameStep"` or `"Disabled"` (the caller resets) |
+    | `copy` | `True` | return a copy of the observation batch (False: the buffer the next step overwrites) |
+    """
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]],
+                 autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP, copy: bool = True) -> None:
+        super().__init__()
+        if not env_fns:
+            raise ValueError("a vector env needs at least one sub-env (env_fns is empty)")
+        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        self.copy = bool(copy)
+        self.envs = [fn() for fn in env_fns]
+        self.num_envs = len(self.envs)
+        first = self.envs[0]
+        for i, env in enumerate(self.envs[1:], 1):
+            if env.observation_space != first.observation_space or env.action_space != first.action_space:
+                raise ValueError(f"sub-env {i}'s spaces differ from sub-env 0's: every sub-env must have the same "
+                                 "observation and action spaces (same queue window, slots, containers, mode)")
+        self.metadata = {**first.metadata, "autoreset_mode": self.autoreset_mode}
+        self.render_mode = first.render_mode
+        self.single_observation_space = first.observation_space
+        self.single_action_space = first.action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._obs = create_empty_array(self.single_observation_space, self.num_envs, fn=np.zeros)
+        self._write = _row_writer(self.single_observation_space, self._obs)
+        self._rewards = np.zeros(self.num_envs, dtype=np.float64)
+        self._terminations = np.zeros(self.num_envs, dtype=np.bool_)
+        self._truncations = np.zeros(self.num_envs, dtype=np.bool_)
+        self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)
+        self._indexable = isinstance(self.action_space, spaces.Box | spaces.MultiDiscrete | spaces.Discrete
+                                     | spaces.MultiBinary)
+        self._started = False
+        self.env_infos: list[dict[str, Any]] = [{} for _ in self.envs]
+        """Each sub-env's own info from the last step or reset (its final info when it just ended in
+        ``SameStep`` mode, under ``"final_info"``, with ``"final_obs"``)."""
+
+    def reset(self, *, seed: int | Sequence[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        for i, s in enumerate(_seeds(seed, self.num_envs)):
+            self.reset_env(i, s, options)
+        return self._observations(), vector_info(self.env_infos)
+
+    def reset_env(self, i: int, seed: int | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Reset sub-env ``i`` alone (``reset`` resets them all): its observation goes into row ``i`` of the batch;
+        return its info. For adapters that reset each sub-env with its own seed and options."""
+        obs, self.env_infos[i] = self.envs[i].reset(seed=seed, options=options)
+        self._write(i, obs)
+        self._terminations[i] = self._truncations[i] = self._autoreset[i] = False
+        self._started = True
+        return self.env_infos[i]
+
+    @property
+    def observations(self) -> Any:
+        """The observation batch buffer itself (the next step or reset overwrites it)."""
+        return self._obs
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        self.step_raw(actions)
+        infos = vector_info(self.env_infos)
+        return (self._observations(), self._rewards.copy(), self._terminations.copy(), self._truncations.copy(),
+                infos)
+
+    def step_raw(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+        """One step of every sub-env, returned without copies or vector infos: the observation batch, rewards,
+        terminations and truncations (buffers the next call overwrites) and each sub-env's own info dict (for
+        adapters such as SB3's ``VecEnv`` that want per-env infos)."""
+        if not self._started:
+            raise RuntimeError("call reset() before step()")
+        for i, action in enumerate(self._actions(actions)):
+            env, infos = self.envs[i], self.env_infos
+            if self._autoreset[i]:  # NextStep: the step after an end resets and ignores the action
+                obs, infos[i] = env.reset()
+                self._rewards[i], self._terminations[i], self._truncations[i] = 0.0, False, False
+                self._write(i, obs)
+                continue
+            obs, reward, terminated, truncated, info = env.step(action)
+            self._rewards[i], self._terminations[i], self._truncations[i] = reward, terminated, truncated
+            if (terminated or truncated) and self.autoreset_mode == AutoresetMode.SAME_STEP:
+                final_obs, final_info = obs, info
+                obs, info = env.reset()
+                info = {**info, "final_obs": final_obs, "final_info": final_info}
+            infos[i] = info
+            self._write(i, obs)
+        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+            np.logical_or(self._terminations, self._truncations, out=self._autoreset)
+        elif self.autoreset_mode == AutoresetMode.DISABLED and (self._terminations | self._truncations).any():
+            self._started = False  # the caller resets (Disabled mode), as SyncVectorEnv expects
+        return self._obs, self._rewards, self._terminations, self._truncations, self.env_infos
+
+    def _actions(self, actions: Any) -> Sequence[Any]:
+        if self._indexable:
+            batch = np.asarray(actions)
+            if batch.shape != self.action_space.shape:
+                raise ValueError(f"actions must have shape {self.action_space.shape} (num_envs={self.num_envs} "
+                                 f"rows of the sub-env's action), got {batch.shape}")
+            return batch
+        return list(iterate(self.action_space, actions))
+
+    def _observations(self) -> Any:
+        if not self.copy:
+            return self._obs
+        if isinstance(self._obs, dict):
+            return {k: v.copy() for k, v in self._obs.items()}
+        return self._obs.copy()
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call ``name`` on every sub-env (an attribute's value when it is not callable), e.g.
+        ``call("action_masks")``."""
+        results = []
+        for env in self.envs:
+            value = env.get_wrapper_attr(name)
+            results.append(value(*args, **kwargs) if callable(value) else value)
+        return tuple(results)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        return tuple(env.get_wrapper_attr(name) for env in self.envs)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        values = values if isinstance(values, list | tuple) else [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(f"set_attr needs one value per sub-env ({self.num_envs}), got {len(values)}")
+        for env, value in zip(self.envs, values, strict=True):
+            env.set_wrapper_attr(name, value)
+
+    def render(self) -> tuple[Any, ...] | None:
+        return tuple(env.render() for env in self.envs)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def vector_info(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Gymnasium's vector infos from per-env info dicts, laid out as ``SyncVectorEnv`` lays them out: each key's
+    values in an array over the sub-envs, typed by the first sub-env that set it (a Python or numpy scalar: that
+    dtype; an array: stacked; a dict: recursively; ``final_obs`` and anything else: an object array), and a mask
+    ``"_key"`` of the sub-envs that set it."""
+    n, out = len(infos), {}
+    for key in dict.fromkeys(k for info in infos for k in info):
+        present = np.array([key in info for info in infos], dtype=np.bool_)
+        rows = np.flatnonzero(present)
+        first = infos[rows[0]][key]
+        if key != "final_obs" and isinstance(first, dict):
+            out[key] = vector_info([info.get(key, {}) for info in infos])
+        else:
+            column = _empty_column(key, first, n)
+            for i in rows:
+                column[i] = infos[i][key]
+            out[key] = column
+        out[f"_{key}"] = present
+    return out
+
+
+def _empty_column(key: str, first: Any, n: int) -> np.ndarray:
+    if key != "final_obs" and (type(first) in (int, float, bool) or isinstance(first, np.number)):
+        return np.zeros(n, dtype=type(first))
+    if key != "final_obs" and isinstance(first, np.ndarray):
+        return np.zeros((n, *first.shape), dtype=first.dtype)
+    return np.full(n, None, dtype=object)
+
+
+def _seeds(seed: int | Sequence[int | None] | None, n: int) -> list[int | None]:
+    if seed is None:
+        return [None] * n
+    if isinstance(seed, int | np.integer):
+        return [int(seed) + i for i in range(n)]
+    seeds = list(seed)
+    if len(seeds) != n:
+        raise ValueError(f"reset(seed=...) as a list needs one seed per sub-env ({n}), got {len(seeds)}")
+    return seeds
+
+
+def _row_writer(space: spaces.Space, batch: Any) -> Callable[[int, Any], None]:
+    """A function writing one sub-env's observation into row ``i`` of the preallocated ``batch``."""
+    if isinstance(space, spaces.Dict):
+        writers = {key: _row_writer(sub, batch[key]) for key, sub in space.spaces.items()}
+
+        def write_dict(i: int, obs: dict[str, Any]) -> None:
+            for key, write in writers.items():
+                write(i, obs[key])
+
+        return write_dict
+    if isinstance(space, spaces.Box | spaces.MultiDiscrete | spaces.MultiBinary | spaces.Discrete):
+
+        def write_row(i: int, obs: Any) -> None:
+            batch[i] = obs
+
+        return write_row
+    raise TypeError(f"ServingVectorEnv batches Box, Discrete, MultiDiscrete, MultiBinary and Dict observations, "
+                    f"not {type(space).__name__}")
+
+
+def make_serving_vector_env(num_envs: int = 1, max_episode_steps: int | None = None,
+                            autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP, copy: bool = True,
+                            **kwargs: Any) -> ServingVectorEnv:
+    """The registered ids' ``vector_entry_point``: ``num_envs`` envs as ``gym.make(id, **kwargs)`` builds them
+    (the same episodes; ``max_episode_steps`` truncates as ``gym.make``'s ``TimeLimit`` does, -1 or None: no
+    limit), stepped by one :class:`ServingVectorEnv`."""
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:
+        raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+    return ServingVectorEnv([partial(_single_env, max_episode_steps, kwargs)] * int(num_envs),
+                            autoreset_mode=autoreset_mode, copy=copy)
+
+
+def _single_env(max_episode_steps: int | None, kwargs: dict[str, Any]) -> gym.Env:
+    from servegym.envs.mixture import make_serving_env
+
+    env = make_serving_env(**kwargs)
+    if max_episode_steps is not None and max_episode_steps > 0:
+        env = gym.wrappers.TimeLimit(env, max_episode_steps)
+    return env
