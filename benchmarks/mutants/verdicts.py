@@ -35,4 +35,8 @@ MUTATIONS = [
      (VERDICTS,), "verdict"),
     ("verdicts-header-without-rule", "evaluation/reproduction.py",
      '        *[f"- {rule}" for rule in VERDICT_RULES],\n', "", (VERDICTS,), "verdict"),
+    ("verdicts-gain-zero-baseline-unguarded", "evaluation/verdicts.py",
+     "        empty = [s for s in seeds if theirs[s] <= 0.0]", "        empty = []", (VERDICTS,), "verdict"),
+    ("verdicts-gain-zero-baseline-skipped", "evaluation/verdicts.py",
+     "            verdicts.append(NOT)\n            continue", "            continue", (VERDICTS,), "verdict"),
 ]
