@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, astuple, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servegym.benchmark.board import (
     ENGINE_CONFIG_SUFFIX,
@@ -39,6 +39,9 @@ from servegym.evaluation.executor import PROCESSES, Executor, RunStore, progress
 from servegym.policies import POLICIES, make_policy
 from servegym.pool import PoolConfig
 from servegym.runner import EpisodeResult, env_profile, make_env, run_episode
+
+if TYPE_CHECKING:
+    from servegym.benchmark.budgets import TrainingBudget
 
 DEFAULT_POLICIES = ("random", "random:count", "random:window", "random:rank", "random:score", "fcfs", "twp",
                     "flow-control", "sarathi", "mc-sf", "vllm", "lpm", "priority", "clairvoyant-greedy",
@@ -353,9 +356,11 @@ def _describe(job: BenchJob) -> str:
 
 
 def write_leaderboard(rows: Sequence[BenchRow], out_dir: str | Path, command: str = "servegym bench",
-                      partial: tuple[int, int] | None = None) -> tuple[Path, Path]:
+                      partial: tuple[int, int] | None = None, budgets: Sequence[TrainingBudget] = ()
+                      ) -> tuple[Path, Path]:
     """Write ``leaderboard.csv`` (one row per episode, :data:`COLUMNS`) and ``leaderboard.md`` (per task, the
-    policies best-first with 95% confidence intervals, and the task's headroom); return both paths."""
+    policies best-first with 95% confidence intervals, and the task's headroom; ``budgets``, the trained agents'
+    :class:`~servegym.benchmark.budgets.TrainingBudget`, as a table at the end); return both paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / "leaderboard.csv", out / "leaderboard.md"
@@ -366,6 +371,10 @@ def write_leaderboard(rows: Sequence[BenchRow], out_dir: str | Path, command: st
         writer.writerows(astuple(row) for row in rows)
     os.replace(tmp, csv_path)
     text = markdown(rows, command, built_by=stamp())
+    if budgets:
+        from servegym.benchmark.budgets import budget_lines
+
+        text += "\n" + "\n".join(budget_lines(budgets))
     if partial is not None:
         text = (f"> **PARTIAL RESULTS**: stopped after {partial[0]} of {partial[1]} episodes; re-run the same "
                 "command to finish (finished episodes are kept in `runs/`).\n\n" + text)

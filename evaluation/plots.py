@@ -169,9 +169,10 @@ def plot_all(results: list[TaskResult], summary: Summary, out: Path) -> list[Pat
 
 
 def learning_curves(runs: Sequence[str | Path], out: str | Path, references: dict[str, float] | None = None,
-                    title: str = "") -> Path:
+                    title: str = "", log_steps: bool = False) -> Path:
     """Each training run's validation return over timesteps (its ``eval.csv``), with horizontal lines for
-    ``references`` (label -> validation return), written as a PNG; return its path."""
+    ``references`` (label -> validation return), written as a PNG (``log_steps``: timesteps on a log scale, so
+    100k, 1M and 10M budgets share one plot); return its path."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in runs:
@@ -180,7 +181,9 @@ def learning_curves(runs: Sequence[str | Path], out: str | Path, references: dic
     for label, value in (references or {}).items():
         ax.axhline(value, linestyle="--", color="grey")
         ax.annotate(label, xy=(0.01, value), xycoords=("axes fraction", "data"), fontsize=8, va="bottom")
-    ax.set_xlabel("timesteps")
+    if log_steps:
+        ax.set_xscale("log")
+    ax.set_xlabel("timesteps (env steps trained)")
     ax.set_ylabel("validation return (mean over the validation seeds)")
     ax.set_title(title)
     ax.legend(fontsize=8)

@@ -4,7 +4,14 @@ Importing the package registers ``servegym/Serving-v2`` (current), the legacy ``
 ``-v0``, and one id per benchmark task (``servegym/MemoryTight-v2``, ...).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from gymnasium.envs.registration import register, registry
+
+if TYPE_CHECKING:
+    from gymnasium.vector import VectorEnv
 
 __version__ = "0.3.0"
 
@@ -54,7 +61,7 @@ for _id, _kwargs in (*((env_id, {"version": version}) for version, env_id in ENV
                  kwargs=_kwargs, vector_entry_point=_VECTOR_ENTRY)
 
 
-def make_vec(env_id: str = ENV_ID, num_envs: int = 1, **kwargs):
+def make_vec(env_id: str = ENV_ID, num_envs: int = 1, **kwargs: Any) -> VectorEnv:
     """``num_envs`` envs of ``env_id`` stepped in one call in this process (:class:`servegym.envs.vector.
     ServingVectorEnv`): ``gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point", **kwargs)``;
     ``kwargs`` are ``gym.make``'s (``task=``, ``flat_obs=``, ...) plus ``autoreset_mode`` and ``copy``."""

@@ -18,6 +18,7 @@ from servegym.benchmark.bench import (
     task_test_seeds,
     write_leaderboard,
 )
+from servegym.benchmark.budgets import training_budget, write_budgets, write_curves
 from servegym.cli_args import add_executor_args, executor_from_args, writable_dir
 from servegym.envs.tasks import TASKS, TEST_SEEDS
 from servegym.evaluation.executor import Executor, FolderLock, Interrupted, JobFailed, RunStore
@@ -45,6 +46,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.agent:
         return _submit(args)
     # Everything is checked before the first episode: a typo should not cost a run.
+    if args.curves and not args.rl:
+        raise ValueError("--curves draws trained agents' validation returns against their budgets: give --rl RUN ...")
     executor = executor_from_args(args)
     tasks = args.tasks or list(TASKS)
     if args.seeds is not None and args.seeds > len(TEST_SEEDS):
@@ -85,9 +88,15 @@ def _run_and_write(args: argparse.Namespace, executor: Executor, tasks: list[str
         if done:
             write_leaderboard(done, out, command_line(args), partial=(len(done), len(jobs)))
         raise
-    csv_path, md_path = write_leaderboard(rows, out, command_line(args))
+    budgets = [training_budget(e) for e in entries if e.policy.startswith("rl:")]
+    csv_path, md_path = write_leaderboard(rows, out, command_line(args), budgets=budgets)
     print(md_path.read_text())
     print(f"wrote {csv_path} (one row per episode) and {md_path}")
+    if budgets:
+        print(f"wrote {write_budgets(budgets, out)} (each agent's env steps and wall time)")
+    if args.curves:
+        for path in write_curves(entries, rows, out):
+            print(f"wrote {path} (validation return against training budget)")
     return 0
 
 
@@ -150,5 +159,8 @@ def add_bench_parser(sub: Any) -> None:
                             "to replay instead of the one the file names)")
     bench.add_argument("--verify", default=None, metavar="FILE",
                        help="replay a submission's agent on its seeds and check every number (exit 1 if any differ)")
+    bench.add_argument("--curves", action="store_true",
+                       help="with --rl: per task, learning_curves_<task>.png, each agent's validation return against "
+                            "its training steps (log scale) with the tuned heuristics' validation returns as lines")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(func=cmd_bench)
