@@ -38,8 +38,10 @@ class ServingVectorEnv(VectorEnv):
     `autoreset_mode="NextStep"` (Gymnasium's default): the step after an episode ends resets that sub-env,
     ignores its action and returns the first observation, reward 0, and neither terminated nor truncated.
     `"SameStep"`: the ending step resets at once and returns the new episode's first observation, the final one in
-    `infos["final_obs"]` and the final info in `infos["final_info"]`. Infos are Gymnasium's vector infos: an array
-    per key over the sub-envs and a boolean mask `"_key"` saying which sub-envs set it.
+    `infos["final_obs"]` and the final info in `infos["final_info"]`. `"Disabled"`: an ended sub-env is not stepped
+    again until the caller resets it, `reset(options={"reset_mask": mask})` resetting the masked ones. Infos are
+    Gymnasium's vector infos: an array per key over the sub-envs and a boolean mask `"_key"` saying which sub-envs
+    set it.
 
     ## Arguments
 
@@ -78,24 +80,33 @@ class ServingVectorEnv(VectorEnv):
         self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)
         self._indexable = isinstance(self.action_space, spaces.Box | spaces.MultiDiscrete | spaces.Discrete
                                      | spaces.MultiBinary)
-        self._started = False
+        self._started = np.zeros(self.num_envs, dtype=np.bool_)
+        self._ended = np.zeros(self.num_envs, dtype=np.bool_)
+        """With ``Disabled`` autoreset: sub-envs whose episode ended and that the caller has not reset yet."""
         self.env_infos: list[dict[str, Any]] = [{} for _ in self.envs]
         """Each sub-env's own info from the last step or reset (its final info when it just ended in
         ``SameStep`` mode, under ``"final_info"``, with ``"final_obs"``)."""
 
     def reset(self, *, seed: int | Sequence[int | None] | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        """Reset every sub-env, or with ``options={"reset_mask": mask}`` (a boolean array, one per sub-env) those
+        the mask selects, as Gymnasium's ``SyncVectorEnv`` does (the infos then cover those alone)."""
+        options = dict(options) if options is not None else None
+        mask = _reset_mask(options.pop("reset_mask"), self.num_envs) if options and "reset_mask" in options \
+            else np.ones(self.num_envs, dtype=np.bool_)
+        infos: list[dict[str, Any]] = [{} for _ in self.envs]
         for i, s in enumerate(_seeds(seed, self.num_envs)):
-            self.reset_env(i, s, options)
-        return self._observations(), vector_info(self.env_infos)
+            if mask[i]:
+                infos[i] = self.reset_env(i, s, options or None)
+        return self._observations(), vector_info(infos)
 
     def reset_env(self, i: int, seed: int | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """Reset sub-env ``i`` alone (``reset`` resets them all): its observation goes into row ``i`` of the batch;
         return its info. For adapters that reset each sub-env with its own seed and options."""
         obs, self.env_infos[i] = self.envs[i].reset(seed=seed, options=options)
         self._write(i, obs)
-        self._terminations[i] = self._truncations[i] = self._autoreset[i] = False
-        self._started = True
+        self._terminations[i] = self._truncations[i] = self._autoreset[i] = self._ended[i] = False
+        self._started[i] = True
         return self.env_infos[i]
 
     @property
@@ -113,8 +124,11 @@ class ServingVectorEnv(VectorEnv):
         """One step of every sub-env, returned without copies or vector infos: the observation batch, rewards,
         terminations and truncations (buffers the next call overwrites) and each sub-env's own info dict (for
         adapters such as SB3's ``VecEnv`` that want per-env infos)."""
-        if not self._started:
-            raise RuntimeError("call reset() before step()")
+        if not self._started.all() or self._ended.any():
+            waiting = np.flatnonzero(~self._started | self._ended).tolist()
+            raise RuntimeError(f"sub-env(s) {waiting} must be reset before step(): call reset() (with "
+                               "options={'reset_mask': mask} for some; autoreset_mode='Disabled' leaves an ended "
+                               "episode to the caller)")
         for i, action in enumerate(self._actions(actions)):
             env, infos = self.envs[i], self.env_infos
             if self._autoreset[i]:  # NextStep: the step after an end resets and ignores the action
@@ -132,8 +146,8 @@ class ServingVectorEnv(VectorEnv):
             self._write(i, obs)
         if self.autoreset_mode == AutoresetMode.NEXT_STEP:
             np.logical_or(self._terminations, self._truncations, out=self._autoreset)
-        elif self.autoreset_mode == AutoresetMode.DISABLED and (self._terminations | self._truncations).any():
-            self._started = False  # the caller resets (Disabled mode), as SyncVectorEnv expects
+        elif self.autoreset_mode == AutoresetMode.DISABLED:  # the caller resets what ended
+            self._ended |= self._terminations | self._truncations
         return self._obs, self._rewards, self._terminations, self._truncations, self.env_infos
 
     def _actions(self, actions: Any) -> Sequence[Any]:
@@ -206,6 +220,15 @@ def _empty_column(key: str, first: Any, n: int) -> np.ndarray:
     if key != "final_obs" and isinstance(first, np.ndarray):
         return np.zeros((n, *first.shape), dtype=first.dtype)
     return np.full(n, None, dtype=object)
+
+
+def _reset_mask(mask: Any, n: int) -> np.ndarray:
+    """``reset(options={"reset_mask": ...})``'s mask, checked as Gymnasium checks it."""
+    if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.shape != (n,):
+        raise ValueError(f"options['reset_mask'] must be a numpy bool array of shape ({n},), got {mask!r}")
+    if not mask.any():
+        raise ValueError("options['reset_mask'] selects no sub-env: at least one must be True")
+    return mask
 
 
 def _seeds(seed: int | Sequence[int | None] | None, n: int) -> list[int | None]:

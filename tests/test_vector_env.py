@@ -215,3 +215,30 @@ def test_a_reset_after_an_episode_ended_clears_the_pending_autoreset():
     obs, rewards, *_ = vec.step(action)
     expected, reward, *_ = single.step(action[0])
     assert np.array_equal(obs[0], expected) and rewards[0] == reward != 0.0
+
+
+def test_disabled_autoreset_leaves_ended_episodes_to_a_masked_reset_as_sync_vector_env_does():
+    # Rule: with autoreset_mode="Disabled" an ended sub-env is not stepped again until the caller resets it;
+    # reset(options={"reset_mask": mask}) resets the masked ones alone, with SyncVectorEnv's observations and infos.
+    make = partial(gym.make, task_id("memory-tight"), flat_obs=True)
+    limits = [partial(gym.make, task_id("memory-tight"), flat_obs=True, max_episode_steps=k) for k in (2, 50)]
+    ours = ServingVectorEnv(limits, autoreset_mode="Disabled")
+    theirs = SyncVectorEnv(limits, autoreset_mode="Disabled")
+    ours.reset(seed=0)
+    theirs.reset(seed=0)
+    action = np.ones((2, 32), dtype=np.int64)
+    for _ in range(2):
+        a, b = ours.step(action), theirs.step(action)
+    assert a[3].tolist() == b[3].tolist() == [True, False]
+    with pytest.raises(RuntimeError, match=r"sub-env\(s\) \[0\] must be reset"):
+        ours.step(action)
+    mask = np.array([True, False])
+    a, b = ours.reset(seed=7, options={"reset_mask": mask}), theirs.reset(seed=7, options={"reset_mask": mask})
+    assert _equal(a[0], b[0]) and _infos_equal(a[1], b[1]) and a[1]["_num_waiting"].tolist() == [True, False]
+    a, b = ours.step(action), theirs.step(action)
+    for x, y in zip(a[:4], b[:4], strict=True):
+        assert _equal(x, y)
+    for bad, message in ((np.array([1, 0]), "numpy bool array of shape"), (np.array([False, False]), "selects no")):
+        with pytest.raises(ValueError, match=message):
+            ours.reset(options={"reset_mask": bad})
+    assert make().observation_space == ours.single_observation_space
