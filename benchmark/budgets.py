@@ -31,8 +31,8 @@ class TrainingBudget:
     """Seconds the training calls ran, summed over resumes."""
     n_envs: int
     vec_env: str
-    """``native`` or ``subprocess``; ``subprocess`` for a run made before the choice existed (with more than one
-    env that is what it used) or ``dummy`` with one env."""
+    """``native`` or ``subprocess`` (one env is always ``native``); for a run made before the choice existed,
+    ``subprocess`` with more than one env (what it used) and ``dummy`` with one."""
 
 
 def training_budget(entry: Entry) -> TrainingBudget:
@@ -40,6 +40,8 @@ def training_budget(entry: Entry) -> TrainingBudget:
     data = run_record(entry.policy.removeprefix("rl:"))
     n_envs = int(data.get("n_envs") or 1)
     vec_env = data.get("vec_env") or ("subprocess" if n_envs > 1 else "dummy")
+    if vec_env == "subprocess" and n_envs == 1:  # one env never starts a worker: it steps in the process
+        vec_env = "native" if "vec_env" in data else "dummy"
     done = data.get("timesteps_done")
     return TrainingBudget(entry.label, str(data.get("task") or ""), int(done) if done is not None else -1,
                           float(data.get("wall_s") or math.nan), n_envs, str(vec_env))
@@ -91,12 +93,13 @@ def write_curves(entries: Sequence[Entry], rows: Sequence[BenchRow], out: Path) 
     horizontal lines; return the files written."""
     from servegym.evaluation.plots import learning_curves
 
-    by_task: dict[str, list[Path]] = {}
+    by_task: dict[str, list[Entry]] = {}
     for entry in entries:
-        if entry.policy.startswith("rl:") and entry.tasks:
-            run = Path(entry.policy.removeprefix("rl:"))
-            if (run / "eval.csv").is_file():
-                by_task.setdefault(entry.tasks[0], []).append(run)
-    return [learning_curves(runs, out / f"learning_curves_{task}.png", heuristic_validation_returns(rows, task),
-                            title=f"{task}: validation return against training budget", log_steps=True)
-            for task, runs in sorted(by_task.items())]
+        run = Path(entry.policy.removeprefix("rl:"))
+        if entry.policy.startswith("rl:") and entry.tasks and (run / "eval.csv").is_file():
+            by_task.setdefault(entry.tasks[0], []).append(entry)
+    return [learning_curves([Path(e.policy.removeprefix("rl:")) for e in agents],
+                            out / f"learning_curves_{task}.png", heuristic_validation_returns(rows, task),
+                            title=f"{task}: validation return against training budget", log_steps=True,
+                            labels=[e.label for e in agents])
+            for task, agents in sorted(by_task.items())]

@@ -61,6 +61,9 @@ class ServingVectorEnv(VectorEnv):
         self.copy = bool(copy)
         self.envs = [fn() for fn in env_fns]
         self.num_envs = len(self.envs)
+        if len({id(env.unwrapped) for env in self.envs}) != self.num_envs:
+            raise ValueError("two env_fns returned the same env instance: each sub-env must be its own env (a "
+                             "factory such as lambda: env shares one; build the env inside the callable)")
         first = self.envs[0]
         for i, env in enumerate(self.envs[1:], 1):
             if env.observation_space != first.observation_space or env.action_space != first.action_space:
@@ -224,8 +227,10 @@ def _empty_column(key: str, first: Any, n: int) -> np.ndarray:
 
 def _reset_mask(mask: Any, n: int) -> np.ndarray:
     """``reset(options={"reset_mask": ...})``'s mask, checked as Gymnasium checks it."""
-    if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.shape != (n,):
-        raise ValueError(f"options['reset_mask'] must be a numpy bool array of shape ({n},), got {mask!r}")
+    if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
+        raise TypeError(f"options['reset_mask'] must be a numpy bool array, got {mask!r}")
+    if mask.shape != (n,):
+        raise ValueError(f"options['reset_mask'] must have shape ({n},), got {mask.shape}")
     if not mask.any():
         raise ValueError("options['reset_mask'] selects no sub-env: at least one must be True")
     return mask

@@ -169,20 +169,22 @@ def plot_all(results: list[TaskResult], summary: Summary, out: Path) -> list[Pat
 
 
 def learning_curves(runs: Sequence[str | Path], out: str | Path, references: dict[str, float] | None = None,
-                    title: str = "", log_steps: bool = False) -> Path:
-    """Each training run's validation return over timesteps (its ``eval.csv``), with horizontal lines for
-    ``references`` (label -> validation return), written as a PNG (``log_steps``: timesteps on a log scale, so
-    100k, 1M and 10M budgets share one plot); return its path."""
+                    title: str = "", log_steps: bool = False, labels: Sequence[str] | None = None) -> Path:
+    """Each training run's validation return over timesteps (its ``eval.csv``), labelled by ``labels`` (default:
+    the run's seed, ``s0``), with horizontal lines for ``references`` (label -> validation return), written as a
+    PNG (``log_steps``: timesteps on a log scale, linear below 10,000 so a warm start's step 0 stays, so 100k, 1M
+    and 10M budgets share one plot); return its path."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    for run in runs:
+    for k, run in enumerate(runs):
         rows = np.loadtxt(Path(run) / "eval.csv", delimiter=",", ndmin=2)
-        ax.plot(rows[:, 0], rows[:, 1], marker="o", label=Path(run).name.rsplit("__", 1)[-1])
+        label = labels[k] if labels is not None else Path(run).name.rsplit("__", 1)[-1]
+        ax.plot(rows[:, 0], rows[:, 1], marker="o", label=label)
     for label, value in (references or {}).items():
         ax.axhline(value, linestyle="--", color="grey")
         ax.annotate(label, xy=(0.01, value), xycoords=("axes fraction", "data"), fontsize=8, va="bottom")
     if log_steps:
-        ax.set_xscale("log")
+        ax.set_xscale("symlog", linthresh=10_000)
     ax.set_xlabel("timesteps (env steps trained)")
     ax.set_ylabel("validation return (mean over the validation seeds)")
     ax.set_title(title)

@@ -57,8 +57,8 @@ class NativeVecEnv(VecEnv):
         return [self.envs[i].get_wrapper_attr(attr_name) for i in self._get_indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices: Any = None) -> None:
-        for i in self._get_indices(indices):
-            self.envs[i].set_wrapper_attr(attr_name, value)
+        for i in self._get_indices(indices):  # on the outermost wrapper, as DummyVecEnv sets it
+            setattr(self.envs[i], attr_name, value)
 
     def env_method(self, method_name: str, *method_args: Any, indices: Any = None, **method_kwargs: Any) -> list[Any]:
         return [self.envs[i].get_wrapper_attr(method_name)(*method_args, **method_kwargs)

@@ -88,14 +88,15 @@ def _run_and_write(args: argparse.Namespace, executor: Executor, tasks: list[str
         if done:
             write_leaderboard(done, out, command_line(args), partial=(len(done), len(jobs)))
         raise
-    budgets = [training_budget(e) for e in entries if e.policy.startswith("rl:")]
+    agents = [e for e in entries if e.policy.startswith("rl:") and any(e.runs_on(task) for task in tasks)]
+    budgets = [training_budget(e) for e in agents]
     csv_path, md_path = write_leaderboard(rows, out, command_line(args), budgets=budgets)
     print(md_path.read_text())
     print(f"wrote {csv_path} (one row per episode) and {md_path}")
     if budgets:
         print(f"wrote {write_budgets(budgets, out)} (each agent's env steps and wall time)")
     if args.curves:
-        for path in write_curves(entries, rows, out):
+        for path in write_curves(agents, rows, out):
             print(f"wrote {path} (validation return against training budget)")
     return 0
 

@@ -36,6 +36,8 @@ def test_a_budget_is_what_the_run_recorded_and_old_runs_say_what_they_used(tmp_p
     assert old.vec_env == "subprocess"  # before --vec-env, two envs meant SubprocVecEnv
     one = training_budget(_run(tmp_path, "c__s0", n_envs=1, timesteps_done=100))
     assert one.vec_env == "dummy" and one.wall_s != one.wall_s  # no wall time recorded: NaN, shown as "?"
+    alone = training_budget(_run(tmp_path, "d__s0", n_envs=1, vec_env="subprocess", timesteps_done=1))
+    assert alone.vec_env == "native"  # one env never starts a worker, whatever the flag said
     lines = budget_lines([new, old, one])
     # 1,003,520 steps in 600 s: 10.0 min, 1,673 steps/s (rounded from 1,672.53).
     assert "| rl:a__s0 | memory-tight | 1,003,520 | 10.0 min | 1,673 | 16 (native) |" in lines
@@ -67,6 +69,20 @@ def test_the_curves_take_each_agents_eval_history_and_the_tuned_heuristics_valid
     entries = [_run(tmp_path, "a__s0", n_envs=2), _run(tmp_path, "a__s1", n_envs=2), Entry("fcfs", "fcfs")]
     [path] = write_curves(entries, rows, tmp_path)
     assert path.name == "learning_curves_memory-tight.png" and path.stat().st_size > 10_000
+
+
+def test_two_agents_with_the_same_seed_keep_their_own_labels_on_one_plot(tmp_path, monkeypatch):
+    import servegym.evaluation.plots as plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "learning_curves", lambda runs, out, references, title, log_steps, labels:
+                        drawn.update(runs=runs, labels=labels, log=log_steps) or out)
+    ppo = _run(tmp_path, "Serving-v2__ppo__score__memory-tight__s0")
+    dqn = _run(tmp_path, "Serving-v2__dqn__count__memory-tight__s0")
+    write_curves([ppo, dqn], [], tmp_path)
+    assert drawn["labels"] == [ppo.label, dqn.label] and drawn["log"]
+    assert [r.name for r in drawn["runs"]] == ["Serving-v2__ppo__score__memory-tight__s0",
+                                              "Serving-v2__dqn__count__memory-tight__s0"]
 
 
 def test_curves_without_agents_are_refused_before_any_episode(tmp_path, capsys):

@@ -157,6 +157,9 @@ def test_bad_input_is_refused_with_a_clear_error():
         ServingVectorEnv([partial(gym.make, ENV_ID, queue_window=8), partial(gym.make, ENV_ID, queue_window=16)])
     with pytest.raises(ValueError, match="at least one sub-env"):
         ServingVectorEnv([])
+    shared = gym.make(ENV_ID)
+    with pytest.raises(ValueError, match="the same env instance"):
+        ServingVectorEnv([lambda: shared] * 2)
 
 
 def test_vector_info_lays_out_keys_masks_and_dtypes_as_gymnasium_does():
@@ -238,7 +241,9 @@ def test_disabled_autoreset_leaves_ended_episodes_to_a_masked_reset_as_sync_vect
     a, b = ours.step(action), theirs.step(action)
     for x, y in zip(a[:4], b[:4], strict=True):
         assert _equal(x, y)
-    for bad, message in ((np.array([1, 0]), "numpy bool array of shape"), (np.array([False, False]), "selects no")):
-        with pytest.raises(ValueError, match=message):
+    for bad, error, message in ((np.array([1, 0]), TypeError, "numpy bool array"),  # Gymnasium's errors
+                                (np.array([True]), ValueError, r"shape \(2,\)"),
+                                (np.array([False, False]), ValueError, "selects no")):
+        with pytest.raises(error, match=message):
             ours.reset(options={"reset_mask": bad})
     assert make().observation_space == ours.single_observation_space

@@ -18,4 +18,9 @@ MUTATIONS = [
      'rate = f"{b.timesteps / b.wall_s * 60:,.0f}"', (BUDGETS,), "bench"),
     ("budget-curves-without-agents-allowed", "servegym/cli_bench.py", "    if args.curves and not args.rl:",
      "    if False:", (BUDGETS,), "bench"),
+    ("budget-curves-labels-dropped", "benchmark/budgets.py",
+     "                            labels=[e.label for e in agents])", "                            labels=None)",
+     (BUDGETS,), "bench"),
+    ("budget-one-env-subprocess-kept", "benchmark/budgets.py",
+     '    if vec_env == "subprocess" and n_envs == 1:', "    if False:", (BUDGETS,), "bench"),
 ]

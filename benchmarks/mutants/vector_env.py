@@ -16,7 +16,7 @@ MUTATIONS = [
     ("vector-info-typed-float", "envs/vector.py",
      "        return np.zeros(n, dtype=type(first))", "        return np.zeros(n, dtype=np.float64)", (VECTOR,), "env"),
     ("vector-reset-env-keeps-flags", "envs/vector.py",
-     "        self._terminations[i] = self._truncations[i] = self._autoreset[i] = False\n",
+     "        self._terminations[i] = self._truncations[i] = self._autoreset[i] = self._ended[i] = False\n",
      "", (VECTOR,), "env"),
     ("sb3-vec-terminal-observation-is-the-reset-one", "rl/vec_env.py",
      '                info = {**info["final_info"], "terminal_observation": info["final_obs"]}',
@@ -37,4 +37,7 @@ MUTATIONS = [
      "            self._ended |= self._terminations | self._truncations\n", "", (VECTOR,), "env"),
     ("vector-reset-mask-ignored", "envs/vector.py", "            if mask[i]:\n", "            if True:\n", (VECTOR,),
      "env"),
+    ("vector-shared-instance-accepted", "envs/vector.py",
+     "        if len({id(env.unwrapped) for env in self.envs}) != self.num_envs:",
+     "        if False:", (VECTOR,), "env"),
 ]
