@@ -176,15 +176,29 @@ def learning_curves(runs: Sequence[str | Path], out: str | Path, references: dic
     and 10M budgets share one plot); return its path."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
+    values = []
     for k, run in enumerate(runs):
         rows = np.loadtxt(Path(run) / "eval.csv", delimiter=",", ndmin=2)
         label = labels[k] if labels is not None else Path(run).name.rsplit("__", 1)[-1]
         ax.plot(rows[:, 0], rows[:, 1], marker="o", label=label)
-    for label, value in (references or {}).items():
+        values += rows[:, 1].tolist()
+    references = references or {}
+    if values and references:  # the runs and the best reference in view; farther references named at the edge
+        lo, hi = min(values), max(*values, max(references.values()))
+        pad = 0.1 * (hi - lo) or 1.0
+        ax.set_ylim(lo - pad, hi + pad)
+    off = []
+    for label, value in references.items():
+        if values and not ax.get_ylim()[0] <= value <= ax.get_ylim()[1]:
+            off.append(f"{label} {value:,.0f}")
+            continue
         ax.axhline(value, linestyle="--", color="grey")
         ax.annotate(label, xy=(0.01, value), xycoords=("axes fraction", "data"), fontsize=8, va="bottom")
+    if off:
+        ax.annotate("below the axis: " + ", ".join(off), xy=(0.01, 0.01), xycoords="axes fraction", fontsize=7)
     if log_steps:
         ax.set_xscale("symlog", linthresh=10_000)
+        ax.set_xlim(left=0)
     ax.set_xlabel("timesteps (env steps trained)")
     ax.set_ylabel("validation return (mean over the validation seeds)")
     ax.set_title(title)
