@@ -21,7 +21,7 @@ BUDGETS_FILE = "training_budgets.csv"
 
 @dataclass(frozen=True)
 class TrainingBudget:
-    """What an agent's training cost, as its run recorded it (None where a run older than the field lacks it)."""
+    """What an agent's training cost, as its run recorded it (-1 steps and NaN seconds where its record lacks them)."""
 
     label: str
     task: str
@@ -37,11 +37,11 @@ class TrainingBudget:
 
 def training_budget(entry: Entry) -> TrainingBudget:
     """The budget of a trained agent's entry (``rl:RUN``), from its ``config.json``."""
-    data = run_record(entry.policy.removeprefix("rl:"))
+    data = run_record(_run(entry))
     n_envs = int(data.get("n_envs") or 1)
-    vec_env = data.get("vec_env") or ("subprocess" if n_envs > 1 else "dummy")
-    if vec_env == "subprocess" and n_envs == 1:  # one env never starts a worker: it steps in the process
-        vec_env = "native" if "vec_env" in data else "dummy"
+    before = "subprocess" if n_envs > 1 else "dummy"  # what a run made before the vec_env field used
+    # One env never starts a worker: it steps in the training process, whatever the flag said.
+    vec_env = "native" if n_envs == 1 and "vec_env" in data else data.get("vec_env") or before
     done = data.get("timesteps_done")
     return TrainingBudget(entry.label, str(data.get("task") or ""), int(done) if done is not None else -1,
                           float(data.get("wall_s") or math.nan), n_envs, str(vec_env))
@@ -95,11 +95,15 @@ def write_curves(entries: Sequence[Entry], rows: Sequence[BenchRow], out: Path) 
 
     by_task: dict[str, list[Entry]] = {}
     for entry in entries:
-        run = Path(entry.policy.removeprefix("rl:"))
-        if entry.policy.startswith("rl:") and entry.tasks and (run / "eval.csv").is_file():
+        if entry.policy.startswith("rl:") and entry.tasks and (_run(entry) / "eval.csv").is_file():
             by_task.setdefault(entry.tasks[0], []).append(entry)
-    return [learning_curves([Path(e.policy.removeprefix("rl:")) for e in agents],
+    return [learning_curves([_run(e) for e in agents],
                             out / f"learning_curves_{task}.png", heuristic_validation_returns(rows, task),
                             title=f"{task}: validation return against training budget", log_steps=True,
                             labels=[e.label for e in agents])
             for task, agents in sorted(by_task.items())]
+
+
+def _run(entry: Entry) -> Path:
+    """A trained agent's run folder (its entry's policy is ``rl:RUN``)."""
+    return Path(entry.policy.removeprefix("rl:"))

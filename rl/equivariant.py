@@ -80,16 +80,14 @@ class QueueEncoder(BaseFeaturesExtractor):
         present = torch.arange(self.width, device=engine.device)[None, :] < engine[:, ENGINE_INDEX["num_waiting"], None]
         running = torch.arange(self.batch, device=engine.device)[None, :] < engine[:, ENGINE_INDEX["num_running"], None]
         n = rows.shape[0]
-        slots = rows.new_zeros(n, self.width, self.embed)
-        slots[present] = self.slot(symlog(rows[present]))
+        slots = self.slot(symlog(rows[present]))  # the waiting requests' embeddings, packed
         pooled = _packed_mean(self.run(symlog(batch[running])), running)
         extra = [symlog(obs["progress"])] if self.progress else []
         context = self.context(torch.cat([symlog(engine), symlog(obs["pool"]), *extra, pooled,
-                                          _packed_mean(slots[present], present)], dim=1))
+                                          _packed_mean(slots, present)], dim=1))
         empty = self.mix(torch.cat([context.new_zeros(n, self.embed), context], dim=1))
         mixed = empty[:, None, :].expand(-1, self.width, -1).clone()
-        mixed[present] = self.mix(torch.cat([slots[present], context[:, None, :].expand(-1, self.width, -1)[present]],
-                                            dim=1))
+        mixed[present] = self.mix(torch.cat([slots, context[:, None, :].expand(-1, self.width, -1)[present]], dim=1))
         return torch.cat([mixed.flatten(1), context], dim=1)
 
     def forward_dense(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
