@@ -12,6 +12,8 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 
+from servegym.validation import COUNT_LIMITS
+
 
 class ServingVectorEnv(VectorEnv):
     """
@@ -273,8 +275,9 @@ def make_serving_vector_env(num_envs: int = 1, max_episode_steps: int | None = N
     """The registered ids' ``vector_entry_point``: ``num_envs`` envs as ``gym.make(id, **kwargs)`` builds them
     (the same episodes; ``max_episode_steps`` truncates as ``gym.make``'s ``TimeLimit`` does, -1 or None: no
     limit), stepped by one :class:`ServingVectorEnv`."""
-    if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:
-        raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+    limit, why = COUNT_LIMITS["envs"]
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or not 1 <= num_envs <= limit:
+        raise ValueError(f"num_envs must be a positive integer of at most {limit:,} ({why}), got {num_envs!r}")
     return ServingVectorEnv([partial(_single_env, max_episode_steps, kwargs)] * int(num_envs),
                             autoreset_mode=autoreset_mode, copy=copy)
 

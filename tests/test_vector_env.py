@@ -150,7 +150,7 @@ def test_bad_input_is_refused_with_a_clear_error():
         vec.step(np.zeros(32, dtype=np.int64))
     with pytest.raises(ValueError, match="one seed per sub-env"):
         vec.reset(seed=[1, 2, 3])
-    for bad in (0, -1, 2.5, True):
+    for bad in (0, -1, 2.5, True, 1_025):  # 1,025: past the shared count rule's 1,024 envs, before any is built
         with pytest.raises(ValueError, match="num_envs must be a positive integer"):
             make_serving_vector_env(bad)
     with pytest.raises(ValueError, match="sub-env 1's spaces differ"):
