@@ -19,6 +19,7 @@ import numpy as np
 
 from servegym.backends.calibration_fit import Sample
 from servegym.backends.calibration_sweep import point_label
+from servegym.backends.profile_limits import MAX_NOISE_CV
 
 if TYPE_CHECKING:
     import torch
@@ -121,7 +122,8 @@ def repeat_noise(samples: dict[str, list[Sample]]) -> dict[str, Any]:
     the jitter. Pooled over every point with two or more repeats, ``sigma^2 = sum (l - mean_l)^2 / sum (n - 1)``
     (unbiased), and the noise is the log-normal's coefficient of variation, ``sqrt(exp(sigma^2) - 1)``, which
     :class:`~servegym.backends.calibrated.CalibratedBackend` draws with mean 1. With one repeat a point there is
-    nothing to pool: ``cv`` is 0."""
+    nothing to pool: ``cv`` is 0. A cv over the profile's limit (``MAX_NOISE_CV``) is kept as ``measured_cv`` and
+    the model takes the limit, so a sweep on a busy machine still gives a profile that says so."""
     times: dict[str, list[float]] = {}
     for group, group_samples in samples.items():
         for s in group_samples:
@@ -134,10 +136,15 @@ def repeat_noise(samples: dict[str, list[Sample]]) -> dict[str, Any]:
             dof += len(seconds) - 1
             points += 1
     sigma = math.sqrt(squares / dof) if dof else 0.0
-    return {"cv": math.sqrt(math.expm1(sigma * sigma)), "sigma_log": sigma, "points": points,
-            "degrees_of_freedom": dof,
-            "method": "pooled variance of log(time) about each point's mean log over its repeats; cv of the "
-                      "log-normal with that sigma (mean 1)"}
+    cv = math.sqrt(math.expm1(sigma * sigma))
+    noise = {"cv": min(cv, MAX_NOISE_CV), "sigma_log": sigma, "points": points, "degrees_of_freedom": dof,
+             "method": "pooled variance of log(time) about each point's mean log over its repeats; cv of the "
+                       "log-normal with that sigma (mean 1)"}
+    if cv > MAX_NOISE_CV:  # jitter a profile cannot hold (a busy machine): the most it allows, the measure kept
+        noise.update(measured_cv=cv, capped=f"measured cv {cv:.3g} is over the {MAX_NOISE_CV:g} a profile allows "
+                                            "(typically a busy machine): the model keeps that limit; calibrate "
+                                            "again on a quiet machine for the real jitter")
+    return noise
 
 
 def spread_summary(points: list[PointSpread], threshold: float = SPREAD_WARNING) -> dict[str, Any]:

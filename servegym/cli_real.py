@@ -129,6 +129,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     warning = spread_warning(point_spreads(samples))
     if warning:
         print(f"servegym calibrate: warning: {warning}", file=sys.stderr)
+    if "capped" in prov["noise"]:
+        print(f"servegym calibrate: warning: {prov['noise']['capped']}", file=sys.stderr)
     print(f"wrote {out}, {plot} and {table}")
     return 0
 

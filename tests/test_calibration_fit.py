@@ -215,6 +215,15 @@ def test_the_repeats_jitter_becomes_the_models_noise() -> None:
     assert noise["cv"] == pytest.approx(math.sqrt(math.exp(0.03) - 1), rel=1e-12)
     assert (noise["points"], noise["degrees_of_freedom"]) == (2, 4)
     assert repeat_noise({"prefill": lone})["cv"] == 0.0
+    assert "measured_cv" not in noise
+    # Repeats 1 and 3 (log spread +-ln(3)/2, sigma^2 = 2 x (ln 3 / 2)^2 / 1 = 0.6035): cv sqrt(e^0.6035 - 1) =
+    # sqrt(0.8285) = 0.9102, under the limit of 1; repeats 1 and 4: sigma^2 = (ln 4)^2 / 2 = 0.9609, cv
+    # sqrt(e^0.9609 - 1) = sqrt(1.6141) = 1.2705, over it.
+    under = repeat_noise({"decode": [Sample(4, 132.0, 0, 0, t) for t in (1.0, 3.0)]})
+    assert under["cv"] == pytest.approx(0.9102, abs=1e-4) and "measured_cv" not in under
+    over = repeat_noise({"decode": [Sample(4, 132.0, 0, 0, t) for t in (1.0, 4.0)]})
+    assert over["cv"] == 1.0 and over["measured_cv"] == pytest.approx(1.2705, abs=1e-4)
+    assert "busy machine" in over["capped"]
 
 
 def test_the_noise_estimate_recovers_a_known_log_normal_jitter() -> None:
