@@ -1,7 +1,7 @@
-"""Build the compiled engine (``servegym.engine.engine``, Cython's pure-Python mode); everything else is in
-pyproject.toml.
+"""Build the compiled engine (``servegym.engine.engine``) and the admission kernels (``servegym.policies.kernels``),
+in Cython's pure-Python mode; everything else is in pyproject.toml.
 
-The extension is optional: without a working C compiler the package installs anyway and runs the same episodes
+The extensions are optional: without a working C compiler the package installs anyway and runs the same episodes
 on the same source interpreted (``servegym.engine.compiled_available()`` says which one runs).
 """
 
@@ -34,7 +34,8 @@ class OptionalBuildExt(build_ext):
               "same episodes, several times slower", file=sys.stderr)
 
 
-extensions = [Extension("servegym.engine.engine", ["engine/engine.py"], optional=True,
-                        # Floats as Python computes them (no fused multiply-add); integer overflow wraps, as numpy's.
-                        extra_compile_args=["-ffp-contract=off", "-fwrapv"])]
+# Floats as Python computes them (no fused multiply-add); integer overflow wraps, as numpy's.
+extensions = [Extension(name, [source], optional=True, extra_compile_args=["-ffp-contract=off", "-fwrapv"])
+              for name, source in (("servegym.engine.engine", "engine/engine.py"),
+                                   ("servegym.policies.kernels", "policies/kernels.py"))]
 setup(ext_modules=cythonize(extensions, language_level=3), cmdclass={"build_ext": OptionalBuildExt})

@@ -14,6 +14,7 @@ from servegym.envs.observation import (
     running_matrix,
 )
 from servegym.policies.base import Observation, engine_feature, output_estimate, ranks_action
+from servegym.policies.kernels import feasible_count, fitting_count, upper_bound_count
 
 _PROMPT, _GENERATED, _WIDTH = QUEUE_INDEX["num_prompt_tokens"], QUEUE_INDEX["num_generated"], len(QUEUE_INDEX)
 _STRIDE = len(RUNNING_INDEX)
@@ -27,12 +28,15 @@ def engine_values(obs: Observation) -> list[float]:
     return obs["engine"].tolist()
 
 
+def visible_count(obs: Observation, engine: list[float] | None = None) -> int:
+    """How many waiting requests the queue window shows; ``engine``: :func:`engine_values`, if read."""
+    engine = engine_values(obs) if engine is None else engine
+    return min(int(engine[_WAITING]), obs["queue"].shape[0] // _WIDTH)
+
+
 def visible_queue(obs: Observation, engine: list[float] | None = None) -> np.ndarray:
     """The rows of the visible waiting requests (queue head first); ``engine``: :func:`engine_values`, if read."""
-    engine = engine_values(obs) if engine is None else engine
-    queue = obs["queue"]
-    visible = min(int(engine[_WAITING]), queue.shape[0] // _WIDTH)
-    return queue[: visible * _WIDTH].reshape(-1, _WIDTH)
+    return obs["queue"][: visible_count(obs, engine) * _WIDTH].reshape(-1, _WIDTH)
 
 
 def cached_tokens(obs: Observation, count: int, host: bool = True) -> np.ndarray:
@@ -102,30 +106,37 @@ def prefix_that_fits(need: np.ndarray, budget: float) -> int:
 
 
 def fcfs_count(obs: Observation, order: np.ndarray | None = None, budget_blocks: float | None = None) -> int:
-    """How many visible requests (in ``order``, default queue order) fit in free KV blocks and slots.
-
-    ``prefix_that_fits(admission_blocks(obs, rows), budget)`` capped at the free slots, counted row by row in
-    plain Python: it stops at the first request that does not fit, and the queue window is small.
-    """
+    """How many visible requests (in ``order``, default queue order) fit in free KV blocks (or ``budget_blocks``)
+    and slots: ``prefix_that_fits(admission_blocks(obs, rows), budget)`` capped at the free slots, less the blocks
+    of prompt tokens cached in GPU memory (whole blocks: a cached prefix is whole units);
+    :func:`~servegym.policies.kernels.fitting_count` counts it."""
     engine = engine_values(obs)
-    rows = visible_queue(obs, engine)
-    if not rows.shape[0]:
+    visible = visible_count(obs, engine)
+    if not visible:
         return 0
-    # Prompt tokens cached in GPU memory take no new blocks (whole blocks: a cached prefix is whole units).
-    hits = cached_tokens(obs, rows.shape[0], host=False).tolist() if "queue_prefix" in obs else None
-    if order is not None:
-        rows = rows[order]
-        hits = None if hits is None else [hits[i] for i in order.tolist()]
+    order = np.arange(visible, dtype=np.int64) if order is None else _slots(order)
     budget = free_blocks(obs, engine) if budget_blocks is None else budget_blocks
-    slots, block = free_slots(obs, engine), engine[_BLOCK]
-    count, used = 0, 0.0
-    hits = hits or [0] * rows.shape[0]
-    for prompt, generated, hit in zip(rows[:, _PROMPT].tolist(), rows[:, _GENERATED].tolist(), hits, strict=True):
-        used += num_blocks(prompt + generated + 1, block) - hit // block
-        if count == slots or used > budget:
-            break
-        count += 1
-    return count
+    return fitting_count(_floats(obs["queue"]), order, _gpu_hits(obs, visible, order), int(engine[_BLOCK]), budget,
+                         free_slots(obs, engine))
+
+
+def _floats(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=np.float32)
+
+
+def _doubles(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=np.float64)
+
+
+def _slots(order: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(order, dtype=np.int64)
+
+
+def _gpu_hits(obs: Observation, visible: int, order: np.ndarray) -> np.ndarray:
+    """Prompt tokens GPU-cached for each request in ``order`` (zeros without prefix caching)."""
+    if "queue_prefix" not in obs:
+        return np.zeros(order.shape[0])
+    return _doubles(cached_tokens(obs, visible, host=False)[order])
 
 
 def longest_feasible_prefix(obs: Observation, running_remaining: np.ndarray, rows: np.ndarray,
@@ -139,8 +150,8 @@ def longest_feasible_prefix(obs: Observation, running_remaining: np.ndarray, row
     grows, so a set's peak sits at one of its completion times ``t``, where it is the sum over the requests
     still running of ``current + t``; at any other ``t`` that sum is no larger than at the set's next
     completion, so every prefix's peak is the largest such sum over the completion times of *all* requests
-    (running and every candidate): one ``(candidates x times)`` table, summed down the candidates, judges every
-    prefix at once (adding requests never lowers the peak, so the answer is the first prefix that fails).
+    (running and every candidate), and adding requests never lowers it, so the answer is the first prefix that
+    fails (:func:`~servegym.policies.kernels.feasible_count` runs the loop).
     """
     limit = min(rows.shape[0], free_slots(obs))
     if limit == 0:
@@ -148,16 +159,15 @@ def longest_feasible_prefix(obs: Observation, running_remaining: np.ndarray, row
     run = running_rows(obs)
     run_current = run[:, RUNNING_INDEX["num_prompt_tokens"]] + run[:, RUNNING_INDEX["num_generated"]]
     current = rows[:limit, _PROMPT] + rows[:limit, _GENERATED]
-    left = np.asarray(remaining[:limit], dtype=np.float64)
-    times = np.concatenate([running_remaining, left])
-    alive_run = running_remaining[:, None] >= times[None, :]
-    base = ((run_current[:, None] + times[None, :]) * alive_run).sum(axis=0)
-    alive = left[:, None] >= times[None, :]
-    added = np.cumsum((current[:, None] + times[None, :]) * alive, axis=0)
-    peaks = (base[None, :] + added).max(axis=1)  # prefix k + 1's peak, k = 0 .. limit - 1
-    slack = (engine_feature(obs, "kv_block_size") - 1) * (run.shape[0] + np.arange(1, limit + 1))
-    fits = peaks + slack <= capacity_scale * engine_feature(obs, "kv_capacity_tokens")
-    return limit if fits.all() else int(np.argmin(fits))
+    scratch = np.empty((2, run.shape[0] + limit))
+    return feasible_count(_doubles(run_current), _doubles(running_remaining), _doubles(current),
+                          _doubles(remaining[:limit]), scratch[0], scratch[1],
+                          engine_feature(obs, "kv_block_size") - 1,
+                          capacity_scale * engine_feature(obs, "kv_capacity_tokens"))
+
+
+def _doubles(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=np.float64)
 
 
 def admit_by_score(obs: Observation, scores: np.ndarray, memory_target: float) -> np.ndarray:
@@ -165,7 +175,8 @@ def admit_by_score(obs: Observation, scores: np.ndarray, memory_target: float) -
     longest prefix in that order that fits now (free blocks and slots) and keeps the projected peak KV use, at
     the upper-bound output lengths, within ``memory_target`` x the cache. The rule of the ``score`` action mode
     and of the parametric scorer."""
-    rows = visible_queue(obs)
+    engine = engine_values(obs)
+    rows = visible_queue(obs, engine)
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
     if scores.size < rows.shape[0]:
         raise ValueError(f"{scores.size} scores for {rows.shape[0]} visible waiting requests")
@@ -174,7 +185,20 @@ def admit_by_score(obs: Observation, scores: np.ndarray, memory_target: float) -
     if not rows.shape[0]:
         return ranks_action(obs, [])
     ranked = np.argsort(-scores[: rows.shape[0]], kind="stable")
-    ordered = rows[ranked]
-    count = min(fcfs_count(obs, ranked), longest_feasible_prefix(
-        obs, upper_remaining_running(obs), ordered, upper_remaining_queue(ordered), memory_target))
-    return ranks_action(obs, ranked[:count])
+    return ranks_action(obs, ranked[: upper_bound_prefix(obs, ranked, memory_target, engine)])
+
+
+def upper_bound_prefix(obs: Observation, order: np.ndarray, memory_target: float,
+                       engine: list[float] | None = None) -> int:
+    """How many visible requests, in ``order`` (slots), to admit: the longest prefix that fits now
+    (:func:`fcfs_count`) and keeps the projected peak KV use, at the upper-bound output lengths, within
+    ``memory_target`` x the cache (:func:`longest_feasible_prefix`), in one compiled pass
+    (:func:`~servegym.policies.kernels.upper_bound_count`)."""
+    engine = engine_values(obs) if engine is None else engine
+    order = _slots(order)
+    scratch = np.empty((5, int(engine[_RUNNING]) + order.shape[0]))
+    return upper_bound_count(_floats(obs["queue"]), order, _gpu_hits(obs, visible_count(obs, engine), order),
+                             int(engine[_BLOCK]), free_blocks(obs, engine), free_slots(obs, engine),
+                             _floats(obs["running"]), _doubles(upper_remaining_running(obs)),
+                             _doubles(upper_remaining_queue(visible_queue(obs, engine))),
+                             memory_target * engine[_CAPACITY], scratch)

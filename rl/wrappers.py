@@ -51,11 +51,9 @@ from servegym.policies.base import Observation, admit_first, output_estimate, ra
 from servegym.policies.common import (
     admit_by_score,
     fcfs_count,
-    longest_feasible_prefix,
     remaining_queued,
     remaining_running,
-    upper_remaining_queue,
-    upper_remaining_running,
+    upper_bound_prefix,
     visible_queue,
 )
 from servegym.policies.scorer import memory_target as scorer_memory_target
@@ -116,12 +114,7 @@ def rank_action(obs: Observation, order: int, target: int) -> np.ndarray:
            "shortest_total": prompt + output}[RANK_ORDERS[order]]
     ranked = np.arange(rows.shape[0]) if key is None else np.argsort(key, kind="stable")
     scale = RANK_MEMORY_TARGETS[target]
-    if math.isinf(scale):
-        count = fcfs_count(obs, ranked)
-    else:
-        ordered = rows[ranked]
-        count = min(fcfs_count(obs, ranked), longest_feasible_prefix(
-            obs, upper_remaining_running(obs), ordered, upper_remaining_queue(ordered), scale))
+    count = fcfs_count(obs, ranked) if math.isinf(scale) else upper_bound_prefix(obs, ranked, scale)
     return ranks_action(obs, ranked[:count])
 
 

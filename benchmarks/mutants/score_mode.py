@@ -10,7 +10,7 @@ MUTATIONS = [
      "ranked = np.argsort(-scores[: rows.shape[0]], kind=\"stable\")",
      "ranked = np.argsort(scores[: rows.shape[0]], kind=\"stable\")", (SCORE,), "rl"),
     ("score-ignores-the-memory-target", "policies/common.py",
-     "upper_remaining_queue(ordered), memory_target))", "upper_remaining_queue(ordered), 1.0))", (SCORE,), "rl"),
+     "memory_target * engine[_CAPACITY], scratch)", "engine[_CAPACITY], scratch)", (SCORE,), "rl"),
     ("score-target-range-upside-down", "rl/wrappers.py",
      "target = low + (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)",
      "target = high - (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)", (SCORE,), "rl"),
