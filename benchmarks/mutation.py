@@ -819,11 +819,12 @@ MUTATIONS: list[Mutation] = [
       "            max(0.05, p.target_base + a[2]),", "            max(0.01, p.target_base + a[2]),",
       R48_ACTIONS, kind="rl"),
     m("r48-params-slope-unclipped", "rl/wrappers.py",
-      "float(np.clip(p.target_slope + a[3], -1.0, 1.0))", "float(p.target_slope + a[3])", R48_ACTIONS, kind="rl"),
+      "max(0.05, p.target_base + a[2]), _unit(p.target_slope + a[3]))", "max(0.05, p.target_base + a[2]), "
+      "p.target_slope + a[3])", R48_ACTIONS, kind="rl"),
     m("r48-params-actions-unclipped", "rl/wrappers.py",
-      "    a = np.clip(a, -1.0, 1.0) * PARAMS_REACH", "    a = a * PARAMS_REACH", R48_ACTIONS, kind="rl"),
+      "    a = [_unit(v) * reach for v, reach", "    a = [v * reach for v, reach", R48_ACTIONS, kind="rl"),
     m("r48-params-length-unchecked", "rl/wrappers.py",
-      "    if a.size != len(PARAMS_REACH) or not np.all(np.isfinite(a)):", "    if not np.all(np.isfinite(a)):",
+      "    if len(values) != len(PARAMS_REACH) or not all(", "    if not all(",
       R48_ACTIONS, kind="rl"),
     # count-mode action masks (tests/test_bite_round48_actions.py)
     m("r48-count-mask-strict", "envs/actions.py",
