@@ -41,7 +41,10 @@ from servegym.pool import PoolConfig
 from servegym.runner import EpisodeResult, env_profile, make_env, run_episode
 
 if TYPE_CHECKING:
+    import gymnasium as gym
+
     from servegym.benchmark.budgets import TrainingBudget
+    from servegym.policies import Policy
 
 DEFAULT_POLICIES = ("random", "random:count", "random:window", "random:rank", "random:score", "fcfs", "twp",
                     "flow-control", "sarathi", "mc-sf", "vllm", "lpm", "priority", "clairvoyant-greedy",
@@ -311,14 +314,19 @@ def play_oracle(job: BenchJob) -> EpisodeResult:
     """The oracle's episode: the task's test-track env, planned over the job's (frozen) bases."""
     env = make_env(task=job.task, split="test", apply_overrides=False)
     try:
-        bases = {}
-        for entry in job.bases:
-            policy = make_policy(entry.policy, **entry.params)
-            policy.bind_profile(env_profile(env))
-            bases[entry.label] = policy
-        return plan_episode(env, bases, job.seed, Budget(**job.entry.params)).result
+        return plan_episode(env, oracle_bases(job, env), job.seed, Budget(**job.entry.params)).result
     finally:
         env.close()
+
+
+def oracle_bases(job: BenchJob, env: gym.Env) -> dict[str, Policy]:
+    """The oracle's (frozen) base policies of ``job``, by label, each bound to ``env``'s profile."""
+    bases = {}
+    for entry in job.bases:
+        policy = make_policy(entry.policy, **entry.params)
+        policy.bind_profile(env_profile(env))
+        bases[entry.label] = policy
+    return bases
 
 
 def bench_row(job: BenchJob, result: EpisodeResult) -> BenchRow:

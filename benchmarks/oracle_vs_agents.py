@@ -39,7 +39,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from servegym.benchmark.bench import BenchJob, Entry, make_entries, make_jobs, play, read_leaderboard
+from servegym.benchmark.bench import BenchJob, Entry, make_entries, make_jobs, oracle_bases, play, read_leaderboard
 from servegym.benchmark.oracle import ORACLE, Budget, OracleEpisode, add_rewards, plan_episode
 from servegym.engine.log import EpisodeLog, State
 from servegym.evaluation.stats import paired_difference
@@ -168,12 +168,7 @@ def plan_oracle(job: BenchJob) -> tuple[OracleEpisode, list[np.ndarray]]:
     """The board's oracle episode (``bench.play_oracle``, same env, bases and budget) and the actions it took."""
     env = ActionRecorder(make_env(task=job.task, split="test", apply_overrides=False))
     try:
-        bases = {}
-        for entry in job.bases:
-            policy = make_policy(entry.policy, **entry.params)
-            policy.bind_profile(env_profile(env))
-            bases[entry.label] = policy
-        return plan_episode(env, bases, job.seed, Budget(**job.entry.params)), env.actions
+        return plan_episode(env, oracle_bases(job, env), job.seed, Budget(**job.entry.params)), env.actions
     finally:
         env.close()
 
