@@ -2,9 +2,10 @@
 """The admission arithmetic's inner loops, compiled like the engine (Cython's pure-Python mode).
 
 ``pip install`` compiles this module (``setup.py``); without a C compiler the same source runs as Python, with the
-same results: every value here is a whole number of tokens held in a float64 (exact below 2**53), so sums and
-comparisons do not depend on the order they are done in. :func:`servegym.policies.common.longest_feasible_prefix`
-is the documented rule; this module is its loop. After editing this file, ``pip install -e .`` rebuilds it.
+same results: every value here is a whole number of tokens (read from the observation's float32 rows, exact below
+2**24, and summed in float64 or int64), so sums and comparisons do not depend on the order they are done in.
+:func:`servegym.policies.common.longest_feasible_prefix` is the documented rule; this module is its loop. After
+editing this file, ``pip install -e .`` rebuilds it.
 """
 
 import cython
@@ -23,6 +24,7 @@ R_GEN = cython.declare(cython.Py_ssize_t, RUNNING_INDEX["num_generated"])
 
 
 @cython.ccall
+@cython.boundscheck(True)  # ``order`` comes from the caller: a slot out of range is an IndexError, not a stray read
 def fitting_count(queue: cython.float[::1], order: cython.longlong[::1], hits: cython.double[::1],
                   block: cython.longlong, budget_blocks: cython.double, slots: cython.Py_ssize_t) -> cython.Py_ssize_t:
     """How many waiting requests, taken in ``order`` (queue slots of the flat ``obs["queue"]`` rows), fit now: the
@@ -45,6 +47,7 @@ def fitting_count(queue: cython.float[::1], order: cython.longlong[::1], hits: c
 
 
 @cython.ccall
+@cython.boundscheck(True)
 def upper_bound_count(queue: cython.float[::1], order: cython.longlong[::1], hits: cython.double[::1],
                       block: cython.longlong, budget_blocks: cython.double, slots: cython.Py_ssize_t,
                       running: cython.float[::1], run_left: cython.double[::1], left: cython.double[::1],

@@ -87,6 +87,13 @@ def test_fitting_count_by_hand(k):
     assert k.fitting_count(queue, np.array([0, 1, 2], dtype=np.int64), _doubles(0, 0, 32), 16, 3, 8) == 2  # 2, 3
 
 
+@pytest.mark.parametrize("k", BUILDS)
+def test_a_slot_past_the_queue_is_an_index_error_not_a_stray_read(k):
+    queue = np.zeros(2 * len(QUEUE_FEATURES), dtype=np.float32)
+    with pytest.raises(IndexError):
+        k.fitting_count(queue, np.array([0, 2], dtype=np.int64), _doubles(0, 0), 16, 100.0, 8)
+
+
 # --------------------------------------------------------------------------- the fused count on real observations
 def _observation(prefix_caching: bool) -> dict:
     env = make_env(make_policy("fcfs"), workload=fixed([0.0], [10], [5]), profile=flat_profile(), queue_window=8,
