@@ -166,10 +166,6 @@ def longest_feasible_prefix(obs: Observation, running_remaining: np.ndarray, row
                           capacity_scale * engine_feature(obs, "kv_capacity_tokens"))
 
 
-def _doubles(values: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(values, dtype=np.float64)
-
-
 def admit_by_score(obs: Observation, scores: np.ndarray, memory_target: float) -> np.ndarray:
     """Admit the visible queue highest ``scores`` first (one per visible slot; ties keep queue order): the
     longest prefix in that order that fits now (free blocks and slots) and keeps the projected peak KV use, at
