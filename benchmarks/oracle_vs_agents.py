@@ -1,7 +1,7 @@
 """The oracle against trained agents, seed by seed: who wins, by how much, and what the oracle does differently.
 
 Usage: python benchmarks/oracle_vs_agents.py --task memory-tight
-    [--board docs/bench/10x/leaderboard.csv] [--runs RUN ...] [--tuned docs/tuning] [--max-replans N]
+    [--board docs/bench/10x/leaderboard.csv] [--runs RUN ...] [--tuned docs/tuning] [--max-seeds N]
 
 Returns come from the board's CSV (``servegym bench`` with ``oracle`` among its policies): every agent (default:
 ``docs/rl/10x/*__<task>__s*``), the tuned scorer (the agents' residual base) and the oracle on the task's test
