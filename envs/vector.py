@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -52,10 +53,17 @@ class ServingVectorEnv(VectorEnv):
     | `env_fns` | | one callable per sub-env, each returning an env with the same spaces |
     | `autoreset_mode` | `NextStep` | `"NextStep"`, `"SameStep"` or `"Disabled"` (the caller resets) |
     | `copy` | `True` | return a copy of the observation batch (False: the buffer the next step overwrites) |
+    | `buffer` | `None` | the batch to write observations into (a shared-memory view, say); `None` allocates it |
+    | `spaces_of` | `None` | the (observation, action) spaces every sub-env must have; `None`: sub-env 0's |
+    | `first_index` | `0` | the first sub-env's index in error messages (a shard of a larger vector env) |
+
+    `servegym.envs.sharded.ShardedVectorEnv` splits the sub-envs over worker processes, one such env each.
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]],
-                 autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP, copy: bool = True) -> None:
+                 autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP, copy: bool = True,
+                 buffer: Any = None, spaces_of: tuple[spaces.Space, spaces.Space] | None = None,
+                 first_index: int = 0) -> None:
         super().__init__()
         if not env_fns:
             raise ValueError("a vector env needs at least one sub-env (env_fns is empty)")
@@ -67,10 +75,12 @@ class ServingVectorEnv(VectorEnv):
             raise ValueError("two env_fns returned the same env instance: each sub-env must be its own env (a "
                              "factory such as lambda: env shares one; build the env inside the callable)")
         first = self.envs[0]
-        for i, env in enumerate(self.envs[1:], 1):
-            if env.observation_space != first.observation_space or env.action_space != first.action_space:
-                raise ValueError(f"sub-env {i}'s spaces differ from sub-env 0's: every sub-env must have the same "
-                                 "observation and action spaces (same queue window, slots, containers, mode)")
+        expected = spaces_of or (first.observation_space, first.action_space)
+        for i, env in enumerate(self.envs):
+            if (env.observation_space, env.action_space) != expected:
+                raise ValueError(f"sub-env {first_index + i}'s spaces differ from sub-env 0's: every sub-env must "
+                                 "have the same observation and action spaces (same queue window, slots, "
+                                 "containers, mode)")
         self.metadata = {**first.metadata, "autoreset_mode": self.autoreset_mode}
         self.render_mode = first.render_mode
         self.single_observation_space = first.observation_space
@@ -79,12 +89,12 @@ class ServingVectorEnv(VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._obs = create_empty_array(self.single_observation_space, self.num_envs, fn=np.zeros)
         self._write = _row_writer(self.single_observation_space, self._obs)
+        if buffer is not None:
+            self.use_buffer(buffer)
         self._rewards = np.zeros(self.num_envs, dtype=np.float64)
         self._terminations = np.zeros(self.num_envs, dtype=np.bool_)
         self._truncations = np.zeros(self.num_envs, dtype=np.bool_)
         self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)
-        self._indexable = isinstance(self.action_space, spaces.Box | spaces.MultiDiscrete | spaces.Discrete
-                                     | spaces.MultiBinary)
         self._started = np.zeros(self.num_envs, dtype=np.bool_)
         self._ended = np.zeros(self.num_envs, dtype=np.bool_)
         """With ``Disabled`` autoreset: sub-envs whose episode ended and that the caller has not reset yet."""
@@ -97,10 +107,10 @@ class ServingVectorEnv(VectorEnv):
         """Reset every sub-env, or with ``options={"reset_mask": mask}`` (a boolean array, one per sub-env) those
         the mask selects, as Gymnasium's ``SyncVectorEnv`` does (the infos then cover those alone)."""
         options = dict(options) if options is not None else None
-        mask = _reset_mask(options.pop("reset_mask"), self.num_envs) if options and "reset_mask" in options \
+        mask = checked_reset_mask(options.pop("reset_mask"), self.num_envs) if options and "reset_mask" in options \
             else np.ones(self.num_envs, dtype=np.bool_)
         infos: list[dict[str, Any]] = [{} for _ in self.envs]
-        for i, s in enumerate(_seeds(seed, self.num_envs)):
+        for i, s in enumerate(sub_env_seeds(seed, self.num_envs)):
             if mask[i]:
                 infos[i] = self.reset_env(i, s, options or None)
         return self._observations(), vector_info(infos)
@@ -119,6 +129,14 @@ class ServingVectorEnv(VectorEnv):
         """The observation batch buffer itself (the next step or reset overwrites it)."""
         return self._obs
 
+    def use_buffer(self, buffer: Any) -> None:
+        """Write observations into ``buffer`` (laid out as the batch is: same keys, shapes and dtypes) from now on;
+        the current batch is copied into it."""
+        _check_buffer(self._obs, buffer)
+        _copy_into(buffer, self._obs)
+        self._obs = buffer
+        self._write = _row_writer(self.single_observation_space, self._obs)
+
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         self.step_raw(actions)
         infos = vector_info(self.env_infos)
@@ -129,12 +147,8 @@ class ServingVectorEnv(VectorEnv):
         """One step of every sub-env, returned without copies or vector infos: the observation batch, rewards,
         terminations and truncations (buffers the next call overwrites) and each sub-env's own info dict (for
         adapters such as SB3's ``VecEnv`` that want per-env infos)."""
-        if not self._started.all() or self._ended.any():
-            waiting = np.flatnonzero(~self._started | self._ended).tolist()
-            raise RuntimeError(f"sub-env(s) {waiting} must be reset before step(): call reset() (with "
-                               "options={'reset_mask': mask} for some; autoreset_mode='Disabled' leaves an ended "
-                               "episode to the caller)")
-        for i, action in enumerate(self._actions(actions)):
+        require_started(self._started, self._ended)
+        for i, action in enumerate(batch_actions(self.action_space, actions)):
             env, infos = self.envs[i], self.env_infos
             if self._autoreset[i]:  # NextStep: the step after an end resets and ignores the action
                 obs, infos[i] = env.reset()
@@ -155,15 +169,6 @@ class ServingVectorEnv(VectorEnv):
             self._ended |= self._terminations | self._truncations
         return self._obs, self._rewards, self._terminations, self._truncations, self.env_infos
 
-    def _actions(self, actions: Any) -> Sequence[Any]:
-        if self._indexable:
-            batch = np.asarray(actions)
-            if batch.shape != self.action_space.shape:
-                raise ValueError(f"actions must have shape {self.action_space.shape} (num_envs={self.num_envs} "
-                                 f"rows of the sub-env's action), got {batch.shape}")
-            return batch
-        return list(iterate(self.action_space, actions))
-
     def _observations(self) -> Any:
         if not self.copy:
             return self._obs
@@ -171,17 +176,17 @@ class ServingVectorEnv(VectorEnv):
             return {k: v.copy() for k, v in self._obs.items()}
         return self._obs.copy()
 
+    def apply(self, i: int, fn: Callable[[gym.Env], Any]) -> Any:
+        """``fn(sub-env i)``, run where the sub-env lives (here; a worker process in ``ShardedVectorEnv``)."""
+        return fn(self.envs[i])
+
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call ``name`` on every sub-env (an attribute's value when it is not callable), e.g.
         ``call("action_masks")``."""
-        results = []
-        for env in self.envs:
-            value = env.get_wrapper_attr(name)
-            results.append(value(*args, **kwargs) if callable(value) else value)
-        return tuple(results)
+        return tuple(self.apply(i, EnvCall(name, args, kwargs)) for i in range(self.num_envs))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
-        return tuple(env.get_wrapper_attr(name) for env in self.envs)
+        return tuple(self.apply(i, EnvCall(name)) for i in range(self.num_envs))
 
     def set_attr(self, name: str, values: Any) -> None:
         values = values if isinstance(values, list | tuple) else [values] * self.num_envs
@@ -196,6 +201,60 @@ class ServingVectorEnv(VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:
             env.close()
+
+
+@dataclass(frozen=True)
+class EnvCall:
+    """A sub-env's ``get_wrapper_attr(name)``, called with ``args`` and ``kwargs`` when ``args`` is given and it is
+    callable: a function for :meth:`ServingVectorEnv.apply` that pickles (for sub-envs in worker processes)."""
+
+    name: str
+    args: tuple[Any, ...] | None = None
+    kwargs: dict[str, Any] | None = None
+
+    def __call__(self, env: gym.Env) -> Any:
+        value = env.get_wrapper_attr(self.name)
+        return value(*self.args, **(self.kwargs or {})) if self.args is not None and callable(value) else value
+
+
+def require_started(started: np.ndarray, ended: np.ndarray) -> None:
+    """Refuse a step while a sub-env has not been reset, or (``Disabled`` autoreset) has ended unreset."""
+    if not started.all() or ended.any():
+        waiting = np.flatnonzero(~started | ended).tolist()
+        raise RuntimeError(f"sub-env(s) {waiting} must be reset before step(): call reset() (with "
+                           "options={'reset_mask': mask} for some; autoreset_mode='Disabled' leaves an ended "
+                           "episode to the caller)")
+
+
+def batch_actions(action_space: spaces.Space, actions: Any) -> np.ndarray | list[Any]:
+    """The batch of actions as rows to index (an array of ``action_space.shape`` for Box, Discrete, MultiDiscrete
+    and MultiBinary sub-env actions, checked; a list of the sub-envs' actions otherwise)."""
+    if isinstance(action_space, spaces.Box | spaces.MultiDiscrete | spaces.Discrete | spaces.MultiBinary):
+        batch = np.asarray(actions)
+        if batch.shape != action_space.shape:
+            raise ValueError(f"actions must have shape {action_space.shape} (num_envs={action_space.shape[0]} "
+                             f"rows of the sub-env's action), got {batch.shape}")
+        return batch
+    return list(iterate(action_space, actions))
+
+
+def _check_buffer(expected: Any, buffer: Any) -> None:
+    if isinstance(expected, dict):
+        if not isinstance(buffer, dict) or buffer.keys() != expected.keys():
+            raise ValueError(f"buffer must be a dict with the observation's keys {sorted(expected)}")
+        for key in expected:
+            _check_buffer(expected[key], buffer[key])
+    elif not isinstance(buffer, np.ndarray) or buffer.shape != expected.shape or buffer.dtype != expected.dtype:
+        raise ValueError(f"buffer must be an array of shape {expected.shape} and dtype {expected.dtype}, got "
+                         f"{getattr(buffer, 'shape', type(buffer).__name__)} {getattr(buffer, 'dtype', '')}")
+
+
+def _copy_into(target: Any, source: Any) -> None:
+    if isinstance(source, dict):
+        for key in source:
+            _copy_into(target[key], source[key])
+    else:
+        target[...] = source
 
 
 def vector_info(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -227,7 +286,7 @@ def _empty_column(key: str, first: Any, n: int) -> np.ndarray:
     return np.full(n, None, dtype=object)
 
 
-def _reset_mask(mask: Any, n: int) -> np.ndarray:
+def checked_reset_mask(mask: Any, n: int) -> np.ndarray:
     """``reset(options={"reset_mask": ...})``'s mask, checked as Gymnasium checks it."""
     if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
         raise TypeError(f"options['reset_mask'] must be a numpy bool array, got {mask!r}")
@@ -238,7 +297,7 @@ def _reset_mask(mask: Any, n: int) -> np.ndarray:
     return mask
 
 
-def _seeds(seed: int | Sequence[int | None] | None, n: int) -> list[int | None]:
+def sub_env_seeds(seed: int | Sequence[int | None] | None, n: int) -> list[int | None]:
     if seed is None:
         return [None] * n
     if isinstance(seed, int | np.integer):
@@ -271,15 +330,20 @@ def _row_writer(space: spaces.Space, batch: Any) -> Callable[[int, Any], None]:
 
 def make_serving_vector_env(num_envs: int = 1, max_episode_steps: int | None = None,
                             autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP, copy: bool = True,
-                            **kwargs: Any) -> ServingVectorEnv:
+                            shards: int = 1, **kwargs: Any) -> VectorEnv:
     """The registered ids' ``vector_entry_point``: ``num_envs`` envs as ``gym.make(id, **kwargs)`` builds them
     (the same episodes; ``max_episode_steps`` truncates as ``gym.make``'s ``TimeLimit`` does, -1 or None: no
-    limit), stepped by one :class:`ServingVectorEnv`."""
+    limit), stepped by one :class:`ServingVectorEnv`, or with ``shards`` > 1 by a
+    :class:`~servegym.envs.sharded.ShardedVectorEnv` of that many processes."""
     limit, why = COUNT_LIMITS["envs"]
     if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or not 1 <= num_envs <= limit:
         raise ValueError(f"num_envs must be a positive integer of at most {limit:,} ({why}), got {num_envs!r}")
-    return ServingVectorEnv([partial(_single_env, max_episode_steps, kwargs)] * int(num_envs),
-                            autoreset_mode=autoreset_mode, copy=copy)
+    env_fns = [partial(_single_env, max_episode_steps, kwargs)] * int(num_envs)
+    if shards != 1:
+        from servegym.envs.sharded import ShardedVectorEnv
+
+        return ShardedVectorEnv(env_fns, shards, autoreset_mode=autoreset_mode, copy=copy)
+    return ServingVectorEnv(env_fns, autoreset_mode=autoreset_mode, copy=copy)
 
 
 def _single_env(max_episode_steps: int | None, kwargs: dict[str, Any]) -> gym.Env:

@@ -14,7 +14,7 @@ from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS, get_task
 from servegym.rl.wrappers import OBSERVATIONS, RESIDUAL_SCALE, ROUTE_MODE
 from servegym.validation import count, count_arg
 
-VEC_ENVS = ("native", "subprocess")
+VEC_ENVS = ("native", "sharded", "subprocess")
 """How ``servegym train`` steps its envs: in the training process (default) or one worker process each."""
 
 ALGOS = ("ppo", "a2c", "dqn", "sac", "maskable-ppo")
@@ -53,8 +53,9 @@ class TrainConfig:
                                              "type": count_arg("envs")})
     vec_env: str = field(default="native", metadata={
         "help": "how the training envs step: native, all in the training process in one call "
-                "(servegym.rl.vec_env.NativeVecEnv, DummyVecEnv's transitions); subprocess, one worker process each "
-                "(SB3's SubprocVecEnv)", "choices": VEC_ENVS})
+                "(servegym.rl.vec_env.NativeVecEnv, DummyVecEnv's transitions); sharded, the same split over one "
+                "process per CPU core (servegym.envs.sharded.ShardedVectorEnv, the same transitions); subprocess, "
+                "one worker process each (SB3's SubprocVecEnv)", "choices": VEC_ENVS})
     max_episode_steps: int | None = field(default=None, metadata={
         "help": "the env's own episode limit (max_steps; default: the task's): a truncation there pays the "
                 "truncation penalty, so cutting episodes short never looks good", "type": count_arg("steps")})

@@ -99,7 +99,8 @@ def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
         # spawn, not SB3's default forkserver: each worker is this process's own child, known by its pid from the
         # start, so a stop during set-up ends it at once (a forkserver's children outlived a SIGTERM by ~30 s).
         return SubprocVecEnv(factories, start_method="spawn")
-    return NativeVecEnv(factories)
+    shards = min(cfg.n_envs, os.cpu_count() or 1) if cfg.vec_env == "sharded" and subprocess else 1
+    return NativeVecEnv(factories, shards)
 
 
 def _imitate(model: BaseAlgorithm, cfg: TrainConfig) -> dict[str, float]:
