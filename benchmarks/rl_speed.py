@@ -19,11 +19,14 @@ The ``env`` rows step the wrapped env with random actions: the ceiling any agent
 trains PPO on Gymnasium's ``CartPole-v1`` (``MlpPolicy``) with the same settings, in the same run: the yardstick.
 
 ``--section vec`` steps ``--vec-envs`` envs of ``--task`` per action mode with pre-drawn random actions: one env
-alone, the native vector env (``servegym.rl.vec_env.NativeVecEnv``: all in this process, one call) and SB3's
-``SubprocVecEnv`` (one spawned worker each), side by side. ``--section train`` trains PPO in the ``score`` mode
+alone, the native vector env (``servegym.rl.vec_env.NativeVecEnv``: all in this process, one call), the same split
+over ``--shards`` processes (``servegym.envs.sharded.ShardedVectorEnv``) and SB3's ``SubprocVecEnv`` (one spawned
+worker each), side by side, each from the same seeds with the same actions (the same episodes).
+``--section train`` trains PPO in the ``score`` mode
 on ``--task`` two ways, each as the current path and as the lean one, with the same rollout size, minibatch,
 epochs and learning rate: the shipped recipe (``SubprocVecEnv`` of 2, 2048 steps per env, minibatch 512, 4
-epochs, the score network on every row) against the native vector env of ``--vec-envs`` and the packed network;
+epochs, the score network on every row) against the native vector env of ``--vec-envs`` and the packed network
+(in one process, and sharded over ``--shards``);
 and this benchmark's own PPO settings (one env, 512 / 64 / 10 epochs). Each row says where the wall time went:
 stepping the envs, the rollout's forward passes, the update's forward passes and its backward passes and
 optimiser steps (the rest: buffers, GAE, logging).
@@ -149,14 +152,16 @@ def vec_rates(args: argparse.Namespace) -> str:
     from servegym.rl.vec_env import NativeVecEnv
 
     n = args.vec_envs
-    lines = [f"| mode | one env | native x{n} | SubprocVecEnv x{n} | native / SubprocVecEnv |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [f"| mode | one env | native x{n} | native x{n}, {args.shards} processes | SubprocVecEnv x{n} | "
+             "native / SubprocVecEnv | sharded / SubprocVecEnv |", "|---|---:|---:|---:|---:|---:|---:|"]
     for mode in VEC_MODES:
         factory = partial(_task_env, args.task, mode)
         single = _sb3_rate(partial(DummyVecEnv, [factory]), args.vec_steps * n)
         native = _sb3_rate(partial(NativeVecEnv, [factory] * n), args.vec_steps)
+        sharded = _sb3_rate(partial(NativeVecEnv, [factory] * n, args.shards), args.vec_steps)
         workers = _sb3_rate(partial(SubprocVecEnv, [factory] * n, start_method="spawn"), args.vec_steps)
-        lines.append(f"| {mode} | {single:.0f} | {native:.0f} | {workers:.0f} | {native / workers:.1f}x |")
+        lines.append(f"| {mode} | {single:.0f} | {native:.0f} | {sharded:.0f} | {workers:.0f} | "
+                     f"{native / workers:.1f}x | {sharded / workers:.1f}x |")
         print(lines[-1], flush=True)
     return "\n".join(lines)
 
@@ -198,6 +203,7 @@ def train_paths(n: int) -> list[TrainPath]:
     """Pairs (current, lean) with the same rollout size, minibatch and epochs."""
     return [TrainPath("recipe, current", "subprocess", 2, 2048, 512, 4, False),
             TrainPath("recipe, lean", "native", n, 4096 // n, 512, 4, True),
+            TrainPath("recipe, lean, sharded", "sharded", n, 4096 // n, 512, 4, True),
             TrainPath("benchmark PPO, current", "dummy", 1, 512, 64, 10, False),
             TrainPath("benchmark PPO, lean", "native", n, max(1, 512 // n), 64, 10, True)]
 
@@ -211,7 +217,8 @@ def train_breakdown(args: argparse.Namespace, path: TrainPath) -> dict[str, floa
     factories = [partial(make_training_env, {"task": args.task, "decision_steps": True}, "score", None,
                          (i, path.n_envs)) for i in range(path.n_envs)]
     venv = {"subprocess": partial(SubprocVecEnv, factories, start_method="spawn"),
-            "dummy": partial(DummyVecEnv, factories), "native": partial(NativeVecEnv, factories)}[path.vec]()
+            "dummy": partial(DummyVecEnv, factories), "native": partial(NativeVecEnv, factories),
+            "sharded": partial(NativeVecEnv, factories, args.shards)}[path.vec]()
     venv.seed(0)
     model = algorithm_class("ppo")(policy_for("ppo", venv.action_space, "score"), venv, seed=0, verbose=0,
                                    n_steps=path.n_steps, batch_size=path.batch_size, n_epochs=path.n_epochs,
@@ -280,6 +287,8 @@ def main() -> None:
     parser.add_argument("--task", default="memory-tight", help="the task of the vec and train sections")
     parser.add_argument("--vec-envs", type=int, default=16, help="envs in the vec and train sections' vector envs")
     parser.add_argument("--vec-steps", type=int, default=500, help="vector steps per rate in the vec section")
+    parser.add_argument("--shards", type=int, default=2, help="processes of the sharded native vector env (vec and "
+                        "train sections)")
     parser.add_argument("--train-steps", type=int, default=16_384, help="timesteps per path in the train section")
     args = parser.parse_args()
     if args.torch_threads:

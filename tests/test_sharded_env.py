@@ -192,6 +192,8 @@ def test_a_killed_worker_is_reported_not_waited_for_and_close_ends_everything():
             vec.step(action)
         with pytest.raises(RuntimeError, match="sub-envs 2-3 exited"):
             vec.reset(seed=0)
+        with pytest.raises(RuntimeError, match="sub-envs 2-3 exited"):  # sub-env 0 lives here: refused all the same
+            vec.reset_env(0, seed=0)
         processes = [shard.process for shard in vec.shards]
     finally:
         vec.close()
@@ -200,10 +202,15 @@ def test_a_killed_worker_is_reported_not_waited_for_and_close_ends_everything():
         vec.step(np.zeros((6, 32), dtype=np.int64))
 
 
-def test_close_ends_every_worker_and_a_dropped_env_does_too():
-    vec = ShardedVectorEnv([partial(gym.make, task_id("memory-tight"))] * 3, 3)
+def test_ctrl_c_is_left_to_the_caller_close_ends_every_worker_and_a_dropped_env_does_too():
+    # Rule: a worker ignores SIGINT (a terminal's Ctrl-C reaches the whole process group; the caller decides and
+    # closes), close() ends every worker, and an env dropped without close() ends its workers when collected.
+    vec = ShardedVectorEnv([partial(gym.make, task_id("memory-tight"), flat_obs=True)] * 3, 3)
     processes = [shard.process for shard in vec.shards]
-    assert all(p.is_alive() for p in processes)
+    vec.reset(seed=0)
+    os.kill(processes[0].pid, signal.SIGINT)
+    processes[0].join(timeout=0.5)
+    assert processes[0].is_alive() and vec.step(np.zeros((3, 32), dtype=np.int64))[1].shape == (3,)
     vec.close()
     assert not any(p.is_alive() for p in processes)
     dropped = ShardedVectorEnv([partial(gym.make, task_id("memory-tight"))] * 2, 2)
