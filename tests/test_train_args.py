@@ -110,7 +110,7 @@ def test_counts_follow_the_shared_bounded_count_rule(tmp_path, capsys, spawned, 
     ("timesteps", True, "timesteps must be a whole number in [1, 1,000,000,000] (env steps), got True"),
     ("hyperparams", [1], "hyperparams must be a mapping, got [1]"),
     ("normalize", "no", "normalize must be true or false, got 'no'"),
-    ("vec_env", "dummy", "vec_env must be one of ('native', 'subprocess'), got 'dummy'"),
+    ("vec_env", "dummy", "vec_env must be one of ('native', 'sharded', 'subprocess'), got 'dummy'"),
 ])
 def test_the_config_applies_the_same_rules(field, value, message):
     with pytest.raises(ValueError) as err:

@@ -81,8 +81,9 @@ def test_sigterm_during_env_setup_exits_143_and_leaves_no_process(tmp_path):
 
 
 @pytest.mark.parametrize(("sig", "group", "status", "vec_env"),
-                         [(signal.SIGINT, True, 130, "native"), (signal.SIGTERM, False, 143, "subprocess")],
-                         ids=["ctrl-c-native", "sigterm-subprocess"])
+                         [(signal.SIGINT, True, 130, "native"), (signal.SIGTERM, False, 143, "subprocess"),
+                          (signal.SIGINT, True, 130, "sharded")],
+                         ids=["ctrl-c-native", "sigterm-subprocess", "ctrl-c-sharded"])
 def test_a_stop_while_learning_records_the_steps_and_checkpoint_and_resume_finishes(tmp_path, sig, group, status,
                                                                                     vec_env):
     # Rule: after a stop, config.json says interrupted, by which signal, the steps the model took and the last
