@@ -20,18 +20,10 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from servegym.envs.vector import (
-    EnvCall,
-    ServingVectorEnv,
-    batch_actions,
-    checked_reset_mask,
-    require_started,
-    sub_env_seeds,
-    vector_info,
-)
+from servegym.envs.vector import BatchedVectorEnv, ServingVectorEnv, batch_actions, require_started
 
 CLOSE_TIMEOUT_S = 10.0
 """How long ``close`` waits for a worker to finish before terminating it."""
@@ -45,7 +37,7 @@ class _Shard:
     conn: Connection
 
 
-class ShardedVectorEnv(VectorEnv):
+class ShardedVectorEnv(BatchedVectorEnv):
     """
     ## Description
 
@@ -133,34 +125,12 @@ class ShardedVectorEnv(VectorEnv):
         self._ended = np.zeros(self.num_envs, dtype=np.bool_)
         self.env_infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
 
-    @property
-    def observations(self) -> Any:
-        """The observation batch buffer itself, in shared memory (the next step or reset overwrites it)."""
-        return self._obs
-
-    def reset(self, *, seed: int | Sequence[int | None] | None = None,
-              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        """As :meth:`ServingVectorEnv.reset`: every sub-env, or those ``options["reset_mask"]`` selects."""
-        options = dict(options) if options is not None else None
-        mask = checked_reset_mask(options.pop("reset_mask"), self.num_envs) if options and "reset_mask" in options \
-            else np.ones(self.num_envs, dtype=np.bool_)
-        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
-        for i, s in enumerate(sub_env_seeds(seed, self.num_envs)):
-            if mask[i]:
-                infos[i] = self.reset_env(i, s, options or None)
-        return self._observations(), vector_info(infos)
-
     def reset_env(self, i: int, seed: int | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """Reset sub-env ``i`` alone; its observation goes into row ``i`` of the batch; return its info."""
         info = self._on(i, "reset_env", seed, options)
         self._started[i], self._ended[i] = True, False
         self.env_infos[i] = info
         return info
-
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        self.step_raw(actions)
-        return (self._observations(), self._rewards.copy(), self._terminations.copy(), self._truncations.copy(),
-                vector_info(self.env_infos))
 
     def step_raw(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
         """As :meth:`ServingVectorEnv.step_raw`: the batch, rewards and flags (buffers the next call overwrites)
@@ -190,32 +160,9 @@ class ShardedVectorEnv(VectorEnv):
         """``fn(sub-env i)``, run in the process that holds it (``fn`` pickled by ``cloudpickle``)."""
         return self._on(i, "apply", cloudpickle.dumps(fn))
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        return tuple(self.apply(i, EnvCall(name, args, kwargs)) for i in range(self.num_envs))
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        return tuple(self.apply(i, EnvCall(name)) for i in range(self.num_envs))
-
-    def set_attr(self, name: str, values: Any) -> None:
-        values = values if isinstance(values, list | tuple) else [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise ValueError(f"set_attr needs one value per sub-env ({self.num_envs}), got {len(values)}")
-        for i, value in enumerate(values):
-            self.apply(i, _Set(name, value))
-
-    def render(self) -> tuple[Any, ...] | None:
-        return tuple(self.apply(i, _render) for i in range(self.num_envs))
-
     def close_extras(self, **kwargs: Any) -> None:
         self.local.close()
         self._finalizer()
-
-    def _observations(self) -> Any:
-        if not self.copy:
-            return self._obs
-        if isinstance(self._obs, dict):
-            return {k: v.copy() for k, v in self._obs.items()}
-        return self._obs.copy()
 
     def _store_infos(self, start: int, infos: list[dict[str, Any]]) -> None:
         self.env_infos[start: start + len(infos)] = infos
@@ -298,19 +245,6 @@ def _stop(shards: list[_Shard]) -> None:
             shard.process.join()
         shard.conn.close()
     shards.clear()
-
-
-@dataclass(frozen=True)
-class _Set:
-    name: str
-    value: Any
-
-    def __call__(self, env: gym.Env) -> None:
-        env.set_wrapper_attr(self.name, self.value)
-
-
-def _render(env: gym.Env) -> Any:
-    return env.render()
 
 
 def _local_command(vector: ServingVectorEnv, command: str, i: int, *args: Any) -> Any:

@@ -16,7 +16,75 @@ from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 from servegym.validation import COUNT_LIMITS
 
 
-class ServingVectorEnv(VectorEnv):
+class BatchedVectorEnv(VectorEnv):
+    """What the native vector envs share: Gymnasium's ``reset``, ``step``, ``call``, ``get_attr``, ``set_attr`` and
+    ``render`` over three methods a subclass provides (``reset_env``, ``step_raw`` and ``apply``) and its buffers:
+    the observation batch ``_obs``, ``_rewards``, ``_terminations``, ``_truncations``, ``env_infos`` and ``copy``."""
+
+    copy: bool
+    env_infos: list[dict[str, Any]]
+
+    def reset(self, *, seed: int | Sequence[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        """Reset every sub-env, or with ``options={"reset_mask": mask}`` (a boolean array, one per sub-env) those
+        the mask selects, as Gymnasium's ``SyncVectorEnv`` does (the infos then cover those alone)."""
+        options = dict(options) if options is not None else None
+        mask = checked_reset_mask(options.pop("reset_mask"), self.num_envs) if options and "reset_mask" in options \
+            else np.ones(self.num_envs, dtype=np.bool_)
+        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        for i, s in enumerate(sub_env_seeds(seed, self.num_envs)):
+            if mask[i]:
+                infos[i] = self.reset_env(i, s, options or None)
+        return self._observations(), vector_info(infos)
+
+    def reset_env(self, i: int, seed: int | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @property
+    def observations(self) -> Any:
+        """The observation batch buffer itself (the next step or reset overwrites it)."""
+        return self._obs
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        self.step_raw(actions)
+        infos = vector_info(self.env_infos)
+        return (self._observations(), self._rewards.copy(), self._terminations.copy(), self._truncations.copy(),
+                infos)
+
+    def step_raw(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+        raise NotImplementedError
+
+    def apply(self, i: int, fn: Callable[[gym.Env], Any]) -> Any:
+        """``fn(sub-env i)``, run where the sub-env lives."""
+        raise NotImplementedError
+
+    def _observations(self) -> Any:
+        if not self.copy:
+            return self._obs
+        if isinstance(self._obs, dict):
+            return {k: v.copy() for k, v in self._obs.items()}
+        return self._obs.copy()
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call ``name`` on every sub-env (an attribute's value when it is not callable), e.g.
+        ``call("action_masks")``."""
+        return tuple(self.apply(i, EnvCall(name, args, kwargs)) for i in range(self.num_envs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        return tuple(self.apply(i, EnvCall(name)) for i in range(self.num_envs))
+
+    def set_attr(self, name: str, values: Any) -> None:
+        values = values if isinstance(values, list | tuple) else [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(f"set_attr needs one value per sub-env ({self.num_envs}), got {len(values)}")
+        for i, value in enumerate(values):
+            self.apply(i, EnvSet(name, value))
+
+    def render(self) -> tuple[Any, ...] | None:
+        return tuple(self.apply(i, _render) for i in range(self.num_envs))
+
+
+class ServingVectorEnv(BatchedVectorEnv):
     """
     ## Description
 
@@ -102,19 +170,6 @@ class ServingVectorEnv(VectorEnv):
         """Each sub-env's own info from the last step or reset (its final info when it just ended in
         ``SameStep`` mode, under ``"final_info"``, with ``"final_obs"``)."""
 
-    def reset(self, *, seed: int | Sequence[int | None] | None = None,
-              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        """Reset every sub-env, or with ``options={"reset_mask": mask}`` (a boolean array, one per sub-env) those
-        the mask selects, as Gymnasium's ``SyncVectorEnv`` does (the infos then cover those alone)."""
-        options = dict(options) if options is not None else None
-        mask = checked_reset_mask(options.pop("reset_mask"), self.num_envs) if options and "reset_mask" in options \
-            else np.ones(self.num_envs, dtype=np.bool_)
-        infos: list[dict[str, Any]] = [{} for _ in self.envs]
-        for i, s in enumerate(sub_env_seeds(seed, self.num_envs)):
-            if mask[i]:
-                infos[i] = self.reset_env(i, s, options or None)
-        return self._observations(), vector_info(infos)
-
     def reset_env(self, i: int, seed: int | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """Reset sub-env ``i`` alone (``reset`` resets them all): its observation goes into row ``i`` of the batch;
         return its info. For adapters that reset each sub-env with its own seed and options."""
@@ -124,11 +179,6 @@ class ServingVectorEnv(VectorEnv):
         self._started[i] = True
         return self.env_infos[i]
 
-    @property
-    def observations(self) -> Any:
-        """The observation batch buffer itself (the next step or reset overwrites it)."""
-        return self._obs
-
     def use_buffer(self, buffer: Any) -> None:
         """Write observations into ``buffer`` (laid out as the batch is: same keys, shapes and dtypes) from now on;
         the current batch is copied into it."""
@@ -136,12 +186,6 @@ class ServingVectorEnv(VectorEnv):
         _copy_into(buffer, self._obs)
         self._obs = buffer
         self._write = _row_writer(self.single_observation_space, self._obs)
-
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        self.step_raw(actions)
-        infos = vector_info(self.env_infos)
-        return (self._observations(), self._rewards.copy(), self._terminations.copy(), self._truncations.copy(),
-                infos)
 
     def step_raw(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
         """One step of every sub-env, returned without copies or vector infos: the observation batch, rewards,
@@ -169,34 +213,9 @@ class ServingVectorEnv(VectorEnv):
             self._ended |= self._terminations | self._truncations
         return self._obs, self._rewards, self._terminations, self._truncations, self.env_infos
 
-    def _observations(self) -> Any:
-        if not self.copy:
-            return self._obs
-        if isinstance(self._obs, dict):
-            return {k: v.copy() for k, v in self._obs.items()}
-        return self._obs.copy()
-
     def apply(self, i: int, fn: Callable[[gym.Env], Any]) -> Any:
         """``fn(sub-env i)``, run where the sub-env lives (here; a worker process in ``ShardedVectorEnv``)."""
         return fn(self.envs[i])
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Call ``name`` on every sub-env (an attribute's value when it is not callable), e.g.
-        ``call("action_masks")``."""
-        return tuple(self.apply(i, EnvCall(name, args, kwargs)) for i in range(self.num_envs))
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        return tuple(self.apply(i, EnvCall(name)) for i in range(self.num_envs))
-
-    def set_attr(self, name: str, values: Any) -> None:
-        values = values if isinstance(values, list | tuple) else [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise ValueError(f"set_attr needs one value per sub-env ({self.num_envs}), got {len(values)}")
-        for env, value in zip(self.envs, values, strict=True):
-            env.set_wrapper_attr(name, value)
-
-    def render(self) -> tuple[Any, ...] | None:
-        return tuple(env.render() for env in self.envs)
 
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:
@@ -215,6 +234,21 @@ class EnvCall:
     def __call__(self, env: gym.Env) -> Any:
         value = env.get_wrapper_attr(self.name)
         return value(*self.args, **(self.kwargs or {})) if self.args is not None and callable(value) else value
+
+
+@dataclass(frozen=True)
+class EnvSet:
+    """A sub-env's ``set_wrapper_attr(name, value)``, for :meth:`ServingVectorEnv.apply` (it pickles)."""
+
+    name: str
+    value: Any
+
+    def __call__(self, env: gym.Env) -> None:
+        env.set_wrapper_attr(self.name, self.value)
+
+
+def _render(env: gym.Env) -> Any:
+    return env.render()
 
 
 def require_started(started: np.ndarray, ended: np.ndarray) -> None:
