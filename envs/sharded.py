@@ -44,9 +44,9 @@ class ShardedVectorEnv(BatchedVectorEnv):
     `ServingVectorEnv`'s episodes, stepped by `shards` processes at once: the sub-envs are split into `shards`
     contiguous groups of near-equal size; the first group is stepped in this process and each other one by a
     worker process, each group natively (one call, its own compiled engines), every group writing its rows of one
-    observation batch in shared memory. A step sends each worker its rows of the actions, steps the first group
-    meanwhile, then gathers the rewards, flags and infos (pickled, small) from the workers. Use it where the
-    machine has more cores than one process uses: on 2 cores, 2 shards.
+    observation batch in shared memory. A step writes the actions to shared memory and wakes each worker, steps the
+    first group meanwhile, then waits for the workers: their rewards and flags are in shared memory, their infos
+    come pickled. Use it where the machine has cores to spare: on 2 cores, 2 shards (docs/RL.md measures it).
 
     Sub-env `i` plays the episode it plays in `ServingVectorEnv(env_fns)`, and the batch, flags and infos are the
     same (tested seed by seed), in each autoreset mode.
