@@ -4,6 +4,7 @@ that are raised here, leave nothing running and never hang."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -207,17 +208,20 @@ def test_ctrl_c_is_left_to_the_caller_close_ends_every_worker_and_a_dropped_env_
     # closes), close() ends every worker, and an env dropped without close() ends its workers when collected.
     vec = ShardedVectorEnv([partial(gym.make, task_id("memory-tight"), flat_obs=True)] * 3, 3)
     processes = [shard.process for shard in vec.shards]
-    vec.reset(seed=0)
-    os.kill(processes[0].pid, signal.SIGINT)
-    processes[0].join(timeout=0.5)
-    assert processes[0].is_alive() and vec.step(np.zeros((3, 32), dtype=np.int64))[1].shape == (3,)
-    vec.close()
+    try:
+        vec.reset(seed=0)
+        os.kill(processes[0].pid, signal.SIGINT)
+        processes[0].join(timeout=0.5)
+        assert processes[0].is_alive() and vec.step(np.zeros((3, 32), dtype=np.int64))[1].shape == (3,)
+    finally:
+        vec.close()
     assert not any(p.is_alive() for p in processes)
     dropped = ShardedVectorEnv([partial(gym.make, task_id("memory-tight"))] * 2, 2)
     process = dropped.shards[0].process
     del dropped  # never closed: the finalizer ends the worker when the env is collected
-    import gc
-
     gc.collect()
     process.join(timeout=30)
-    assert not process.is_alive()
+    try:
+        assert not process.is_alive()
+    finally:
+        process.kill()  # a no-op when the finalizer did its work
