@@ -64,7 +64,8 @@ for _id, _kwargs in (*((env_id, {"version": version}) for version, env_id in ENV
 def make_vec(env_id: str = ENV_ID, num_envs: int = 1, **kwargs: Any) -> VectorEnv:
     """``num_envs`` envs of ``env_id`` stepped in one call in this process (:class:`servegym.envs.vector.
     ServingVectorEnv`): ``gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point", **kwargs)``;
-    ``kwargs`` are ``gym.make``'s (``task=``, ``flat_obs=``, ...) plus ``autoreset_mode`` and ``copy``."""
+    ``kwargs`` are ``gym.make``'s (``task=``, ``flat_obs=``, ...) plus ``autoreset_mode``, ``copy`` and ``shards``
+    (> 1: split over that many processes, :class:`servegym.envs.sharded.ShardedVectorEnv`; the same episodes)."""
     import gymnasium as gym
 
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
