@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import cloudpickle
@@ -85,35 +86,16 @@ class ShardedVectorEnv(BatchedVectorEnv):
         self.num_envs = len(env_fns)
         bounds = np.linspace(0, self.num_envs, int(shards) + 1).round().astype(int).tolist()
         self.local = ServingVectorEnv(env_fns[: bounds[1]], self.autoreset_mode, copy=False)
-        ctx = multiprocessing.get_context(context)
-        tree = _shared_tree(self.local.single_observation_space, self.num_envs, ctx)
-        self._obs = _attach(tree, 0, self.num_envs)
-        self.local.use_buffer(_attach(tree, 0, bounds[1]))
-        action_space = self.local.single_action_space
-        indexable = isinstance(batch_space(action_space, 1), spaces.Box | spaces.MultiDiscrete | spaces.MultiBinary)
-        steps = {"rewards": _shared_leaf((self.num_envs,), np.float64, ctx),
-                 "terminations": _shared_leaf((self.num_envs,), np.bool_, ctx),
-                 "truncations": _shared_leaf((self.num_envs,), np.bool_, ctx)}
-        if indexable:  # actions travel in shared memory too; other spaces' actions are pickled
-            steps["actions"] = _shared_leaf((self.num_envs, *action_space.shape), action_space.dtype, ctx)
-        self._step = _attach(steps, 0, self.num_envs)
-        spaces_ = (self.local.single_observation_space, action_space)
-        self._rewards, self._terminations = self._step["rewards"], self._step["terminations"]
-        self._truncations = self._step["truncations"]
         self.shards: list[_Shard] = []
+        self._owed: list[int] = []
+        """Answers each worker still owes (a call interrupted before it read them: read at the next call)."""
         self._failure: str | None = None
         self._finalizer = weakref.finalize(self, _stop, self.shards)
-        for start, stop in itertools.pairwise(bounds[1:]):
-            parent, child = ctx.Pipe()
-            process = ctx.Process(target=_serve, args=(child, cloudpickle.dumps(env_fns[start:stop]), spaces_, tree,
-                                                       steps, start, stop, self.autoreset_mode.value), daemon=True)
-            process.start()
-            child.close()
-            self.shards.append(_Shard(start, stop, process, parent))
-        try:  # each worker's sub-envs built
-            self._gather([(shard, None) for shard in self.shards])
-        except BaseException:
-            self.close()
+        try:
+            self._start(env_fns, bounds, multiprocessing.get_context(context))
+        except BaseException:  # a half-built env ends what it started
+            self._finalizer()
+            self.local.close()
             raise
         self.metadata = {**self.local.metadata, "autoreset_mode": self.autoreset_mode}
         self.render_mode = self.local.render_mode
@@ -124,6 +106,32 @@ class ShardedVectorEnv(BatchedVectorEnv):
         self._started = np.zeros(self.num_envs, dtype=np.bool_)
         self._ended = np.zeros(self.num_envs, dtype=np.bool_)
         self.env_infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+
+    def _start(self, env_fns: list[Callable[[], gym.Env]], bounds: list[int], ctx: Any) -> None:
+        """Lay out the shared arrays, point the first group at its rows, start a worker for each other group and
+        wait until each has built its sub-envs."""
+        action_space = self.local.single_action_space
+        tree = _shared_tree(self.local.single_observation_space, self.num_envs, ctx)
+        steps = {"rewards": _shared_leaf((self.num_envs,), np.float64, ctx),
+                 "terminations": _shared_leaf((self.num_envs,), np.bool_, ctx),
+                 "truncations": _shared_leaf((self.num_envs,), np.bool_, ctx)}
+        if isinstance(batch_space(action_space, 1), spaces.Box | spaces.MultiDiscrete | spaces.MultiBinary):
+            steps["actions"] = _shared_leaf((self.num_envs, *action_space.shape), action_space.dtype, ctx)
+        self._obs, self._step = _attach(tree, 0, self.num_envs), _attach(steps, 0, self.num_envs)
+        self._rewards, self._terminations = self._step["rewards"], self._step["terminations"]
+        self._truncations = self._step["truncations"]
+        k = bounds[1]
+        self.local.use_buffer(_attach(tree, 0, k), self._rewards[:k], self._terminations[:k], self._truncations[:k])
+        expected = (self.local.single_observation_space, action_space)
+        for start, stop in itertools.pairwise(bounds[1:]):
+            parent, child = ctx.Pipe()
+            process = ctx.Process(target=_serve, args=(child, cloudpickle.dumps(env_fns[start:stop]), expected, tree,
+                                                       steps, start, stop, self.autoreset_mode.value), daemon=True)
+            process.start()
+            child.close()
+            self.shards.append(_Shard(start, stop, process, parent))
+            self._owed.append(1)  # its start-up answer
+        self._gather([(shard, None) for shard in self.shards])
 
     def reset_env(self, i: int, seed: int | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """Reset sub-env ``i`` alone; its observation goes into row ``i`` of the batch; return its info."""
@@ -136,24 +144,25 @@ class ShardedVectorEnv(BatchedVectorEnv):
         """As :meth:`ServingVectorEnv.step_raw`: the batch, rewards and flags (buffers the next call overwrites)
         and each sub-env's own info."""
         require_started(self._started, self._ended)
-        batch = batch_actions(self.action_space, actions)
+        rows = batch_actions(self.action_space, actions)
+        k = self.local.num_envs
         # in shared memory when they fit it as they are (no cast: a sub-env sees the very action passed)
-        shared = "actions" in self._step and batch.dtype == self._step["actions"].dtype
+        shared = isinstance(rows, np.ndarray) and "actions" in self._step and rows.dtype == self._step["actions"].dtype
         if shared:
-            self._step["actions"][...] = batch
-        sent, error = self._send_all([(shard, ("step", None if shared else (batch[shard.start: shard.stop],)))
-                                      for shard in self.shards])
-        if error is None:
-            try:
-                _, rewards, terminations, truncations, infos = self.local.step_raw(batch[: self.local.num_envs])
-                k = self.local.num_envs
-                self._rewards[:k], self._terminations[:k], self._truncations[:k] = rewards, terminations, truncations
-                self.env_infos[:k] = infos
-            except Exception as caught:  # raised once the workers have answered
-                error = caught
-        self._gather([(shard, self._store_infos) for shard in sent], error)
-        if self.autoreset_mode == AutoresetMode.DISABLED:
-            self._ended |= self._terminations | self._truncations
+            self._step["actions"][...] = rows
+        try:
+            sent, error = self._send_all([(shard, ("step", None if shared else (rows[shard.start: shard.stop],)))
+                                          for shard in self.shards])
+            if error is None:
+                try:
+                    self.local.step_rows(rows[:k])
+                except Exception as caught:  # raised once the workers have answered
+                    error = caught
+            self._gather([(shard, self._store_infos) for shard in sent], error)
+        finally:  # each sub-env's flags are written as it steps, so these hold whatever was raised
+            self.env_infos[:k] = self.local.env_infos
+            if self.autoreset_mode == AutoresetMode.DISABLED:
+                self._ended |= self._terminations | self._truncations
         return self._obs, self._rewards, self._terminations, self._truncations, self.env_infos
 
     def apply(self, i: int, fn: Callable[[gym.Env], Any]) -> Any:
@@ -161,8 +170,10 @@ class ShardedVectorEnv(BatchedVectorEnv):
         return self._on(i, "apply", cloudpickle.dumps(fn))
 
     def close_extras(self, **kwargs: Any) -> None:
-        self.local.close()
-        self._finalizer()
+        try:
+            self.local.close()
+        finally:
+            self._finalizer()
 
     def _store_infos(self, start: int, infos: list[dict[str, Any]]) -> None:
         self.env_infos[start: start + len(infos)] = infos
@@ -186,15 +197,23 @@ class ShardedVectorEnv(BatchedVectorEnv):
         if self._failure is not None:
             raise RuntimeError(self._failure)
 
-    def _send_all(self, messages: Sequence[tuple[_Shard, tuple[str, tuple[Any, ...]]]]
+    def _send_all(self, messages: Sequence[tuple[_Shard, tuple[str, tuple[Any, ...] | None]]]
                   ) -> tuple[list[_Shard], BaseException | None]:
-        """Send each shard its message; the shards reached and the first failure (a dead worker)."""
+        """Send each shard its message (every one pickled before any is sent), first reading any answer a shard
+        still owes; the shards reached and the first failure (a dead worker)."""
         self._check_usable()
+        payloads = [(shard, ForkingPickler.dumps(message)) for shard, message in messages]
         sent: list[_Shard] = []
         error: BaseException | None = None
-        for shard, message in messages:
+        for shard, payload in payloads:
+            n = self.shards.index(shard)
             try:
-                shard.conn.send(message)
+                while self._owed[n]:
+                    _wait(shard.conn)
+                    shard.conn.recv_bytes()
+                    self._owed[n] -= 1
+                shard.conn.send_bytes(payload)
+                self._owed[n] += 1
                 sent.append(shard)
             except (BrokenPipeError, EOFError, OSError) as lost:
                 error = error or self._dead(shard, lost)
@@ -211,6 +230,7 @@ class ShardedVectorEnv(BatchedVectorEnv):
             except (EOFError, OSError) as lost:
                 error = error or self._dead(shard, lost)
                 continue
+            self._owed[self.shards.index(shard)] -= 1
             if status == "error":
                 exception, trace = value
                 exception.add_note(f"in the worker process of sub-envs {shard.start}-{shard.stop - 1}:\n{trace}")
@@ -264,8 +284,10 @@ def _serve(conn: Connection, payload: bytes, expected: tuple[spaces.Space, space
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         vector = ServingVectorEnv(cloudpickle.loads(payload), autoreset_mode, copy=False, spaces_of=expected,
-                                  first_index=start, buffer=_attach(tree, start, stop))
+                                  first_index=start)
         shared = _attach(steps, start, stop)
+        vector.use_buffer(_attach(tree, start, stop), shared["rewards"], shared["terminations"],
+                          shared["truncations"])
     except Exception as error:
         conn.send(("error", _portable(error)))
         return
@@ -280,17 +302,18 @@ def _serve(conn: Connection, payload: bytes, expected: tuple[spaces.Space, space
             vector.close()
             break
         try:
-            if command == "step":
-                _, rewards, terminations, truncations, infos = vector.step_raw(
-                    shared["actions"] if args is None else args[0])
-                shared["rewards"][...], shared["terminations"][...] = rewards, terminations
-                shared["truncations"][...] = truncations
-                result = ("ok", infos)
+            if command == "step":  # a copy of the shared actions: a sub-env may keep its action
+                result = ("ok", vector.step_rows(shared["actions"].copy() if args is None else args[0])[4])
             else:
                 result = ("ok", _local_command(vector, command, *args))
         except Exception as error:
             result = ("error", _portable(error))
-        conn.send(result)
+        try:
+            conn.send(result)
+        except (BrokenPipeError, OSError):
+            break
+        except Exception as error:  # the answer does not pickle (an info, apply's result): say so instead
+            conn.send(("error", _portable(error)))
     conn.close()
 
 

@@ -121,7 +121,6 @@ class ServingVectorEnv(BatchedVectorEnv):
     | `env_fns` | | one callable per sub-env, each returning an env with the same spaces |
     | `autoreset_mode` | `NextStep` | `"NextStep"`, `"SameStep"` or `"Disabled"` (the caller resets) |
     | `copy` | `True` | return a copy of the observation batch (False: the buffer the next step overwrites) |
-    | `buffer` | `None` | the batch to write observations into (a shared-memory view, say); `None` allocates it |
     | `spaces_of` | `None` | the (observation, action) spaces every sub-env must have; `None`: sub-env 0's |
     | `first_index` | `0` | the first sub-env's index in error messages (a shard of a larger vector env) |
 
@@ -130,8 +129,7 @@ class ServingVectorEnv(BatchedVectorEnv):
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]],
                  autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP, copy: bool = True,
-                 buffer: Any = None, spaces_of: tuple[spaces.Space, spaces.Space] | None = None,
-                 first_index: int = 0) -> None:
+                 spaces_of: tuple[spaces.Space, spaces.Space] | None = None, first_index: int = 0) -> None:
         super().__init__()
         if not env_fns:
             raise ValueError("a vector env needs at least one sub-env (env_fns is empty)")
@@ -157,8 +155,6 @@ class ServingVectorEnv(BatchedVectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._obs = create_empty_array(self.single_observation_space, self.num_envs, fn=np.zeros)
         self._write = _row_writer(self.single_observation_space, self._obs)
-        if buffer is not None:
-            self.use_buffer(buffer)
         self._rewards = np.zeros(self.num_envs, dtype=np.float64)
         self._terminations = np.zeros(self.num_envs, dtype=np.bool_)
         self._truncations = np.zeros(self.num_envs, dtype=np.bool_)
@@ -179,38 +175,57 @@ class ServingVectorEnv(BatchedVectorEnv):
         self._started[i] = True
         return self.env_infos[i]
 
-    def use_buffer(self, buffer: Any) -> None:
-        """Write observations into ``buffer`` (laid out as the batch is: same keys, shapes and dtypes) from now on;
-        the current batch is copied into it."""
+    def use_buffer(self, buffer: Any, rewards: np.ndarray | None = None, terminations: np.ndarray | None = None,
+                   truncations: np.ndarray | None = None) -> None:
+        """Write observations into ``buffer`` (laid out as the batch is: same keys, shapes and dtypes) from now on,
+        and the rewards and flags into the given arrays (``(num_envs,)``, float64 and bool); the current values
+        are copied into them. Each sub-env's row is written as it steps."""
         _check_buffer(self._obs, buffer)
         _copy_into(buffer, self._obs)
         self._obs = buffer
         self._write = _row_writer(self.single_observation_space, self._obs)
+        for name, array in (("_rewards", rewards), ("_terminations", terminations), ("_truncations", truncations)):
+            if array is not None:
+                _check_buffer(getattr(self, name), array)
+                array[...] = getattr(self, name)
+                setattr(self, name, array)
 
     def step_raw(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
         """One step of every sub-env, returned without copies or vector infos: the observation batch, rewards,
         terminations and truncations (buffers the next call overwrites) and each sub-env's own info dict (for
         adapters such as SB3's ``VecEnv`` that want per-env infos)."""
+        return self.step_rows(batch_actions(self.action_space, actions))
+
+    def step_rows(self, rows: Sequence[Any]) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+        """:meth:`step_raw` with the actions already split, one per sub-env (an array's rows or a list). Each
+        sub-env's flags are kept as it steps, so a sub-env's exception leaves those stepped before it right (one
+        that ended is reset at the next step)."""
         require_started(self._started, self._ended)
-        for i, action in enumerate(batch_actions(self.action_space, actions)):
+        if len(rows) != self.num_envs:
+            raise ValueError(f"step_rows needs one action per sub-env ({self.num_envs}), got {len(rows)}")
+        next_step, disabled = (self.autoreset_mode == AutoresetMode.NEXT_STEP,
+                               self.autoreset_mode == AutoresetMode.DISABLED)
+        for i, action in enumerate(rows):
             env, infos = self.envs[i], self.env_infos
             if self._autoreset[i]:  # NextStep: the step after an end resets and ignores the action
                 obs, infos[i] = env.reset()
                 self._rewards[i], self._terminations[i], self._truncations[i] = 0.0, False, False
+                self._autoreset[i] = False
                 self._write(i, obs)
                 continue
             obs, reward, terminated, truncated, info = env.step(action)
             self._rewards[i], self._terminations[i], self._truncations[i] = reward, terminated, truncated
-            if (terminated or truncated) and self.autoreset_mode == AutoresetMode.SAME_STEP:
-                final_obs, final_info = obs, info
-                obs, info = env.reset()
-                info = {**info, "final_obs": final_obs, "final_info": final_info}
+            if terminated or truncated:
+                if next_step:
+                    self._autoreset[i] = True
+                elif disabled:  # the caller resets what ended
+                    self._ended[i] = True
+                else:  # SameStep
+                    final_obs, final_info = obs, info
+                    obs, info = env.reset()
+                    info = {**info, "final_obs": final_obs, "final_info": final_info}
             infos[i] = info
             self._write(i, obs)
-        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
-            np.logical_or(self._terminations, self._truncations, out=self._autoreset)
-        elif self.autoreset_mode == AutoresetMode.DISABLED:  # the caller resets what ended
-            self._ended |= self._terminations | self._truncations
         return self._obs, self._rewards, self._terminations, self._truncations, self.env_infos
 
     def apply(self, i: int, fn: Callable[[gym.Env], Any]) -> Any:

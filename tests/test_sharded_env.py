@@ -225,3 +225,112 @@ def test_ctrl_c_is_left_to_the_caller_close_ends_every_worker_and_a_dropped_env_
         assert not process.is_alive()
     finally:
         process.kill()  # a no-op when the finalizer did its work
+
+
+class _Toy(gym.Env):
+    """A small env for the failure cases: observation ``[t, the action kept from the last step, this action]``
+    (first components), reward ``t``; it ends at ``end_at`` and raises at ``fail_at`` (``ValueError``) or
+    ``interrupt_at`` (``KeyboardInterrupt``, as Ctrl-C would) steps; ``tuple_actions`` gives it a ``Tuple`` action
+    space (pickled to workers, not shared)."""
+
+    def __init__(self, end_at: int = 10**6, fail_at: int = -1, interrupt_at: int = -1, close_raises: bool = False,
+                 tuple_actions: bool = False) -> None:
+        self.observation_space = gym.spaces.Box(-1e9, 1e9, (3,), np.float64)
+        self.action_space = (gym.spaces.Tuple((gym.spaces.Discrete(4), gym.spaces.Discrete(3))) if tuple_actions
+                             else gym.spaces.MultiDiscrete([4, 3]))
+        self.end_at, self.fail_at, self.interrupt_at, self.close_raises = end_at, fail_at, interrupt_at, close_raises
+        self.t, self.kept = 0, None
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.kept = 0, None
+        return np.array([0.0, -1.0, -1.0]), {"t": 0}
+
+    def step(self, action):
+        self.t += 1
+        if self.t == self.fail_at:
+            raise ValueError(f"toy failure at step {self.t}")
+        if self.t == self.interrupt_at:
+            raise KeyboardInterrupt
+        kept = -1.0 if self.kept is None else float(self.kept[0])
+        self.kept = action  # kept by reference, as an env may
+        return np.array([self.t, kept, float(action[0])]), float(self.t), self.t >= self.end_at, False, {"t": self.t}
+
+    def close(self):
+        if self.close_raises:
+            raise RuntimeError("toy close failure")
+
+
+@pytest.mark.parametrize("case", ["kept-actions", "tuple-actions", "int32-actions"])
+def test_actions_reach_workers_as_they_reach_sub_envs_in_one_process(closing, case):
+    # Rule: a sub-env in a worker sees the action it would see in one process: its own copy (one an env keeps is
+    # not overwritten by the next step's), Tuple actions split per sub-env, another dtype not cast (pickled).
+    factory = partial(_Toy, end_at=7, tuple_actions=case == "tuple-actions")
+    ours, theirs = _pair(closing, [factory] * 4, 2)
+    ours.reset(seed=0)
+    theirs.reset(seed=0)
+    space = theirs.action_space
+    space.seed(3)
+    for _ in range(20):
+        action = space.sample()
+        if case == "int32-actions":
+            action = action.astype(np.int32)
+        for x, y in zip(ours.step(action), theirs.step(action), strict=True):
+            assert _equal(x, y)
+
+
+def test_an_interrupted_step_leaves_the_pipes_in_step_for_the_next_call(closing):
+    # Rule: Ctrl-C in the middle of a step (here raised by sub-env 0, in this process, while the worker steps sub-envs
+    # 2-3) leaves answers unread; the next call reads them first, so every later answer is its own call's.
+    vec = ShardedVectorEnv([partial(_Toy, interrupt_at=2)] + [_Toy] * 3, 2)
+    closing(vec)
+    vec.reset(seed=0)
+    action = np.zeros((4, 2), dtype=np.int64)
+    vec.step(action)
+    with pytest.raises(KeyboardInterrupt):
+        vec.step(action)
+    assert vec.get_attr("t") == (2, 1, 2, 2)  # sub-env 0 counted its step before it raised; 1 was not stepped
+    obs, rewards, *_ = vec.step(action)
+    assert rewards.tolist() == [3.0, 2.0, 3.0, 3.0] and obs[:, 0].tolist() == [3.0, 2.0, 3.0, 3.0]
+
+
+def test_an_answer_that_does_not_pickle_is_an_error_not_a_dead_worker(closing):
+    import threading
+
+    vec = ShardedVectorEnv([_Toy] * 4, 2)
+    closing(vec)
+    vec.reset(seed=0)
+    with pytest.raises(TypeError, match="pickle"):
+        vec.apply(3, lambda env: threading.Lock())
+    assert vec.apply(3, lambda env: env.t) == 0 and vec.step(np.zeros((4, 2), dtype=np.int64))[1].tolist() == [1.0] * 4
+    with pytest.raises(TypeError, match="pickle"):  # a message that does not pickle is refused before any is sent
+        vec.set_attr("lock", [0, 0, threading.Lock(), 0])
+    assert vec.step(np.zeros((4, 2), dtype=np.int64))[1].tolist() == [2.0] * 4
+
+
+def test_an_error_mid_step_keeps_the_flags_of_the_sub_envs_stepped_before_it():
+    # Rule: sub-env 0 ends in the step where sub-env 1 raises; the next step resets sub-env 0 (NextStep), as it
+    # would had sub-env 1 not raised, instead of stepping an ended episode.
+    vec = ServingVectorEnv([partial(_Toy, end_at=1), partial(_Toy, fail_at=1)])
+    vec.reset(seed=0)
+    with pytest.raises(ValueError, match="toy failure"):
+        vec.step(np.zeros((2, 2), dtype=np.int64))
+    obs, rewards, terminations, *_ = vec.step(np.zeros((2, 2), dtype=np.int64))
+    assert obs[0].tolist() == [0.0, -1.0, -1.0] and rewards[0] == 0.0 and not terminations[0]
+
+
+def test_a_failed_build_or_close_still_ends_every_worker():
+    import threading
+
+    before = set(multiprocessing.active_children())
+    unpicklable = partial(_Toy, end_at=threading.Lock())  # cloudpickle refuses it: the third group's workers fail
+    with pytest.raises(TypeError, match="pickle") as caught:
+        ShardedVectorEnv([_Toy, _Toy, unpicklable], 3)
+    # ended at once, not when the half-built env is collected (the traceback held here keeps it alive)
+    assert set(multiprocessing.active_children()) == before and caught.traceback
+    vec = ShardedVectorEnv([partial(_Toy, close_raises=True), _Toy], 2)
+    process = vec.shards[0].process
+    with pytest.raises(RuntimeError, match="toy close failure"):
+        vec.close()
+    process.join(timeout=30)
+    assert not process.is_alive()

@@ -34,7 +34,7 @@ MUTATIONS = [
      "        pooled = _packed_mean(self.run(symlog(batch[present[:, :1].expand(-1, self.batch)])), "
      "present[:, :1].expand(-1, self.batch))", (SCORE,), "rl"),
     ("vector-disabled-steps-an-ended-episode", "envs/vector.py",
-     "            self._ended |= self._terminations | self._truncations\n", "            pass\n", (VECTOR,), "env"),
+     "                    self._ended[i] = True\n", "                    pass\n", (VECTOR,), "env"),
     ("vector-reset-mask-ignored", "envs/vector.py", "            if mask[i]:\n", "            if True:\n", (VECTOR,),
      "env"),
     ("vector-shared-instance-accepted", "envs/vector.py",
