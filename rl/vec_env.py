@@ -27,6 +27,7 @@ class NativeVecEnv(VecEnv):
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], shards: int = 1) -> None:
         if shards == 1:
             self.vector = ServingVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP, copy=False)
+            self.envs = self.vector.envs  # as DummyVecEnv has them (sharded, they live in other processes)
         else:
             from servegym.envs.sharded import ShardedVectorEnv
 
