@@ -64,11 +64,14 @@ class ShardedVectorEnv(BatchedVectorEnv):
 
     ## Failures
 
-    An exception in a worker (a bad action, a sub-env's error) is raised here, with the worker's traceback as a
-    note, after every shard has answered, so the vector env stays usable. A worker that dies (killed, out of
-    memory) makes the next call raise `RuntimeError` saying which; `close()` then ends the rest. Workers ignore
-    `SIGINT` (the caller's Ctrl-C closes them) and exit when this process's end of their pipe closes, so none
-    outlives its parent.
+    An exception in a worker (a bad action, a sub-env's error, an answer that does not pickle) is raised here,
+    with the worker's traceback as a note, after every shard has answered, so the vector env stays usable: as in
+    one process, the sub-envs stepped before the failing one keep their step (and their flags). A call interrupted
+    before it read every answer (Ctrl-C mid-step) leaves them to the next call, which reads them first. A worker
+    that dies (killed, out of memory) makes the next call raise `RuntimeError` saying which, and every later one;
+    `close()` then ends the rest. Workers ignore `SIGINT` (the caller's Ctrl-C closes them) and exit when this
+    process's end of their pipe closes, so none outlives its parent; a failed build or a sub-env's failing
+    `close()` still ends every worker.
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], shards: int = 2,
