@@ -30,12 +30,15 @@ CLOSE_TIMEOUT_S = 10.0
 """How long ``close`` waits for a worker to finish before terminating it."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Shard:
     start: int
     stop: int
     process: Any
     conn: Connection
+    owed: int = 1
+    """Answers the worker still owes: its start-up answer first, then one per command sent (a call interrupted
+    before it read them leaves them to the next call, which reads them first)."""
 
 
 class ShardedVectorEnv(BatchedVectorEnv):
@@ -90,8 +93,6 @@ class ShardedVectorEnv(BatchedVectorEnv):
         bounds = np.linspace(0, self.num_envs, int(shards) + 1).round().astype(int).tolist()
         self.local = ServingVectorEnv(env_fns[: bounds[1]], self.autoreset_mode, copy=False)
         self.shards: list[_Shard] = []
-        self._owed: list[int] = []
-        """Answers each worker still owes (a call interrupted before it read them: read at the next call)."""
         self._failure: str | None = None
         self._finalizer = weakref.finalize(self, _stop, self.shards)
         try:
@@ -133,7 +134,6 @@ class ShardedVectorEnv(BatchedVectorEnv):
             process.start()
             child.close()
             self.shards.append(_Shard(start, stop, process, parent))
-            self._owed.append(1)  # its start-up answer
         self._gather([(shard, None) for shard in self.shards])
 
     def reset_env(self, i: int, seed: int | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -209,14 +209,13 @@ class ShardedVectorEnv(BatchedVectorEnv):
         sent: list[_Shard] = []
         error: BaseException | None = None
         for shard, payload in payloads:
-            n = self.shards.index(shard)
             try:
-                while self._owed[n]:
+                while shard.owed:
                     _wait(shard.conn)
                     shard.conn.recv_bytes()
-                    self._owed[n] -= 1
+                    shard.owed -= 1
                 shard.conn.send_bytes(payload)
-                self._owed[n] += 1
+                shard.owed += 1
                 sent.append(shard)
             except (BrokenPipeError, EOFError, OSError) as lost:
                 error = error or self._dead(shard, lost)
@@ -233,7 +232,7 @@ class ShardedVectorEnv(BatchedVectorEnv):
             except (EOFError, OSError) as lost:
                 error = error or self._dead(shard, lost)
                 continue
-            self._owed[self.shards.index(shard)] -= 1
+            shard.owed -= 1
             if status == "error":
                 exception, trace = value
                 exception.add_note(f"in the worker process of sub-envs {shard.start}-{shard.stop - 1}:\n{trace}")

@@ -27,7 +27,7 @@ MUTATIONS = [
     ("sharded-shared-actions-not-copied", "envs/sharded.py",
      'shared["actions"].copy() if args is None', 'shared["actions"] if args is None', (SHARDED,), "env"),
     ("sharded-owed-answers-not-read", "envs/sharded.py",
-     "                while self._owed[n]:", "                while False:", (SHARDED,), "env"),
+     "                while shard.owed:", "                while False:", (SHARDED,), "env"),
     ("sharded-unpicklable-answer-kills-the-worker", "envs/sharded.py",
      "        except Exception as error:  # the answer does not pickle (an info, apply's result): say so instead\n"
      '            conn.send(("error", _portable(error)))',
