@@ -302,6 +302,33 @@ def test_rewards_relative_to_a_reference_sum_to_the_return_difference(tmp_path):
         ReferenceReward(make_env(task="memory-tight"), "mc-sf", {"depth": 2})
 
 
+def test_the_score_networks_tanh_and_linear_compute_torchs_values_and_gradients():
+    # Rule: the network's Tanh (forward by NumPy) and RowLinear (weight gradient as (x^T g)^T) are nn.Tanh and
+    # nn.Linear: values within one float32 unit in the last place of torch.tanh (6e-8 near 1), gradients by
+    # gradcheck in float64, and a RowLinear's output and gradients those of nn.Linear with the same parameters
+    # (float32 summation order: 1e-5 relative). Catches a wrong backward, a dropped bias, a transposed weight.
+    torch = pytest.importorskip("torch")
+    from servegym.rl.equivariant import RowLinear, Tanh
+
+    torch.manual_seed(0)
+    x = torch.randn(300, 6) * 3
+    torch.testing.assert_close(Tanh()(x), torch.tanh(x), rtol=0, atol=1.2e-7)
+    x64 = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(Tanh(), (x64,))
+    assert torch.equal(Tanh()(x[:, ::2]), Tanh()(x[:, ::2].contiguous()))  # strided input read as its values
+    row, plain = RowLinear(6, 5), torch.nn.Linear(6, 5)
+    plain.load_state_dict(row.state_dict())
+    weights = torch.randn(2, 150, 5)
+    outputs = []
+    for layer in (row, plain):
+        layer.zero_grad()
+        out = layer(x.reshape(2, 150, 6))  # any leading shape, as nn.Linear takes
+        (out * weights).sum().backward()
+        outputs.append((out, layer.weight.grad.clone(), layer.bias.grad.clone()))
+    for a, b in zip(*outputs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_the_packed_score_network_computes_what_every_row_computes_with_its_gradients():
     # Rule: packing the existing rows (forward) gives the features and gradients of running the networks on every
     # row and masking after (forward_dense), on states with 0, some and all slots and batch rows filled, so a

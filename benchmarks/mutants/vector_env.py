@@ -1,8 +1,10 @@
 """Mutations of the native vector env, its SB3 adapter and the packed score network (issue 53): autoreset, seeds,
-same-step finals, terminal observations, the packed mean and the empty slots' shared row."""
+same-step finals, terminal observations, the packed mean, the empty slots' shared row, the split
+first layer of ``mix`` and the network's own ``Tanh`` and ``RowLinear``."""
 
 VECTOR = "tests/test_vector_env.py"
 SCORE = "tests/test_score_mode.py::test_the_packed_score_network_computes_what_every_row_computes_with_its_gradients"
+LAYERS = "tests/test_score_mode.py::test_the_score_networks_tanh_and_linear_compute_torchs_values_and_gradients"
 
 MUTATIONS = [
     ("vector-next-step-autoreset-ignored", "envs/vector.py",
@@ -24,15 +26,28 @@ MUTATIONS = [
     ("sb3-vec-rewards-float64", "rl/vec_env.py",
      "rewards.astype(np.float32)", "rewards.copy()", (VECTOR,), "rl"),
     ("packed-mean-divides-by-zero", "rl/equivariant.py",
-     "    return sums / mask.sum(dim=1, keepdim=True).clamp(min=1).to(rows.dtype)",
-     "    return sums / mask.sum(dim=1, keepdim=True).to(rows.dtype)", (SCORE,), "rl"),
+     "    counts = torch.bincount(owner, minlength=states).clamp(min=1).to(rows.dtype)",
+     "    counts = torch.bincount(owner, minlength=states).to(rows.dtype)", (SCORE,), "rl"),
     ("packed-empty-slot-row-from-ones", "rl/equivariant.py",
-     "        empty = self.mix(torch.cat([context.new_zeros(n, self.embed), context], dim=1))",
-     "        empty = self.mix(torch.cat([context.new_ones(n, self.embed), context], dim=1))", (SCORE,), "rl"),
+     "        empty = tail(from_context)", "        empty = tail(from_context + own.sum(dim=1))", (SCORE,), "rl"),
     ("packed-running-pool-uses-queue-mask", "rl/equivariant.py",
-     "        pooled = _packed_mean(self.run(symlog(batch[running])), running)",
-     "        pooled = _packed_mean(self.run(symlog(batch[present[:, :1].expand(-1, self.batch)])), "
-     "present[:, :1].expand(-1, self.batch))", (SCORE,), "rl"),
+     '        run_owner, run_flat = _present(engine[:, ENGINE_INDEX["num_running"]], self.batch)',
+     '        run_owner, run_flat = _present(engine[:, ENGINE_INDEX["num_waiting"]], self.batch)', (SCORE,), "rl"),
+    ("packed-mix-halves-swapped", "rl/equivariant.py",
+     "        own, shared = first.weight[:, : self.embed], first.weight[:, self.embed:]",
+     "        shared, own = first.weight[:, : self.embed], first.weight[:, self.embed:]", (SCORE,), "rl"),
+    ("packed-owner-rounds-up", "rl/equivariant.py",
+     '    return torch.div(flat, width, rounding_mode="floor"), flat',
+     '    return torch.div(flat + width - 1, width, rounding_mode="floor").clamp(max=counts.shape[0] - 1), flat',
+     (SCORE,), "rl"),
+    ("fast-tanh-backward-is-identity", "rl/equivariant.py",
+     "        return torch.ops.aten.tanh_backward(grad, y)", "        return grad", (LAYERS,), "rl"),
+    ("fast-tanh-forward-is-input", "rl/equivariant.py",
+     "            np.tanh(x.detach().contiguous().numpy(), out=y.numpy())",
+     "            y.copy_(x.detach())", (LAYERS,), "rl"),
+    ("row-linear-drops-bias", "rl/equivariant.py",
+     "        return torch.addmm(self.bias, flat, self.weight.t().contiguous())",
+     "        return torch.mm(flat, self.weight.t().contiguous())", (LAYERS,), "rl"),
     ("vector-disabled-steps-an-ended-episode", "envs/vector.py",
      "                    self._ended[i] = True\n", "                    pass\n", (VECTOR,), "env"),
     ("vector-reset-mask-ignored", "envs/vector.py", "            if mask[i]:\n", "            if True:\n", (VECTOR,),
