@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from servegym.engine.kv import num_blocks
@@ -13,8 +15,8 @@ from servegym.envs.observation import (
     queue_prefix_matrix,
     running_matrix,
 )
-from servegym.policies.base import Observation, engine_feature, output_estimate, ranks_action
-from servegym.policies.kernels import feasible_count, fitting_count, upper_bound_count
+from servegym.policies.base import Observation, engine_feature, output_estimate
+from servegym.policies.kernels import feasible_count, fitting_count, score_admit, upper_bound_count
 
 _PROMPT, _GENERATED, _WIDTH = QUEUE_INDEX["num_prompt_tokens"], QUEUE_INDEX["num_generated"], len(QUEUE_INDEX)
 _STRIDE = len(RUNNING_INDEX)
@@ -170,18 +172,26 @@ def admit_by_score(obs: Observation, scores: np.ndarray, memory_target: float) -
     """Admit the visible queue highest ``scores`` first (one per visible slot; ties keep queue order): the
     longest prefix in that order that fits now (free blocks and slots) and keeps the projected peak KV use, at
     the upper-bound output lengths, within ``memory_target`` x the cache. The rule of the ``score`` action mode
-    and of the parametric scorer."""
+    and of the parametric scorer: a stable ``argsort`` of ``-scores`` cut at :func:`upper_bound_prefix`, in one
+    compiled pass (:func:`~servegym.policies.kernels.score_admit`)."""
     engine = engine_values(obs)
-    rows = visible_queue(obs, engine)
-    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
-    if scores.size < rows.shape[0]:
-        raise ValueError(f"{scores.size} scores for {rows.shape[0]} visible waiting requests")
-    if not (np.all(np.isfinite(scores[: rows.shape[0]])) and np.isfinite(memory_target) and memory_target > 0):
-        raise ValueError(f"scores must be finite and memory_target finite and > 0, got {memory_target!r}")
-    if not rows.shape[0]:
-        return ranks_action(obs, [])
-    ranked = np.argsort(-scores[: rows.shape[0]], kind="stable")
-    return ranks_action(obs, ranked[: upper_bound_prefix(obs, ranked, memory_target, engine)])
+    visible = visible_count(obs, engine)
+    scores = np.ascontiguousarray(scores, dtype=np.float64).reshape(-1)
+    if scores.size < visible:
+        raise ValueError(f"{scores.size} scores for {visible} visible waiting requests")
+    bad = f"scores must be finite and memory_target finite and > 0, got {memory_target!r}"
+    if not (math.isfinite(memory_target) and memory_target > 0):
+        raise ValueError(bad)
+    action = np.zeros(obs["queue"].shape[0] // _WIDTH, dtype=np.int64)
+    if not visible:
+        return action
+    num_run = int(engine[_RUNNING])
+    hits = _doubles(queue_prefix_matrix(obs)[:visible, 0]) if "queue_prefix" in obs else np.zeros(visible)
+    if score_admit(_floats(obs["queue"]), _floats(obs["running"]), hits, scores, visible, num_run, int(engine[_BLOCK]),
+                   free_blocks(obs, engine), free_slots(obs, engine), memory_target * engine[_CAPACITY],
+                   np.empty(visible, dtype=np.int64), action, np.empty((8, num_run + visible))) < 0:
+        raise ValueError(bad)
+    return action
 
 
 def upper_bound_prefix(obs: Observation, order: np.ndarray, memory_target: float,

@@ -18,9 +18,11 @@ COMPILED: bool = cython.compiled
 Q_WIDTH = cython.declare(cython.Py_ssize_t, len(QUEUE_INDEX))
 Q_PROMPT = cython.declare(cython.Py_ssize_t, QUEUE_INDEX["num_prompt_tokens"])
 Q_GEN = cython.declare(cython.Py_ssize_t, QUEUE_INDEX["num_generated"])
+Q_HI = cython.declare(cython.Py_ssize_t, QUEUE_INDEX["output_hi"])
 R_WIDTH = cython.declare(cython.Py_ssize_t, len(RUNNING_INDEX))
 R_PROMPT = cython.declare(cython.Py_ssize_t, RUNNING_INDEX["num_prompt_tokens"])
 R_GEN = cython.declare(cython.Py_ssize_t, RUNNING_INDEX["num_generated"])
+R_HI = cython.declare(cython.Py_ssize_t, RUNNING_INDEX["output_hi"])
 
 
 @cython.ccall
@@ -74,6 +76,53 @@ def upper_bound_count(queue: cython.float[::1], order: cython.longlong[::1], hit
     return feasible_count(scratch[0, :num_run], run_left, scratch[1, :fit], scratch[2, :fit],
                           scratch[3, :num_run + fit], scratch[4, :num_run + fit],
                           block - 1, capacity)
+
+
+@cython.ccall
+@cython.boundscheck(True)
+def score_admit(queue: cython.float[::1], running: cython.float[::1], hits: cython.double[::1],
+                scores: cython.double[::1], visible: cython.Py_ssize_t, num_run: cython.Py_ssize_t,
+                block: cython.longlong, budget_blocks: cython.double, slots: cython.Py_ssize_t,
+                capacity: cython.double, order: cython.longlong[::1], action: cython.longlong[::1],
+                scratch: cython.double[:, ::1]) -> cython.Py_ssize_t:
+    """The score rule in one pass (:func:`servegym.policies.common.admit_by_score` documents it): the first
+    ``visible`` queue slots ranked by ``scores``, highest first, ties in queue order; how many of them, in that
+    order, :func:`upper_bound_count` admits with every request's tokens left at its upper bound (at least 1);
+    ``action`` gets their ranks (1 first, 0 elsewhere). Returns the count, or -1 (``action`` untouched) when a
+    visible slot's score is not finite.
+
+    ``hits`` holds each visible slot's GPU-cached prompt tokens, ``order`` at least ``visible`` slots and
+    ``scratch`` ``(8, num_run + visible)`` floats: both overwritten."""
+    k: cython.Py_ssize_t
+    j: cython.Py_ssize_t
+    row: cython.Py_ssize_t
+    score: cython.double
+    for k in range(visible):
+        score = scores[k]
+        if not abs(score) <= 1.7976931348623157e308:  # NaN or +-inf (compares false, or above the largest float)
+            return -1
+    for k in range(visible):  # insertion sort, stable: a slot passes only the strictly lower scores
+        score = scores[k]
+        j = k
+        while j > 0 and scores[order[j - 1]] < score:
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = k
+    for k in range(num_run):
+        row = k * R_WIDTH
+        scratch[5, k] = max(cython.cast(cython.double, running[row + R_HI] - running[row + R_GEN]), 1.0)
+    for k in range(visible):
+        row = k * Q_WIDTH
+        scratch[6, k] = max(cython.cast(cython.double, queue[row + Q_HI] - queue[row + Q_GEN]), 1.0)
+        scratch[7, k] = hits[order[k]]
+    count: cython.Py_ssize_t = upper_bound_count(queue, order[:visible], scratch[7, :visible], block, budget_blocks,
+                                                 slots, running, scratch[5, :num_run], scratch[6, :visible],
+                                                 capacity, scratch[:5])
+    for k in range(action.shape[0]):
+        action[k] = 0
+    for k in range(count):
+        action[order[k]] = k + 1
+    return count
 
 
 @cython.ccall

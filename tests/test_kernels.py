@@ -149,6 +149,62 @@ def test_the_fused_count_is_the_prefix_that_fits_now_and_stays_feasible(prefix_c
     assert {(True, False, False), (False, True, False), (True, True, False)} <= outcomes  # each rule binds
 
 
+def _score_admit(k, obs: dict, scores: np.ndarray, target: float) -> tuple[int, np.ndarray]:
+    """``k.score_admit`` on ``obs`` with the arguments :func:`common.admit_by_score` passes."""
+    engine = common.engine_values(obs)
+    visible, num_run = common.visible_count(obs, engine), int(engine[ENGINE_INDEX["num_running"]])
+    hits = queue_prefix_matrix(obs)[:visible, 0].astype(np.float64)
+    action = np.full(queue_matrix(obs).shape[0], -7, dtype=np.int64)  # every entry must be written
+    count = k.score_admit(obs["queue"], obs["running"], hits, scores, visible, num_run,
+                          int(engine[ENGINE_INDEX["kv_block_size"]]), common.free_blocks(obs, engine),
+                          common.free_slots(obs, engine), target * engine[ENGINE_INDEX["kv_capacity_tokens"]],
+                          np.empty(visible, dtype=np.int64), action, np.empty((8, num_run + visible)))
+    return count, action
+
+
+@pytest.mark.parametrize("k", BUILDS)
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_the_score_rule_in_one_pass_is_a_stable_ranking_cut_at_the_fused_count(k, prefix_caching):
+    # score_admit (what admit_by_score runs) against the rule spelled out with numpy: a stable argsort of -scores
+    # over the visible slots (ties keep queue order: scores drawn from 4 values tie often), cut at
+    # upper_bound_prefix in that order, ranks 1.. written to those slots and 0 elsewhere.
+    rng = np.random.default_rng(11)
+    base = _observation(prefix_caching)
+    counts = set()
+    for _ in range(300):
+        obs = _random_case(rng, base)
+        width = queue_matrix(obs).shape[0]
+        scores = rng.choice([-1.0, -0.0, 0.0, 0.5], width) if rng.random() < 0.5 else rng.normal(size=width)
+        target = float(rng.choice([0.3, 0.8, 1.0, 1.5]))
+        visible = common.visible_count(obs)
+        ranked = np.argsort(-scores[:visible], kind="stable")
+        expected = ranked[: upper_bound_prefix(obs, ranked, target)]
+        want = np.zeros(width, dtype=np.int64)
+        want[expected] = np.arange(1, expected.size + 1)
+        count, action = _score_admit(k, obs, scores, target)
+        assert count == expected.size and np.array_equal(action, want)
+        if k is kernels:
+            assert np.array_equal(common.admit_by_score(obs, scores, target), want)
+        counts.add(min(count, 2))
+    assert counts == {0, 1, 2}  # none, one and several admitted
+
+
+@pytest.mark.parametrize("k", BUILDS)
+def test_the_score_rule_refuses_a_visible_score_that_is_not_finite_and_ignores_the_rest(k):
+    obs = _random_case(np.random.default_rng(5), _observation(False))
+    visible, width = common.visible_count(obs), queue_matrix(obs).shape[0]
+    assert visible < width
+    for bad in (np.nan, np.inf, -np.inf):
+        scores = np.zeros(width)
+        scores[visible - 1] = bad
+        count, action = _score_admit(k, obs, scores, 1.0)
+        assert count == -1 and np.all(action == -7)
+        with pytest.raises(ValueError, match="scores must be finite"):
+            common.admit_by_score(obs, scores, 1.0)
+        scores[visible - 1], scores[visible] = 0.0, bad  # past the visible queue: not read
+        assert _score_admit(k, obs, scores, 1.0)[0] >= 0
+
+
 def test_ci_builds_the_admission_kernels():
     # .ci/run sets SERVEGYM_REQUIRE_COMPILED=1: there a missing build fails instead of falling back silently.
     if os.environ.get("SERVEGYM_REQUIRE_COMPILED") == "1":

@@ -6,11 +6,13 @@ RES = "tests/test_residual_and_time_discount.py"
 PROG = "tests/test_progress_and_scaled_obs.py"
 
 MUTATIONS = [
-    ("score-admits-lowest-first", "policies/common.py",
-     "ranked = np.argsort(-scores[: rows.shape[0]], kind=\"stable\")",
-     "ranked = np.argsort(scores[: rows.shape[0]], kind=\"stable\")", (SCORE,), "rl"),
+    ("score-admits-lowest-first", "policies/common.py", "hits, scores, visible, num_run,",
+     "hits, -scores, visible, num_run,", (SCORE,), "rl"),
     ("score-ignores-the-memory-target", "policies/common.py",
-     "memory_target * engine[_CAPACITY], scratch)", "engine[_CAPACITY], scratch)", (SCORE,), "rl"),
+     "free_slots(obs, engine), memory_target * engine[_CAPACITY],\n", "free_slots(obs, engine), engine[_CAPACITY],\n",
+     (SCORE,), "rl"),
+    ("upper-bound-prefix-ignores-the-memory-target", "policies/common.py",
+     "memory_target * engine[_CAPACITY], scratch)", "engine[_CAPACITY], scratch)", ("tests/test_kernels.py",), "rl"),
     ("score-target-range-upside-down", "rl/wrappers.py",
      "target = low + (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)",
      "target = high - (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)", (SCORE,), "rl"),
