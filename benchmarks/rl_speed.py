@@ -25,9 +25,11 @@ worker each), side by side, each from the same seeds with the same actions (the 
 ``--section train`` trains PPO in the ``score`` mode
 on ``--task`` two ways, each as the current path and as the lean one, with the same rollout size, minibatch,
 epochs and learning rate: the shipped recipe (``SubprocVecEnv`` of 2, 2048 steps per env, minibatch 512, 4
-epochs, the score network on every row) against the native vector env of ``--vec-envs`` and the packed network
-(in one process, and sharded over ``--shards``);
-and this benchmark's own PPO settings (one env, 512 / 64 / 10 epochs). Each row says where the wall time went:
+epochs, the score network on every row, one torch thread) against the native vector env of ``--train-envs`` and
+the packed network, updating with ``TrainConfig``'s default ``update_threads`` (the CPUs, at most 4; rollouts keep
+one), in one process and sharded over ``--shards``; and this benchmark's own PPO settings (one env, 512 / 64 / 10
+epochs; lean: 16 native envs). The current paths run today's network code (its tanh and first-layer changes speed
+them up too), so a ratio here understates the gain over the code of before. Each row says where the wall time went:
 stepping the envs, the rollout's forward passes, the update's forward passes and its backward passes and
 optimiser steps (the rest: buffers, GAE, logging).
 """
@@ -47,7 +49,9 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
+from servegym.rl.config import TrainConfig
 from servegym.rl.fast_dist import policy_for
+from servegym.rl.threads import UpdateThreads
 from servegym.rl.train import algorithm_class, make_training_env
 
 CASES = [("ppo", "admit"), ("ppo", "count"), ("ppo", "window"), ("ppo", "rank"), ("ppo", "score"),
@@ -197,15 +201,17 @@ class TrainPath:
     batch_size: int
     n_epochs: int
     packed: bool
+    update_threads: int = 1
 
 
-def train_paths(n: int) -> list[TrainPath]:
-    """Pairs (current, lean) with the same rollout size, minibatch and epochs."""
+def train_paths(n: int, threads: int) -> list[TrainPath]:
+    """Pairs (current, lean) with the same rollout size, minibatch and epochs; the lean paths update with
+    ``threads`` torch threads, as ``servegym train`` does by default (``TrainConfig.update_threads``)."""
     return [TrainPath("recipe, current", "subprocess", 2, 2048, 512, 4, False),
-            TrainPath("recipe, lean", "native", n, 4096 // n, 512, 4, True),
-            TrainPath("recipe, lean, sharded", "sharded", n, 4096 // n, 512, 4, True),
+            TrainPath("recipe, lean", "native", n, 4096 // n, 512, 4, True, threads),
+            TrainPath("recipe, lean, sharded", "sharded", n, 4096 // n, 512, 4, True, threads),
             TrainPath("benchmark PPO, current", "dummy", 1, 512, 64, 10, False),
-            TrainPath("benchmark PPO, lean", "native", n, max(1, 512 // n), 64, 10, True)]
+            TrainPath("benchmark PPO, lean", "native", min(n, 16), 512 // min(n, 16), 64, 10, True, threads)]
 
 
 def train_breakdown(args: argparse.Namespace, path: TrainPath) -> dict[str, float]:
@@ -229,9 +235,10 @@ def train_breakdown(args: argparse.Namespace, path: TrainPath) -> dict[str, floa
     _timed_attr(model.policy, "forward", spent, "rollout forward")
     _timed_attr(model.policy, "evaluate_actions", spent, "update forward")
     _timed_attr(model, "train", spent, "update")
+    threads = UpdateThreads(path.update_threads, th.get_num_threads())
     with validation(False):
         start = time.perf_counter()
-        model.learn(total_timesteps=args.train_steps)
+        model.learn(total_timesteps=args.train_steps, callback=threads)
         wall = time.perf_counter() - start
     venv.close()
     spent["update backward"] = spent.pop("update") - spent["update forward"]
@@ -255,15 +262,16 @@ def _timed_attr(owner: object, name: str, spent: dict[str, float], key: str) -> 
 
 def train_table(args: argparse.Namespace) -> str:
     keys = ("env", "rollout forward", "update forward", "update backward", "other")
-    lines = ["| path | envs | n_steps / batch / epochs | network | steps/s | vs current | "
-             + " | ".join(f"{k} (s)" for k in keys) + " |", "|---|---|---|---|---:|---:|" + "---:|" * len(keys)]
+    lines = ["| path | envs | n_steps / batch / epochs | network | update threads | steps/s | vs current | "
+             + " | ".join(f"{k} (s)" for k in keys) + " |", "|---|---|---|---|---:|---:|---:|" + "---:|" * len(keys)]
     current = None
-    for path in train_paths(args.vec_envs):
+    for path in train_paths(args.train_envs, TrainConfig().update_threads):
         row = train_breakdown(args, path)
         current = row["steps/s"] if path.label.endswith("current") else current
         ratio = "-" if path.label.endswith("current") else f"{row['steps/s'] / current:.1f}x"
         lines.append(f"| {path.label} | {path.vec} x{path.n_envs} | {path.n_steps} / {path.batch_size} / "
-                     f"{path.n_epochs} | {'packed' if path.packed else 'every row'} | {row['steps/s']:.0f} | {ratio} | "
+                     f"{path.n_epochs} | {'packed' if path.packed else 'every row'} | {path.update_threads} | "
+                     f"{row['steps/s']:.0f} | {ratio} | "
                      + " | ".join(f"{row[k]:.1f}" for k in keys) + " |")
         print(lines[-1], flush=True)
     return "\n".join(lines)
@@ -290,6 +298,8 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=2, help="processes of the sharded native vector env (vec and "
                         "train sections)")
     parser.add_argument("--train-steps", type=int, default=16_384, help="timesteps per path in the train section")
+    parser.add_argument("--train-envs", type=int, default=64, help="envs of the train section's lean recipe paths "
+                        "(the benchmark's own PPO settings take at most 16: 512 steps a rollout)")
     args = parser.parse_args()
     if args.torch_threads:
         th.set_num_threads(args.torch_threads)

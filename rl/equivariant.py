@@ -137,8 +137,8 @@ class QueueEncoder(BaseFeaturesExtractor):
         from_context = torch.addmm(first.bias, context, shared.t())  # mix's first layer, less the slot's part
         tail = nn.Sequential(activation, *rest)
         empty = tail(from_context)
-        mixed = empty.repeat_interleave(self.width, dim=0)
-        mixed = mixed.index_copy(0, flat, tail(torch.addmm(from_context.index_select(0, owner), slots, own.t())))
+        mixed = empty.repeat_interleave(self.width, dim=0)  # a new tensor: written in place
+        mixed.index_copy_(0, flat, tail(torch.addmm(from_context.index_select(0, owner), slots, own.t())))
         return torch.cat([mixed.reshape(n, self.width * self.embed), context], dim=1)
 
     def forward_dense(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -173,9 +173,13 @@ class ScoreHead(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
-        slots = latent[:, : self.width * self.embed].reshape(-1, self.width, self.embed)
-        context = latent[:, self.width * self.embed:]
-        return torch.cat([self.score(slots).squeeze(-1), self.target(context)], dim=1)
+        """Both layers on every row (``W`` slots and the context) in one product, then each row's own output:
+        slicing the wide ``latent`` instead costs a zero-filled copy of it per slice in the backward pass (a tenth
+        of a PPO update); the two extra dot products a row are nothing beside that."""
+        rows = latent.reshape(-1, self.width + 1, self.embed)
+        weight = torch.cat([self.score.weight, self.target.weight])
+        both = nn.functional.linear(rows, weight, torch.cat([self.score.bias, self.target.bias]))
+        return torch.cat([both[:, : self.width, 0], both[:, self.width:, 1]], dim=1)
 
 
 class ScorePolicy(ActorCriticPolicy):
@@ -197,4 +201,7 @@ class ScorePolicy(ActorCriticPolicy):
         super()._build(lr_schedule)
         extractor = self.features_extractor
         self.action_net = ScoreHead(extractor.embed, extractor.width, self.head_gain)
-        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
+        options = dict(self.optimizer_kwargs)
+        if self.optimizer_class in (torch.optim.Adam, torch.optim.AdamW) and "foreach" not in options:
+            options.setdefault("fused", True)  # one kernel for all 20 tensors: 0.15-0.19 ms a step, not 0.70-0.78
+        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **options)

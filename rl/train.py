@@ -41,7 +41,7 @@ from servegym import ENV_ID
 from servegym.benchmark.provenance import RECORD, data_record
 from servegym.envs.tasks import TRAIN_SEEDS, VALIDATION_SEEDS
 from servegym.rl.algorithms import algorithm_class, check_hyperparams
-from servegym.rl.config import TrainConfig, router_expert, scorer_params
+from servegym.rl.config import TrainConfig, router_expert, scorer_params, usable_cpus
 from servegym.rl.evaluation import FINAL_MODEL, FINAL_STATS, SeedListEval, write_json
 from servegym.rl.fast_dist import policy_for
 from servegym.rl.route_policy import normalizes_observations
@@ -99,7 +99,7 @@ def _vec_env(cfg: TrainConfig, subprocess: bool, offset: int = 0):
         # spawn, not SB3's default forkserver: each worker is this process's own child, known by its pid from the
         # start, so a stop during set-up ends it at once (a forkserver's children outlived a SIGTERM by ~30 s).
         return SubprocVecEnv(factories, start_method="spawn")
-    shards = min(cfg.n_envs, os.cpu_count() or 1) if cfg.vec_env == "sharded" and subprocess else 1
+    shards = min(cfg.n_envs, usable_cpus()) if cfg.vec_env == "sharded" and subprocess else 1
     return NativeVecEnv(factories, shards)
 
 
@@ -420,7 +420,9 @@ def _learn(session: _Session, timesteps: int, progress: bool, reset: bool) -> Pa
                               at_start=reset and (cfg.imitate is not None or cfg.score_base is not None))
     checkpoints = Checkpoints(max(1, cfg.checkpoint_freq // cfg.n_envs), str(run / "checkpoints"),
                               name_prefix="model", save_vecnormalize=True)
-    callbacks = [checkpoints, evaluation]
+    from servegym.rl.threads import UpdateThreads
+
+    callbacks = [checkpoints, evaluation, UpdateThreads(cfg.update_threads, cfg.torch_threads)]
     if cfg.discount_half_life_s is not None:
         from servegym.rl.time_discount import TimeDiscount
 

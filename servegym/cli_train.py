@@ -14,7 +14,7 @@ from servegym.rl.zoo import shipped_zoo_files
 from servegym.workloads import WORKLOADS
 
 TRAIN_FLAGS = ("timesteps", "seed", "n_envs", "vec_env", "max_episode_steps", "eval_freq", "eval_episodes",
-               "checkpoint_freq", "reward_scale", "observation", "out")
+               "checkpoint_freq", "reward_scale", "observation", "update_threads", "out")
 """``servegym train``'s flags that mirror ``TrainConfig`` fields (type, default and help from the field)."""
 
 

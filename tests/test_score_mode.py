@@ -302,6 +302,24 @@ def test_rewards_relative_to_a_reference_sum_to_the_return_difference(tmp_path):
         ReferenceReward(make_env(task="memory-tight"), "mc-sf", {"depth": 2})
 
 
+def test_the_score_head_scores_each_slot_with_one_layer_and_the_target_from_the_context_with_the_other():
+    # By hand: 3 slots of embedding width 4. The score layer reads feature 0 plus 1, the target layer feature 1
+    # minus 2. Slot i's features are (10 i, -i, 7, 7), the context's (100, 5, 7, 7): scores 1, 11, 21 and the
+    # target 3 (reading the context with the score layer would give 101; a slot with the target layer, -2 - i).
+    torch = pytest.importorskip("torch")
+    from servegym.rl.equivariant import ScoreHead
+
+    head = ScoreHead(4, 3)
+    with torch.no_grad():
+        head.score.weight.copy_(torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+        head.score.bias.fill_(1.0)
+        head.target.weight.copy_(torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
+        head.target.bias.fill_(-2.0)
+    rows = [[10.0 * i, -float(i), 7.0, 7.0] for i in range(3)] + [[100.0, 5.0, 7.0, 7.0]]
+    latent = torch.tensor(rows).reshape(1, -1).repeat(2, 1)  # two states: the batch dimension kept
+    assert torch.equal(head(latent), torch.tensor([[1.0, 11.0, 21.0, 3.0]] * 2))
+
+
 def test_the_score_networks_tanh_and_linear_compute_torchs_values_and_gradients():
     # Rule: the network's Tanh (forward by NumPy) and RowLinear (weight gradient as (x^T g)^T) are nn.Tanh and
     # nn.Linear: values within one float32 unit in the last place of torch.tanh (6e-8 near 1), gradients by
