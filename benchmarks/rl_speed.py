@@ -26,11 +26,13 @@ worker each), side by side, each from the same seeds with the same actions (the 
 on ``--task`` two ways, each as the current path and as the lean one, with the same rollout size, minibatch,
 epochs and learning rate: the shipped recipe (``SubprocVecEnv`` of 2, 2048 steps per env, minibatch 512, 4
 epochs, the score network on every row, one torch thread) against the native vector env of ``--train-envs`` and
-the packed network, updating with ``TrainConfig``'s default ``update_threads`` (the CPUs, at most 4; rollouts keep
-one), in one process and sharded over ``--shards``; and this benchmark's own PPO settings (one env, 512 / 64 / 10
-epochs; lean: 16 native envs). The current paths run today's network code (its tanh and first-layer changes speed
-them up too), so a ratio here understates the gain over the code of before. Each row says where the wall time went:
-stepping the envs, the rollout's forward passes, the update's forward passes and its backward passes and
+the packed network, updating with ``servegym train``'s default threads (one), in one process and sharded over
+``--shards``, and sharded with ``--update-threads`` for the updates (rollouts keep one): the whole machine, where
+nothing else runs on it; and this benchmark's
+own PPO settings (one env, 512 / 64 / 10 epochs; lean: 16 native envs). The current paths run today's network
+code (its tanh, layers, head and optimiser changes speed them up too), so a ratio here understates the gain over
+the code of before (``benchmarks/side_by_side.sh`` runs an older commit's). Each row says where the wall time
+went: stepping the envs, the rollout's forward passes, the update's forward passes and its backward passes and
 optimiser steps (the rest: buffers, GAE, logging).
 """
 
@@ -206,12 +208,15 @@ class TrainPath:
 
 def train_paths(n: int, threads: int) -> list[TrainPath]:
     """Pairs (current, lean) with the same rollout size, minibatch and epochs; the lean paths update with
-    ``threads`` torch threads, as ``servegym train`` does by default (``TrainConfig.update_threads``)."""
+    ``servegym train``'s default threads (``TrainConfig.update_threads``) and, sharded on cores nothing else
+    uses, with ``threads``."""
+    default = TrainConfig().update_threads
     return [TrainPath("recipe, current", "subprocess", 2, 2048, 512, 4, False),
-            TrainPath("recipe, lean", "native", n, 4096 // n, 512, 4, True, threads),
-            TrainPath("recipe, lean, sharded", "sharded", n, 4096 // n, 512, 4, True, threads),
+            TrainPath("recipe, lean", "native", n, 4096 // n, 512, 4, True, default),
+            TrainPath("recipe, lean, sharded", "sharded", n, 4096 // n, 512, 4, True, default),
+            TrainPath("recipe, lean, sharded, idle cores", "sharded", n, 4096 // n, 512, 4, True, threads),
             TrainPath("benchmark PPO, current", "dummy", 1, 512, 64, 10, False),
-            TrainPath("benchmark PPO, lean", "native", min(n, 16), 512 // min(n, 16), 64, 10, True, threads)]
+            TrainPath("benchmark PPO, lean", "native", min(n, 16), 512 // min(n, 16), 64, 10, True, default)]
 
 
 def train_breakdown(args: argparse.Namespace, path: TrainPath) -> dict[str, float]:
@@ -265,7 +270,7 @@ def train_table(args: argparse.Namespace) -> str:
     lines = ["| path | envs | n_steps / batch / epochs | network | update threads | steps/s | vs current | "
              + " | ".join(f"{k} (s)" for k in keys) + " |", "|---|---|---|---|---:|---:|---:|" + "---:|" * len(keys)]
     current = None
-    for path in train_paths(args.train_envs, TrainConfig().update_threads):
+    for path in train_paths(args.train_envs, args.update_threads):
         row = train_breakdown(args, path)
         current = row["steps/s"] if path.label.endswith("current") else current
         ratio = "-" if path.label.endswith("current") else f"{row['steps/s'] / current:.1f}x"
@@ -298,6 +303,8 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=2, help="processes of the sharded native vector env (vec and "
                         "train sections)")
     parser.add_argument("--train-steps", type=int, default=16_384, help="timesteps per path in the train section")
+    parser.add_argument("--update-threads", type=int, default=2, help="torch threads of the train section's "
+                        "'idle cores' row (servegym train --update-threads)")
     parser.add_argument("--train-envs", type=int, default=64, help="envs of the train section's lean recipe paths "
                         "(the benchmark's own PPO settings take at most 16: 512 steps a rollout)")
     args = parser.parse_args()
