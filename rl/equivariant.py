@@ -132,14 +132,19 @@ class QueueEncoder(BaseFeaturesExtractor):
         extra = [symlog(obs["progress"])] if self.progress else []
         context = self.context(torch.cat([symlog(engine), symlog(obs["pool"]), *extra, pooled,
                                           _owner_mean(slots, owner, n)], dim=1))
-        first, activation, *rest = self.mix
+        first = self.mix[0]
         own, shared = first.weight[:, : self.embed], first.weight[:, self.embed:]
         from_context = torch.addmm(first.bias, context, shared.t())  # mix's first layer, less the slot's part
-        tail = nn.Sequential(activation, *rest)
-        empty = tail(from_context)
+        empty = self._mix_tail(from_context)
         mixed = empty.repeat_interleave(self.width, dim=0)  # a new tensor: written in place
-        mixed.index_copy_(0, flat, tail(torch.addmm(from_context.index_select(0, owner), slots, own.t())))
+        mixed.index_copy_(0, flat, self._mix_tail(torch.addmm(from_context.index_select(0, owner), slots, own.t())))
         return torch.cat([mixed.reshape(n, self.width * self.embed), context], dim=1)
+
+    def _mix_tail(self, x: torch.Tensor) -> torch.Tensor:
+        """``mix`` after its first layer's product."""
+        for layer in list(self.mix)[1:]:
+            x = layer(x)
+        return x
 
     def forward_dense(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The same features computed on every row, masks applied after: the reference :meth:`forward` is
