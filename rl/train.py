@@ -428,8 +428,11 @@ def _learn(session: _Session, timesteps: int, progress: bool, reset: bool) -> Pa
 
         callbacks.insert(0, TimeDiscount(cfg.discount_half_life_s))  # before a checkpoint or evaluation
     if timesteps > 0:
-        model.learn(total_timesteps=timesteps, callback=CallbackList(callbacks),
-                    progress_bar=progress, tb_log_name="train", reset_num_timesteps=reset)
+        try:
+            model.learn(total_timesteps=timesteps, callback=CallbackList(callbacks),
+                        progress_bar=progress, tb_log_name="train", reset_num_timesteps=reset)
+        finally:  # an update stopped by a signal or an error leaves its threads set
+            torch.set_num_threads(cfg.torch_threads)
     if evaluation.best_score == -float("inf"):  # no evaluation fell due: score the final model once
         from stable_baselines3.common.logger import configure
 

@@ -54,3 +54,26 @@ def test_the_default_is_one_thread_and_the_run_records_its_count(tmp_path):
 
     _write_config(tmp_path, TrainConfig(task="memory-tight", update_threads=3), {})
     assert json.loads((tmp_path / "config.json").read_text())["update_threads"] == 3
+
+
+def test_an_update_that_fails_leaves_the_process_at_its_rollout_threads(tmp_path, monkeypatch):
+    # The update runs with 3 threads and raises: servegym train reports the error, and the process is back at its
+    # one rollout thread (on_training_end never comes after an exception).
+    from stable_baselines3 import PPO
+
+    from servegym.rl.train import train
+
+    def failing_update(self):
+        assert torch.get_num_threads() == 3  # the callback set the update's threads
+        raise RuntimeError("update failed")
+
+    monkeypatch.setattr(PPO, "train", failing_update)
+    cfg = TrainConfig(algo="ppo", mode="count", workload="low", timesteps=64, n_envs=1, max_episode_steps=50,
+                      hyperparams={"n_steps": 32, "batch_size": 16}, update_threads=3, out=str(tmp_path))
+    before = torch.get_num_threads()
+    try:
+        with pytest.raises(RuntimeError, match="update failed"):
+            train(cfg, progress=False, subprocess=False)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -62,4 +62,14 @@ MUTATIONS = [
     ("vector-shared-instance-accepted", "envs/vector.py",
      "        if len({id(env.unwrapped) for env in self.envs}) != self.num_envs:",
      "        if False:", (VECTOR,), "env"),
+    ("update-threads-never-set", "rl/threads.py", "        torch.set_num_threads(self.update)\n", "        pass\n",
+     ("tests/test_update_threads.py",), "rl"),
+    ("update-threads-kept-for-rollouts", "rl/threads.py",
+     "    def _on_rollout_start(self) -> None:\n        torch.set_num_threads(self.rollout)",
+     "    def _on_rollout_start(self) -> None:\n        pass", ("tests/test_update_threads.py",), "rl"),
+    ("update-threads-left-after-a-failed-update", "rl/train.py",
+     "        finally:  # an update stopped by a signal or an error leaves its threads set\n"
+     "            torch.set_num_threads(cfg.torch_threads)\n",
+     "        finally:  # an update stopped by a signal or an error leaves its threads set\n            pass\n",
+     ("tests/test_update_threads.py",), "rl"),
 ]
