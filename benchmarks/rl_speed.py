@@ -203,13 +203,16 @@ class TrainPath:
     batch_size: int
     n_epochs: int
     packed: bool
-    update_threads: int = 1
+    update_threads: int | None = None
+    """Torch threads of the updates; None: the rollouts' (``--torch-threads``), one setting for the whole run."""
 
 
 def train_paths(n: int, threads: int) -> list[TrainPath]:
-    """Pairs (current, lean) with the same rollout size, minibatch and epochs; the lean paths update with
-    ``servegym train``'s default threads (``TrainConfig.update_threads``) and, sharded on cores nothing else
-    uses, with ``threads``."""
+    """Pairs (current, lean) with the same rollout size, minibatch and epochs; the lean paths with ``servegym
+    train``'s default threads (``TrainConfig.update_threads``, one as the rollouts' by default) and, sharded on
+    cores nothing else uses, updating with ``threads``."""
+    if 4096 % n or 512 % min(n, 16):
+        raise SystemExit(f"--train-envs {n} must divide the recipe's 4,096-step rollout (and, up to 16, 512)")
     default = TrainConfig().update_threads
     return [TrainPath("recipe, current", "subprocess", 2, 2048, 512, 4, False),
             TrainPath("recipe, lean", "native", n, 4096 // n, 512, 4, True, default),
@@ -240,7 +243,8 @@ def train_breakdown(args: argparse.Namespace, path: TrainPath) -> dict[str, floa
     _timed_attr(model.policy, "forward", spent, "rollout forward")
     _timed_attr(model.policy, "evaluate_actions", spent, "update forward")
     _timed_attr(model, "train", spent, "update")
-    threads = UpdateThreads(path.update_threads, th.get_num_threads())
+    rollout = th.get_num_threads()
+    threads = UpdateThreads(path.update_threads or rollout, rollout)
     with validation(False):
         start = time.perf_counter()
         model.learn(total_timesteps=args.train_steps, callback=threads)
@@ -275,7 +279,8 @@ def train_table(args: argparse.Namespace) -> str:
         current = row["steps/s"] if path.label.endswith("current") else current
         ratio = "-" if path.label.endswith("current") else f"{row['steps/s'] / current:.1f}x"
         lines.append(f"| {path.label} | {path.vec} x{path.n_envs} | {path.n_steps} / {path.batch_size} / "
-                     f"{path.n_epochs} | {'packed' if path.packed else 'every row'} | {path.update_threads} | "
+                     f"{path.n_epochs} | {'packed' if path.packed else 'every row'} | "
+                     f"{path.update_threads or th.get_num_threads()} | "
                      f"{row['steps/s']:.0f} | {ratio} | "
                      + " | ".join(f"{row[k]:.1f}" for k in keys) + " |")
         print(lines[-1], flush=True)
@@ -298,7 +303,7 @@ def main() -> None:
                         help="modes: the action modes' training rates; vec: one env, the native vector env and "
                              "SubprocVecEnv; train: the score mode's current and lean training paths")
     parser.add_argument("--task", default="memory-tight", help="the task of the vec and train sections")
-    parser.add_argument("--vec-envs", type=int, default=16, help="envs in the vec and train sections' vector envs")
+    parser.add_argument("--vec-envs", type=int, default=16, help="envs in the vec section's vector envs")
     parser.add_argument("--vec-steps", type=int, default=500, help="vector steps per rate in the vec section")
     parser.add_argument("--shards", type=int, default=2, help="processes of the sharded native vector env (vec and "
                         "train sections)")
