@@ -31,6 +31,7 @@ COUNTS = {"timesteps": "steps", "n_envs": "envs", "max_episode_steps": "steps", 
           "update_threads": "workers"}
 """The config's counts and their kind in :data:`servegym.validation.COUNT_LIMITS` (one rule, one message)."""
 
+
 def usable_cpus() -> int:
     """The CPUs this process may run on (its affinity where the platform tells it, else the machine's count)."""
     if hasattr(os, "sched_getaffinity"):
