@@ -8,7 +8,15 @@
 # REV is checked out into a temporary worktree (removed at exit) and its compiled extensions are built there; its
 # packages are put on PYTHONPATH under one import root laid out as pyproject.toml's package-dir says. Both runs
 # start from a directory outside the trees, so neither imports the other's source.
+#
+# SIDE_BY_SIDE_ROUNDS=N runs N rounds, alternating the order (before-after, after-before, ...): with an even N a
+# machine whose speed drifts during the invocation favours neither side.
 set -euo pipefail
+rounds=${SIDE_BY_SIDE_ROUNDS:-1}
+if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
+    echo "SIDE_BY_SIDE_ROUNDS must be a whole number >= 1, got '$rounds'" >&2
+    exit 2
+fi
 rev=$1
 shift
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,7 +41,14 @@ PY
 script=$1
 shift
 cd "$tmp"
-echo "== $rev ($(git -C "$tmp/tree" rev-parse --short HEAD)): $script $*"
-PYTHONPATH="$tmp/import" "$python" "$tmp/tree/$script" "$@"
-echo "== this checkout ($(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo ', with uncommitted changes')): $script $*"
-"$python" "$root/$script" "$@"
+before() {
+    echo "== $rev ($(git -C "$tmp/tree" rev-parse --short HEAD)): $script $*"
+    PYTHONPATH="$tmp/import" "$python" "$tmp/tree/$script" "$@"
+}
+after() {
+    echo "== this checkout ($(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo ', with uncommitted changes')): $script $*"
+    "$python" "$root/$script" "$@"
+}
+for ((round = 0; round < rounds; round++)); do
+    if ((round % 2 == 0)); then before "$@"; after "$@"; else after "$@"; before "$@"; fi
+done
