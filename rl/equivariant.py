@@ -54,21 +54,30 @@ class _Tanh(torch.autograd.Function):
         return torch.ops.aten.tanh_backward(grad, y)
 
 
+LARGE = 4096
+"""Elements (``Tanh``) or rows (``RowLinear``) from which a layer takes its fast path: below it the fixed cost of
+the detour (about 7 us a call) outweighs it, so small batches (an agent acting on one observation, a rollout of a
+few envs) compute exactly as ``nn.Tanh`` and ``nn.Linear`` do."""
+
+
 class Tanh(nn.Module):
-    """``nn.Tanh`` computed as :class:`_Tanh` does (no parameters: a saved ``nn.Tanh`` network loads as is)."""
+    """``nn.Tanh``, computed as :class:`_Tanh` does from :data:`LARGE` elements (no parameters: a saved ``nn.Tanh``
+    network loads as is)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _Tanh.apply(x)
+        return _Tanh.apply(x) if x.numel() >= LARGE else torch.tanh(x)
 
 
 class RowLinear(nn.Linear):
-    """``nn.Linear`` (on ``(..., inputs)``) with its weight gradient taken as ``(x^T g)^T``: with a few inputs
-    and many rows (a slot's 6 features, tens of thousands of rows a minibatch) MKL takes 6x longer for the
-    ``g^T x`` ``nn.Linear``'s backward computes (1.36 against 0.20 ms at 23,000 rows here). Same parameters,
-    same values (the sum's order differs: ~4e-6 relative, as between any two summation orders)."""
+    """``nn.Linear`` (on ``(..., inputs)``) with its weight gradient taken as ``(x^T g)^T`` from :data:`LARGE`
+    rows: with a few inputs and many rows (a slot's 6 features, tens of thousands of rows a minibatch) MKL takes 6x
+    longer for the ``g^T x`` ``nn.Linear``'s backward computes (1.36 against 0.20 ms at 23,000 rows here). Same
+    parameters, same values (the sum's order differs: ~4e-6 relative, as between any two summation orders)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[0] < LARGE:
+            return super().forward(x)
         return torch.addmm(self.bias, flat, self.weight.t().contiguous()).reshape(*x.shape[:-1], self.out_features)
 
 

@@ -321,30 +321,38 @@ def test_the_score_head_scores_each_slot_with_one_layer_and_the_target_from_the_
 
 
 def test_the_score_networks_tanh_and_linear_compute_torchs_values_and_gradients():
-    # Rule: the network's Tanh (forward by NumPy) and RowLinear (weight gradient as (x^T g)^T) are nn.Tanh and
-    # nn.Linear: values within one float32 unit in the last place of torch.tanh (6e-8 near 1), gradients by
-    # gradcheck in float64, and a RowLinear's output and gradients those of nn.Linear with the same parameters
-    # (float32 summation order: 1e-5 relative). Catches a wrong backward, a dropped bias, a transposed weight.
+    # Rule: the network's Tanh (forward by NumPy from LARGE elements) and RowLinear (weight gradient as (x^T g)^T
+    # from LARGE rows) are nn.Tanh and nn.Linear: below LARGE exactly torch's (an agent acting on one observation
+    # computes as before), from it NumPy's tanh bit for bit (within 1.2e-7 of torch.tanh), gradients by gradcheck in
+    # float64, and a RowLinear's output and gradients those of nn.Linear with the same parameters (float32
+    # summation order: 1e-4 relative). Catches a wrong backward, a dropped bias, a threshold turned around.
     torch = pytest.importorskip("torch")
-    from servegym.rl.equivariant import RowLinear, Tanh
+    from servegym.rl.equivariant import LARGE, RowLinear, Tanh
 
     torch.manual_seed(0)
-    x = torch.randn(300, 6) * 3
-    torch.testing.assert_close(Tanh()(x), torch.tanh(x), rtol=0, atol=1.2e-7)
-    x64 = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(Tanh(), (x64,))
-    assert torch.equal(Tanh()(x[:, ::2]), Tanh()(x[:, ::2].contiguous()))  # strided input read as its values
+    small, large = torch.randn(LARGE // 8 - 1, 8) * 3, torch.randn(LARGE // 8, 8) * 3
+    assert torch.equal(Tanh()(small), torch.tanh(small))
+    assert torch.equal(Tanh()(large), torch.from_numpy(np.tanh(large.numpy())))
+    assert not torch.equal(Tanh()(large), torch.tanh(large))  # the two differ in the last place on some elements
+    torch.testing.assert_close(Tanh()(large), torch.tanh(large), rtol=0, atol=1.2e-7)
+    x64 = torch.randn(LARGE // 4, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(Tanh(), (x64,), fast_mode=True)  # fast: random projections, not 4,096^2
+    strided = torch.randn(LARGE, 2)[:, ::2]
+    assert torch.equal(Tanh()(strided), Tanh()(strided.contiguous()))  # a strided input read as its values
     row, plain = RowLinear(6, 5), torch.nn.Linear(6, 5)
     plain.load_state_dict(row.state_dict())
-    weights = torch.randn(2, 150, 5)
-    outputs = []
-    for layer in (row, plain):
-        layer.zero_grad()
-        out = layer(x.reshape(2, 150, 6))  # any leading shape, as nn.Linear takes
-        (out * weights).sum().backward()
-        outputs.append((out, layer.weight.grad.clone(), layer.bias.grad.clone()))
-    for a, b in zip(*outputs, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for rows in (LARGE - 1, LARGE):
+        x, weights = torch.randn(rows, 1, 6), torch.randn(rows, 1, 5)  # any leading shape, as nn.Linear takes
+        outputs = []
+        for layer in (row, plain):
+            layer.zero_grad()
+            out = layer(x)
+            (out * weights).sum().backward()
+            outputs.append((out, layer.weight.grad.clone(), layer.bias.grad.clone()))
+        for a, b in zip(*outputs, strict=True):
+            if rows < LARGE:
+                assert torch.equal(a, b)
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # float32 sums of 4,096 products, two orders
 
 
 def test_the_packed_score_network_computes_what_every_row_computes_with_its_gradients():

@@ -72,4 +72,11 @@ MUTATIONS = [
      "            torch.set_num_threads(cfg.torch_threads)\n",
      "        finally:  # an update stopped by a signal or an error leaves its threads set\n            pass\n",
      ("tests/test_update_threads.py",), "rl"),
+    ("fast-tanh-for-every-size", "rl/equivariant.py",
+     "        return _Tanh.apply(x) if x.numel() >= LARGE else torch.tanh(x)", "        return _Tanh.apply(x)",
+     (LAYERS,), "rl"),
+    ("fast-tanh-threshold-turned-around", "rl/equivariant.py", "if x.numel() >= LARGE else",
+     "if x.numel() < LARGE else", (LAYERS,), "rl"),
+    ("row-linear-fast-path-for-every-size", "rl/equivariant.py",
+     "        if flat.shape[0] < LARGE:\n            return super().forward(x)\n", "", (LAYERS,), "rl"),
 ]
