@@ -179,19 +179,23 @@ def admit_by_score(obs: Observation, scores: np.ndarray, memory_target: float) -
     scores = np.ascontiguousarray(scores, dtype=np.float64).reshape(-1)
     if scores.size < visible:
         raise ValueError(f"{scores.size} scores for {visible} visible waiting requests")
-    bad = f"scores must be finite and memory_target finite and > 0, got {memory_target!r}"
     if not (math.isfinite(memory_target) and memory_target > 0):
-        raise ValueError(bad)
+        raise ValueError(_score_error(memory_target))
     action = np.zeros(obs["queue"].shape[0] // _WIDTH, dtype=np.int64)
     if not visible:
         return action
     num_run = int(engine[_RUNNING])
-    hits = _doubles(queue_prefix_matrix(obs)[:visible, 0]) if "queue_prefix" in obs else np.zeros(visible)
+    hits = cached_tokens(obs, visible, host=False) if "queue_prefix" in obs else np.zeros(visible)
     if score_admit(_floats(obs["queue"]), _floats(obs["running"]), hits, scores, visible, num_run, int(engine[_BLOCK]),
                    free_blocks(obs, engine), free_slots(obs, engine), memory_target * engine[_CAPACITY],
                    np.empty(visible, dtype=np.int64), action, np.empty((8, num_run + visible))) < 0:
-        raise ValueError(bad)
+        raise ValueError(_score_error(memory_target))
     return action
+
+
+def _score_error(memory_target: float) -> str:
+    """:func:`admit_by_score`'s message for a score or memory target it cannot use (built only when raised)."""
+    return f"scores must be finite and memory_target finite and > 0, got {memory_target!r}"
 
 
 def upper_bound_prefix(obs: Observation, order: np.ndarray, memory_target: float,
