@@ -71,12 +71,13 @@ WINDOW_MIN, WINDOW_MAX = 16.0, 16384.0
 def window_action(obs: Observation, value: float, window_min: float = WINDOW_MIN, window_max: float = WINDOW_MAX,
                   unknown_output_tokens: float | None = 128.0) -> np.ndarray:
     """Admit in queue order while token load + estimated output stays within the window set by ``value``."""
-    frac = (float(np.clip(value, -1.0, 1.0)) + 1.0) / 2.0
+    frac = (_clip_unit(float(value)) + 1.0) / 2.0
     window = math.exp(math.log(window_min) + frac * (math.log(window_max) - math.log(window_min)))
-    load = float(remaining_running(obs, unknown_output_tokens).sum())
+    # Reductions and searches as ufunc and array methods: numpy's function wrappers cost more than the arithmetic.
+    load = float(np.add.reduce(remaining_running(obs, unknown_output_tokens)))
     rows = visible_queue(obs)
     want = remaining_queued(obs, rows, unknown_output_tokens)
-    by_window = int(np.searchsorted(load + np.cumsum(want), window, side="right"))
+    by_window = int((load + want.cumsum()).searchsorted(window, side="right"))
     return admit_first(obs, min(by_window, fcfs_count(obs)))
 
 
@@ -159,7 +160,7 @@ def score_action(obs: Observation, action: np.ndarray, base: Scorer | None = Non
                          f"{values.size}")
     low, high = SCORE_TARGETS
     if base is not None:
-        residual = np.clip(values, -1.0, 1.0) * residual_scale
+        residual = _clip_unit(values) * residual_scale
         # A slot's score moves by a factor exp(residual_scale) at most; the target from the scorer's own (not
         # clipped to SCORE_TARGETS) by what residual_scale moves an action value.
         scores = residual[:width] / _symlog(SCORE_SCALE)
@@ -167,7 +168,7 @@ def score_action(obs: Observation, action: np.ndarray, base: Scorer | None = Non
         scores[: mapped.size] += mapped
         target = max(0.05, base.memory_target(obs) + residual[width] * (high - low) / 2.0)
         return admit_by_score(obs, scores, target)
-    target = low + (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)
+    target = low + (_clip_unit(float(values[width])) + 1.0) / 2.0 * (high - low)
     return admit_by_score(obs, values[:width], target)
 
 
@@ -203,6 +204,14 @@ def state_params(base: Scorer, action: np.ndarray) -> tuple[float, float, float,
 def _unit(value: float) -> float:
     """``value`` clipped to [-1, 1] (finite values: what ``np.clip`` returns)."""
     return min(1.0, max(-1.0, value))
+
+
+def _clip_unit(values: Any) -> Any:
+    """``np.clip(values, -1.0, 1.0)`` (NaN stays NaN), without its Python wrappers: a float for a float, else
+    an array (the per-step path of the ``score`` mode, where ``np.clip`` cost more than the action's decoding)."""
+    if isinstance(values, float):
+        return values if values != values else min(1.0, max(-1.0, values))
+    return np.minimum(np.maximum(values, -1.0), 1.0)
 
 
 def params_action(obs: Observation, action: np.ndarray, base: Scorer) -> np.ndarray:

@@ -92,6 +92,15 @@ def test_the_window_maps_the_action_on_a_log_scale_and_clips_it(value, count):
     assert action.tolist() == [1] * count + [0] * (W - count)
 
 
+def test_a_request_that_ends_exactly_at_the_window_is_admitted():
+    # window_min 1 at action -1 makes the window exactly 1.0 (exp(log 1) = exp(0), no rounding): the first request
+    # wants exactly 1 token, so load + its want equals the window and it is admitted (the window's end is
+    # included); the second (2 more) is not.
+    obs = crafted(base_env(), [request(4, 1), request(4, 2)])
+    action = window_action(obs, -1.0, window_min=1.0, window_max=1000.0, unknown_output_tokens=None)
+    assert action.tolist() == [1] + [0] * (W - 1)
+
+
 def test_the_window_never_admits_past_the_free_slots():
     # Four sequence slots, one taken: at most three admissions whatever the window.
     obs = crafted(base_env(max_num_seqs=4), [request(4, want) for want in WANTS], RUNNING)
@@ -182,6 +191,32 @@ def test_the_score_modes_target_spans_its_range_and_clips(target_value, expected
     obs = crafted(base_env(num_kv_blocks=1000, block_size=1), FIVE)
     action = np.array([*SCORES, 0.0, 0.0, 0.0, target_value])
     assert score_action(obs, action).tolist() == expected
+
+
+@pytest.mark.parametrize("target_value", [1.0, 4.0])
+def test_the_score_modes_largest_target_is_one_and_a_half_caches(target_value):
+    # Eight such requests peak at 1600 tokens: the target 1.5 x 1000 admits seven (1400); 4 is clipped to 1, the same
+    # (unclipped it would be 3.3 x 1000 and admit all eight). Equal scores: queue order.
+    obs = crafted(base_env(num_kv_blocks=1000, block_size=1), [request(100, 100)] * W)
+    assert score_action(obs, np.array([0.0] * W + [target_value])).tolist() == [1, 2, 3, 4, 5, 6, 7, 0]
+
+
+def test_a_score_action_whose_target_is_not_a_number_is_refused():
+    # NaN is not clipped into the range (it would act as -1, the smallest target): it stays NaN and is refused.
+    obs = crafted(base_env(num_kv_blocks=1000, block_size=1), FIVE)
+    with pytest.raises(ValueError, match="memory_target finite"):
+        score_action(obs, np.array([*SCORES, 0.0, 0.0, 0.0, math.nan]))
+
+
+def test_a_residual_beyond_the_action_range_is_clipped_to_it():
+    # Base target 0.5; a residual target value of 4 counts as 1: 0.5 + 1 x 0.2 x (1.5 - 0.3) / 2 = 0.62 (620
+    # tokens), three requests (peak 600); unclipped it would be 0.98 and admit four (peak 800). Equal base scores
+    # and zero slot residuals keep queue order.
+    obs = crafted(base_env(num_kv_blocks=1000, block_size=1), FIVE)
+    wrapper = ScoreAdmit(base_env(num_kv_blocks=1000, block_size=1), base={"target_base": 0.5})
+    action = np.zeros(W + 1)
+    action[W] = 4.0
+    assert wrapper.to_env_action(obs, action).tolist() == [1, 2, 3, 0, 0, 0, 0, 0]
 
 
 def test_a_score_action_of_the_wrong_length_is_refused():

@@ -352,6 +352,25 @@ def test_both_engines_refuse_queue_positions_outside_the_contract(monkeypatch, e
 
 
 @pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=needs_compiled)])
+@pytest.mark.parametrize("bad", [[1, 0, 1], [0, 2, 2], [0, 1, 99]])
+def test_both_engines_refuse_repeated_or_late_bad_positions_before_admitting_any(monkeypatch, engine, bad):
+    # A repeated position would admit one request twice (and [0, 2, 2] once passed as a queue head of 3); an
+    # out-of-range one after valid ones used to leave those admitted: each is refused before anything changes.
+    monkeypatch.setenv("SERVEGYM_ENGINE", engine)
+    env = make_env(make_policy("fcfs"), workload=_workload("burst"), profile=PROFILE)
+    env.reset(seed=0)
+    core = env.unwrapped.cluster.engine
+    while core.waiting.size < 3:
+        env.step(np.zeros(32, dtype=np.int64))
+    waiting, running, step = core.waiting.copy(), core.num_running, core.step_index
+    with pytest.raises(IndexError, match="given twice" if len(set(bad)) < 3 else "out of range"):
+        core.step(np.array(bad))
+    assert np.array_equal(core.waiting, waiting) and core.num_running == running and core.step_index == step
+    out = core.step(np.array([2, 0]))  # the queue is intact: the same admission as above
+    assert out.num_admitted == 2 and np.array_equal(core.waiting, np.delete(waiting, [0, 2]))
+
+
+@pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=needs_compiled)])
 @pytest.mark.parametrize("latency", [0.0, -1.0, float("nan"), float("inf")])
 def test_both_engines_reject_an_invalid_step_latency(monkeypatch, engine, latency):
     monkeypatch.setenv("SERVEGYM_ENGINE", engine)

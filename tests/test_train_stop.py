@@ -127,11 +127,15 @@ def test_a_signal_during_a_checkpoint_waits_for_the_whole_checkpoint(tmp_path, m
     from stable_baselines3.common.callbacks import CheckpointCallback
 
     real = CheckpointCallback._on_step
+    signalled, saved = [], []
 
     def signalled_while_saving(self) -> bool:
         if self.n_calls % self.save_freq == 0:
+            signalled.append(self.num_timesteps)
             os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, before the files are written
-        return real(self)
+        result = real(self)
+        saved.append(self.num_timesteps)
+        return result
 
     monkeypatch.setattr(CheckpointCallback, "_on_step", signalled_while_saving)
     before = signal.getsignal(signal.SIGTERM)
@@ -144,6 +148,9 @@ def test_a_signal_during_a_checkpoint_waits_for_the_whole_checkpoint(tmp_path, m
     assert config["timesteps_done"] == 128 and config["last_checkpoint"] == "checkpoints/model_128_steps.zip"
     assert (run / "checkpoints" / "model_vecnormalize_128_steps.pkl").is_file()
     assert stop.value.progress == {"timesteps_done": 128, "last_checkpoint": "checkpoints/model_128_steps.zip"}
+    # The save the signal landed in ran to its end (the stop's own checkpoint, written after, has the same name:
+    # only this tells a finished save from one cut short and written again).
+    assert signalled == [128] and saved[-1] == 128
     monkeypatch.setattr(CheckpointCallback, "_on_step", real)
     resume(run, progress=False, subprocess=False)  # the whole checkpoint loads; the record is of this call
     _, after = run_config(tmp_path)
@@ -163,8 +170,12 @@ def child_processes() -> dict[int, str]:
 
 def test_a_stop_during_env_setup_ends_every_worker_it_started(tmp_path):
     # Rule: TrainingInterrupted leaves no process this call started: no worker and no forkserver (workers are
-    # spawned children, each terminated) -- checked at once, without waiting for them to notice.
+    # spawned children, each terminated) -- checked at once, without waiting for them to notice; multiprocessing
+    # has reaped each worker it registered (none is left "alive" in its books, to be signalled by pid later).
+    import multiprocessing
+
     before = child_processes()
+    registered = set(multiprocessing.active_children())
     sent: list[float] = []
 
     def sigterm_at_setup() -> None:
@@ -181,6 +192,7 @@ def test_a_stop_during_env_setup_ends_every_worker_it_started(tmp_path):
         print(f"stopped {time.monotonic() - sent[0]:.2f} s after SIGTERM")
         left = {pid: args for pid, args in child_processes().items() if pid not in before}
         assert left == {}, "processes the stopped call started are still running"
+        assert set(multiprocessing.active_children()) <= registered, "a worker was not joined by multiprocessing"
     finally:
         for pid in set(child_processes()) - set(before):
             with contextlib.suppress(ProcessLookupError):

@@ -35,3 +35,14 @@ MUTATIONS = [
     ("core-evict-takes-a-negative-row", CORE, "not 0 <= ascending[0] <= ascending[-1]",
      "not -1 <= ascending[0] <= ascending[-1]", ITERATION, "engine"),
 ]
+MUTATIONS += [
+    ("engine-deleted-keeps-the-taken", "engine/engine.py", "        if marks[k] != gone:\n",
+     "        if marks[k] == gone:\n", ("tests/test_engine.py", "tests/test_compiled_engine.py"), "engine"),
+    ("engine-deletes-the-refused-too", "engine/engine.py", "                    marks[positions[k]] = 2\n",
+     "                    marks[positions[k]] = 1\n", ("tests/test_engine.py", "tests/test_compiled_engine.py"),
+     "engine"),
+    ("engine-repeated-position-admitted", "engine/engine.py",
+     "            if marks[pos]:\n                raise IndexError(f\"queue position {pos} given twice",
+     "            if False:\n                raise IndexError(f\"queue position {pos} given twice",
+     ("tests/test_compiled_engine.py",), "engine"),
+]

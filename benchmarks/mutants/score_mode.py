@@ -4,6 +4,7 @@ SCORE = "tests/test_score_mode.py"
 ZOO = "tests/test_zoo.py"
 RES = "tests/test_residual_and_time_discount.py"
 PROG = "tests/test_progress_and_scaled_obs.py"
+R48 = "tests/test_bite_round48_actions.py"
 
 MUTATIONS = [
     ("score-admits-lowest-first", "policies/common.py", "hits, scores, visible, num_run,",
@@ -14,8 +15,8 @@ MUTATIONS = [
     ("upper-bound-prefix-ignores-the-memory-target", "policies/common.py",
      "memory_target * engine[_CAPACITY], scratch)", "engine[_CAPACITY], scratch)", ("tests/test_kernels.py",), "rl"),
     ("score-target-range-upside-down", "rl/wrappers.py",
-     "target = low + (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)",
-     "target = high - (float(np.clip(values[width], -1.0, 1.0)) + 1.0) / 2.0 * (high - low)", (SCORE,), "rl"),
+     "target = low + (_clip_unit(float(values[width])) + 1.0) / 2.0 * (high - low)",
+     "target = high - (_clip_unit(float(values[width])) + 1.0) / 2.0 * (high - low)", (SCORE,), "rl"),
     ("scorer-ageing-penalises-waiting", "policies/scorer.py",
      "return wait_weight * rows[:, QUEUE_INDEX[\"wait_s\"]]",
      "return -wait_weight * rows[:, QUEUE_INDEX[\"wait_s\"]]", (SCORE,), "rl"),
@@ -82,4 +83,15 @@ MUTATIONS = [
     ("mixture-tuning-ignores-the-task", "tuning/study.py",
      '        chosen = {} if workload is None else {"workload": workload}', '        chosen = {"workload": "burst"}',
      (PROG,), "rl"),
+]
+MUTATIONS += [
+    ("clip-unit-nan-becomes-minus-one", "rl/wrappers.py",
+     "        return values if values != values else min(1.0, max(-1.0, values))",
+     "        return min(1.0, max(-1.0, values))", (R48,), "rl"),
+    ("clip-unit-array-upper-bound-dropped", "rl/wrappers.py", "    return np.minimum(np.maximum(values, -1.0), 1.0)",
+     "    return np.maximum(values, -1.0)", (R48,), "rl"),
+    ("clip-unit-float-upper-bound-dropped", "rl/wrappers.py", "else min(1.0, max(-1.0, values))",
+     "else max(-1.0, values)", (R48,), "rl"),
+    ("window-search-side-left", "rl/wrappers.py", '.searchsorted(window, side="right"))',
+     '.searchsorted(window, side="left"))', (R48,), "rl"),
 ]
