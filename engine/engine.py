@@ -867,8 +867,11 @@ class Engine:
         at the queue front, in that order. Under ``recompute="restart"`` they lose their generated tokens and start
         again from the prompt. Rows are checked before anything changes."""
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        ascending = np.sort(rows)  # not np.unique, whose first call imports numpy.ma (8 ms)
-        duplicated = (ascending[1:] == ascending[:-1]).any()
+        if rows.shape[0] == 1:  # every rule but clear-all: one row, nothing to sort or compare
+            ascending, duplicated = rows, False
+        else:
+            ascending = np.sort(rows)  # not np.unique, whose first call imports numpy.ma (8 ms)
+            duplicated = (ascending[1:] == ascending[:-1]).any()
         if duplicated or (rows.size and not 0 <= ascending[0] <= ascending[-1] < self.num_running):
             raise IndexError(f"rows to evict must be distinct running rows (0..{self.num_running - 1}), got {rows}")
         victims: cython.const[cython.longlong][::1] = memoryview(rows)
