@@ -321,23 +321,23 @@ def test_the_score_head_scores_each_slot_with_one_layer_and_the_target_from_the_
 
 
 def test_the_score_networks_tanh_and_linear_compute_torchs_values_and_gradients():
-    # Rule: the network's Tanh (forward by NumPy from LARGE elements) and RowLinear (weight gradient as (x^T g)^T
-    # from LARGE rows) are nn.Tanh and nn.Linear: below LARGE exactly torch's (an agent acting on one observation
-    # computes as before), from it NumPy's tanh bit for bit (within 1.2e-7 of torch.tanh), gradients by gradcheck in
-    # float64, and a RowLinear's output and gradients those of nn.Linear with the same parameters (float32
-    # summation order: 1e-4 relative). Catches a wrong backward, a dropped bias, a threshold turned around.
+    # Rule: the network's Tanh (forward by NumPy from TANH_LARGE elements) and RowLinear (weight gradient as
+    # (x^T g)^T from LARGE rows) are nn.Tanh and nn.Linear: below the threshold exactly torch's (an agent acting on
+    # one observation computes as before), from it NumPy's tanh bit for bit (within 1.2e-7 of torch.tanh), gradients
+    # by gradcheck in float64, and a RowLinear's output and gradients those of nn.Linear with the same parameters
+    # (float32 summation order: 1e-4 relative). Catches a wrong backward, a dropped bias, a threshold turned around.
     torch = pytest.importorskip("torch")
-    from servegym.rl.equivariant import LARGE, RowLinear, Tanh
+    from servegym.rl.equivariant import LARGE, TANH_LARGE, RowLinear, Tanh
 
     torch.manual_seed(0)
-    small, large = torch.randn(LARGE // 8 - 1, 8) * 3, torch.randn(LARGE // 8, 8) * 3
+    small, large = torch.randn(TANH_LARGE // 8 - 1, 8) * 3, torch.randn(TANH_LARGE // 8, 8) * 3
     assert torch.equal(Tanh()(small), torch.tanh(small))
     assert torch.equal(Tanh()(large), torch.from_numpy(np.tanh(large.numpy())))
     assert not torch.equal(Tanh()(large), torch.tanh(large))  # the two differ in the last place on some elements
     torch.testing.assert_close(Tanh()(large), torch.tanh(large), rtol=0, atol=1.2e-7)
-    x64 = torch.randn(LARGE // 4, 4, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(Tanh(), (x64,), fast_mode=True)  # fast: random projections, not 4,096^2
-    strided = torch.randn(LARGE, 2)[:, ::2]
+    x64 = torch.randn(TANH_LARGE // 4, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(Tanh(), (x64,), fast_mode=True)  # fast: random projections, not 16,384^2
+    strided = torch.randn(TANH_LARGE, 2)[:, ::2]
     assert torch.equal(Tanh()(strided), Tanh()(strided.contiguous()))  # a strided input read as its values
     row, plain = RowLinear(6, 5), torch.nn.Linear(6, 5)
     plain.load_state_dict(row.state_dict())
@@ -387,3 +387,37 @@ def test_the_packed_score_network_computes_what_every_row_computes_with_its_grad
     rows = packed[2, : 32 * 32].reshape(32, 32)
     assert torch.equal(rows[7], rows[31]) and not torch.allclose(rows[0], rows[7])
     assert not QueueEncoder(space, packed=False).packed
+
+
+def test_an_agent_acting_on_one_observation_computes_with_torchs_own_layers():
+    # Rule: the fast Tanh and RowLinear paths are for minibatches; one observation (a full running batch of 128
+    # rows, the largest tensor an act() makes: 128 x 32 = 4,096 elements) computes exactly what nn.Tanh and
+    # nn.Linear compute, bit for bit, so a trained agent's decisions do not depend on the thresholds. Catches a
+    # threshold lowered to where the detour costs more than it saves (at 4,096 an act() was 13% slower).
+    torch = pytest.importorskip("torch")
+    import copy
+
+    import gymnasium as gym
+
+    from servegym import task_id
+    from servegym.rl.equivariant import QueueEncoder, RowLinear, Tanh
+
+    space = gym.make(task_id("memory-tight")).observation_space
+    torch.manual_seed(0)
+    encoder = QueueEncoder(space, packed=False)
+    plain = copy.deepcopy(encoder)
+    for module in list(plain.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Tanh):
+                setattr(module, name, torch.nn.Tanh())
+            elif isinstance(child, RowLinear):
+                linear = torch.nn.Linear(child.in_features, child.out_features)
+                linear.load_state_dict(child.state_dict())
+                setattr(module, name, linear)
+    assert not any(isinstance(m, Tanh | RowLinear) for m in plain.modules())
+    obs = {k: torch.rand(1, *v.shape) * 50 for k, v in space.items()}
+    obs["engine"][:, ENGINE_INDEX["num_waiting"]] = 32.0
+    obs["engine"][:, ENGINE_INDEX["num_running"]] = 128.0  # every row of the batch and the queue present
+    with torch.no_grad():
+        assert torch.equal(encoder(obs), plain(obs))
+        assert torch.equal(encoder.forward_dense(obs), plain.forward_dense(obs))

@@ -73,10 +73,13 @@ MUTATIONS = [
      "        finally:  # an update stopped by a signal or an error leaves its threads set\n            pass\n",
      ("tests/test_update_threads.py",), "rl"),
     ("fast-tanh-for-every-size", "rl/equivariant.py",
-     "        return _Tanh.apply(x) if x.numel() >= LARGE else torch.tanh(x)", "        return _Tanh.apply(x)",
+     "        return _Tanh.apply(x) if x.numel() >= TANH_LARGE else torch.tanh(x)", "        return _Tanh.apply(x)",
      (LAYERS,), "rl"),
-    ("fast-tanh-threshold-turned-around", "rl/equivariant.py", "if x.numel() >= LARGE else",
-     "if x.numel() < LARGE else", (LAYERS,), "rl"),
+    ("fast-tanh-threshold-turned-around", "rl/equivariant.py", "if x.numel() >= TANH_LARGE else",
+     "if x.numel() < TANH_LARGE else", (LAYERS,), "rl"),
     ("row-linear-fast-path-for-every-size", "rl/equivariant.py",
-     "        if flat.shape[0] < LARGE:\n            return super().forward(x)\n", "", (LAYERS,), "rl"),
+     "        if x.numel() < LARGE * x.shape[-1]:  # fewer than LARGE rows: nn.Linear's own, nothing reshaped\n"
+     "            return nn.functional.linear(x, self.weight, self.bias)\n", "", (LAYERS,), "rl"),
+    ("fast-tanh-threshold-back-at-4096", "rl/equivariant.py", "TANH_LARGE = 16_384\n", "TANH_LARGE = 4096\n",
+     ("tests/test_score_mode.py::test_an_agent_acting_on_one_observation_computes_with_torchs_own_layers",), "rl"),
 ]
