@@ -336,14 +336,20 @@ def test_compiled_engine_checks_the_indexes_it_does_not_bound_check(monkeypatch)
         engine.observe(big[1000:], 17, -40, -10, 0.0, 1.0, 0.0)
 
 
-@pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=needs_compiled)])
-def test_both_engines_refuse_queue_positions_outside_the_contract(monkeypatch, engine):
+def _three_waiting(monkeypatch, engine: str):
+    """The engine (``engine``: python or compiled) of an FCFS env on ``burst`` once three requests wait."""
     monkeypatch.setenv("SERVEGYM_ENGINE", engine)
     env = make_env(make_policy("fcfs"), workload=_workload("burst"), profile=PROFILE)
     env.reset(seed=0)
     core = env.unwrapped.cluster.engine
     while core.waiting.size < 3:
         env.step(np.zeros(32, dtype=np.int64))
+    return core
+
+
+@pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=needs_compiled)])
+def test_both_engines_refuse_queue_positions_outside_the_contract(monkeypatch, engine):
+    core = _three_waiting(monkeypatch, engine)
     for bad, message in ((np.array([-1]), "out of range"), (np.array([1.9]), "integers"), ([True], "integers")):
         with pytest.raises(IndexError, match=message):
             core.step(bad)
@@ -356,12 +362,7 @@ def test_both_engines_refuse_queue_positions_outside_the_contract(monkeypatch, e
 def test_both_engines_refuse_repeated_or_late_bad_positions_before_admitting_any(monkeypatch, engine, bad):
     # A repeated position would admit one request twice (and [0, 2, 2] once passed as a queue head of 3); an
     # out-of-range one after valid ones used to leave those admitted: each is refused before anything changes.
-    monkeypatch.setenv("SERVEGYM_ENGINE", engine)
-    env = make_env(make_policy("fcfs"), workload=_workload("burst"), profile=PROFILE)
-    env.reset(seed=0)
-    core = env.unwrapped.cluster.engine
-    while core.waiting.size < 3:
-        env.step(np.zeros(32, dtype=np.int64))
+    core = _three_waiting(monkeypatch, engine)
     waiting, running, step = core.waiting.copy(), core.num_running, core.step_index
     with pytest.raises(IndexError, match="given twice" if len(set(bad)) < 3 else "out of range"):
         core.step(np.array(bad))
