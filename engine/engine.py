@@ -442,9 +442,10 @@ class Engine:
         """Run one iteration.
 
         Args:
-            admit: queue positions to admit, in admission order (distinct, each in ``[0, len(queue))``).
-                Admission stops at the first request that does not fit (``max_num_seqs`` or free KV
-                blocks for its first chunk); it and the rest stay waiting (counted as ``refused``).
+            admit: queue positions to admit, in admission order (distinct, each in ``[0, len(queue))``; an
+                ``IndexError`` otherwise, raised before anything changes). Admission stops at the first request
+                that does not fit (``max_num_seqs`` or free KV blocks for its first chunk); it and the rest stay
+                waiting (counted as ``refused``).
                 Nothing is admitted while the model is still loading (``clock < ready_at``).
             next_arrival_s: when the next request reaches the pool; an engine with nothing to do jumps there.
         """
