@@ -819,10 +819,10 @@ MUTATIONS: list[Mutation] = [
       "            max(0.05, p.target_base + a[2]),", "            max(0.01, p.target_base + a[2]),",
       R48_ACTIONS, kind="rl"),
     m("r48-params-slope-unclipped", "rl/wrappers.py",
-      "max(0.05, p.target_base + a[2]), _unit(p.target_slope + a[3]))", "max(0.05, p.target_base + a[2]), "
+      "max(0.05, p.target_base + a[2]), _clip_unit(p.target_slope + a[3]))", "max(0.05, p.target_base + a[2]), "
       "p.target_slope + a[3])", R48_ACTIONS, kind="rl"),
     m("r48-params-actions-unclipped", "rl/wrappers.py",
-      "    a = [_unit(v) * reach for v, reach", "    a = [v * reach for v, reach", R48_ACTIONS, kind="rl"),
+      "    a = [_clip_unit(v) * reach for v, reach", "    a = [v * reach for v, reach", R48_ACTIONS, kind="rl"),
     m("r48-params-length-unchecked", "rl/wrappers.py",
       "    if len(values) != len(PARAMS_REACH) or not all(", "    if not all(",
       R48_ACTIONS, kind="rl"),

@@ -194,16 +194,11 @@ def state_params(base: Scorer, action: np.ndarray) -> tuple[float, float, float,
     values = np.asarray(action, dtype=np.float64).reshape(-1).tolist()  # per step: floats, not numpy calls
     if len(values) != len(PARAMS_REACH) or not all(math.isfinite(v) for v in values):
         raise ValueError(f"a params action is {len(PARAMS_REACH)} finite values, got {values}")
-    a = [_unit(v) * reach for v, reach in zip(values, PARAMS_REACH, strict=True)]
+    a = [_clip_unit(v) * reach for v, reach in zip(values, PARAMS_REACH, strict=True)]
     p = base.params
     return (max(0.0, (1.0 + p.output_weight) * math.exp(a[0]) - 1.0),
             max(0.0, (1.0 + p.wait_weight) * math.exp(a[1]) - 1.0),
-            max(0.05, p.target_base + a[2]), _unit(p.target_slope + a[3]))
-
-
-def _unit(value: float) -> float:
-    """``value`` clipped to [-1, 1] (finite values: what ``np.clip`` returns)."""
-    return min(1.0, max(-1.0, value))
+            max(0.05, p.target_base + a[2]), _clip_unit(p.target_slope + a[3]))
 
 
 def _clip_unit(values: Any) -> Any:
