@@ -55,6 +55,7 @@ from servegym.rl.config import TrainConfig
 from servegym.rl.fast_dist import policy_for
 from servegym.rl.threads import UpdateThreads
 from servegym.rl.train import algorithm_class, make_training_env
+from servegym.validation import count_arg
 
 CASES = [("ppo", "admit"), ("ppo", "count"), ("ppo", "window"), ("ppo", "rank"), ("ppo", "score"),
          ("ppo", "score-residual"), ("ppo", "params"), ("sac", "params"),
@@ -303,14 +304,15 @@ def main() -> None:
                         help="modes: the action modes' training rates; vec: one env, the native vector env and "
                              "SubprocVecEnv; train: the score mode's current and lean training paths")
     parser.add_argument("--task", default="memory-tight", help="the task of the vec and train sections")
-    parser.add_argument("--vec-envs", type=int, default=16, help="envs in the vec section's vector envs")
-    parser.add_argument("--vec-steps", type=int, default=500, help="vector steps per rate in the vec section")
-    parser.add_argument("--shards", type=int, default=2, help="processes of the sharded native vector env (vec and "
-                        "train sections)")
-    parser.add_argument("--train-steps", type=int, default=16_384, help="timesteps per path in the train section")
-    parser.add_argument("--update-threads", type=int, default=2, help="torch threads of the train section's "
+    envs, steps, workers = count_arg("envs"), count_arg("steps"), count_arg("workers")
+    parser.add_argument("--vec-envs", type=envs, default=16, help="envs in the vec section's vector envs")
+    parser.add_argument("--vec-steps", type=steps, default=500, help="vector steps per rate in the vec section")
+    parser.add_argument("--shards", type=workers, default=2, help="processes of the sharded native vector env (vec "
+                        "and train sections)")
+    parser.add_argument("--train-steps", type=steps, default=16_384, help="timesteps per path in the train section")
+    parser.add_argument("--update-threads", type=workers, default=2, help="torch threads of the train section's "
                         "'idle cores' row (servegym train --update-threads)")
-    parser.add_argument("--train-envs", type=int, default=64, help="envs of the train section's lean recipe paths "
+    parser.add_argument("--train-envs", type=envs, default=64, help="envs of the train section's lean recipe paths "
                         "(the benchmark's own PPO settings take at most 16: 512 steps a rollout)")
     args = parser.parse_args()
     if args.torch_threads:
