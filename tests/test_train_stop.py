@@ -29,8 +29,12 @@ from tests.stop_helpers import DEADLINE_S, kill_session, wait_for_exit, wait_unt
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"n_steps": 64, "batch_size": 64, "n_epochs": 1}
-WORKER = "--multiprocessing-fork"
-"""In the command line of every worker multiprocessing spawns (SubprocVecEnv's env workers) and of no other child."""
+
+
+def env_worker(args: str) -> bool:
+    """Whether a command line is an env worker's or the forkserver's (multiprocessing's children), not the resource
+    tracker's, which may start before the signal handlers, as may a git run for the provenance."""
+    return "multiprocessing" in args and "resource_tracker" not in args
 
 
 def train_command(out: Path, vec_env: str = "subprocess") -> list[str]:
@@ -70,7 +74,7 @@ def test_sigterm_during_env_setup_exits_143_and_leaves_no_process(tmp_path):
     try:
         # An env worker, not any child: the run's provenance runs git before the signal handlers are installed.
         wait_until("an env worker (env set-up)",
-                   lambda: any(WORKER in row for row in live_processes("sid", proc.pid)), proc)
+                   lambda: any(env_worker(row) for row in live_processes("sid", proc.pid)), proc)
         err = stop_and_wait(proc, signal.SIGTERM, group=False)
     finally:
         kill_session(proc)
@@ -185,7 +189,7 @@ def test_a_stop_during_env_setup_ends_every_worker_it_started(tmp_path):
     def sigterm_at_setup() -> None:
         deadline = time.monotonic() + DEADLINE_S
         # An env worker, not any new child: a git run for the provenance comes first, before the handlers.
-        while not any(WORKER in args for pid, args in child_processes().items() if pid not in before) \
+        while not any(env_worker(args) for pid, args in child_processes().items() if pid not in before) \
                 and time.monotonic() < deadline:
             time.sleep(0.02)
         sent.append(time.monotonic())
