@@ -1,0 +1,87 @@
+"""A trained residual agent against its base, the tuned scorer, seed by seed: where the return gap comes from.
+
+Usage: python benchmarks/agent_vs_scorer.py --run docs/rl/10m/Serving-v2__ppo__score-residual__memory-tight__s0
+    [--board docs/bench/10m/leaderboard.csv] [--tuned docs/tuning] [--max-seeds N]
+
+Both play every test seed of the run's task as the board plays them, each return checked against the board's
+CSV to the bit. The latency reward sums to minus the request-seconds in the system, so the agent's gain over the
+scorer (its return minus the scorer's) splits exactly into less waiting (arrival to first admission) and less
+service (first admission to finish, preemptions and recomputation included), shown per prompt-length quartile
+(the quartiles of all the seeds' prompts). Every figure is the mean over the seeds of the per-seed difference,
+agent minus scorer for counts and scorer minus agent for request-seconds (positive: the agent saves them), with a
+95% Student-t CI over the seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from oracle_vs_agents import SCORER, board_returns, bucket_sums, recomputed_tokens, request_times
+
+from servegym.benchmark.bench import BenchJob, make_entries, play
+from servegym.engine.log import EpisodeLog
+from servegym.evaluation.stats import mean_ci
+from servegym.validation import count_arg
+
+
+def episode_measures(log: EpisodeLog, edges: list[float]) -> np.ndarray:
+    """Request-seconds per prompt quartile, then waiting and service in all, preemptions and recomputed tokens."""
+    _, wait, service = request_times(log)
+    by_prompt = bucket_sums(wait + service, log.num_prompt_tokens, edges)
+    return np.concatenate([by_prompt, [wait.sum(), service.sum(), log.num_preemptions.sum(),
+                                       recomputed_tokens(log)]])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--run", type=Path, required=True, help="the agent's run folder (a score-residual run)")
+    parser.add_argument("--board", type=Path, default=Path("docs/bench/10m/leaderboard.csv"))
+    parser.add_argument("--tuned", type=Path, default=Path("docs/tuning"), help="where the tuned scorer is")
+    parser.add_argument("--max-seeds", type=count_arg("seeds"), default=None, help="the first N test seeds only")
+    args = parser.parse_args()
+    task = json.loads((args.run / "config.json").read_text())["task"]
+    entries = [e for e in make_entries([], rl_runs=[args.run], tuned_dir=args.tuned, tasks=[task])
+               if e.label == SCORER or e.policy.startswith("rl:")]
+    agent = next(e.label for e in entries if e.policy.startswith("rl:"))
+    returns = board_returns(args.board, task, [SCORER, agent])
+    seeds = sorted(returns[SCORER])[: args.max_seeds]
+    logs: dict[str, list[EpisodeLog]] = {SCORER: [], agent: []}
+    for seed in seeds:
+        start = time.perf_counter()
+        for entry in entries:
+            result = play(BenchJob(task, entry, seed))
+            if result.total_reward != returns[entry.label][seed]:
+                raise RuntimeError(f"{entry.label} on seed {seed}: {result.total_reward!r} here, "
+                                   f"{returns[entry.label][seed]!r} on the board (another code version?)")
+            logs[entry.label].append(result.log)
+        print(f"seed {seed}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    prompts = np.concatenate([log.num_prompt_tokens for log in logs[SCORER]])
+    edges = [float(q) for q in np.quantile(prompts, [0.25, 0.5, 0.75])]
+    ours = np.array([episode_measures(log, edges) for log in logs[agent]])
+    base = np.array([episode_measures(log, edges) for log in logs[SCORER]])
+    saved = np.concatenate([base[:, :6] - ours[:, :6], ours[:, 6:] - base[:, 6:]], axis=1)
+    gain = np.array([returns[agent][s] - returns[SCORER][s] for s in seeds])
+    if not np.allclose(gain, saved[:, 4] + saved[:, 5], rtol=1e-9, atol=1e-6):  # the reward is minus these
+        raise RuntimeError("the return gaps are not the request-seconds saved: is the task's reward `latency`?")
+    names = [f"prompt ≤ {edges[0]:,.0f}", *(f"prompt {a:,.0f}-{b:,.0f}" for a, b in itertools.pairwise(edges)),
+             f"prompt > {edges[-1]:,.0f}", "all: waiting", "all: service", "preemptions (agent − scorer)",
+             "recomputed tokens (agent − scorer)"]
+    print(f"## {agent} against {SCORER} on {task}\n\nTest seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}); returns "
+          f"checked against `{args.board}`. Mean per seed, 95% CI over the seeds.\n")
+    print("| measure | mean | 95% CI |\n|---|---:|---:|")
+    for name, column in [("return gain (agent − scorer)", gain),
+                         *((f"request-seconds saved, {n}" if i < 6 else n, saved[:, i]) for i, n in enumerate(names))]:
+        mean, half = mean_ci(column)
+        print(f"| {name} | {mean:,.1f} | [{mean - half:,.1f}, {mean + half:,.1f}] |")
+    print(f"\nScorer per seed: {base[:, 6].mean():.1f} preemptions, {base[:, 7].mean():,.0f} recomputed tokens, "
+          f"{base[:, 4].mean():,.0f} request-seconds waiting and {base[:, 5].mean():,.0f} in service.")
+
+
+if __name__ == "__main__":
+    main()
