@@ -65,9 +65,11 @@ def main() -> None:
     edges = [float(q) for q in np.quantile(prompts, [0.25, 0.5, 0.75])]
     ours = np.array([episode_measures(log, edges) for log in logs[agent]])
     base = np.array([episode_measures(log, edges) for log in logs[SCORER]])
-    saved = np.concatenate([base[:, :6] - ours[:, :6], ours[:, 6:] - base[:, 6:]], axis=1)
+    wait, service = len(edges) + 1, len(edges) + 2  # columns of episode_measures; counts follow them
+    saved = np.concatenate([base[:, :service + 1] - ours[:, :service + 1], ours[:, service + 1:] -
+                            base[:, service + 1:]], axis=1)
     gain = np.array([returns[agent][s] - returns[SCORER][s] for s in seeds])
-    if not np.allclose(gain, saved[:, 4] + saved[:, 5], rtol=1e-9, atol=1e-6):  # the reward is minus these
+    if not np.allclose(gain, saved[:, wait] + saved[:, service], rtol=1e-9, atol=1e-6):  # the reward is minus these
         raise RuntimeError("the return gaps are not the request-seconds saved: is the task's reward `latency`?")
     names = [f"prompt ≤ {edges[0]:,.0f}", *(f"prompt {a:,.0f}-{b:,.0f}" for a, b in itertools.pairwise(edges)),
              f"prompt > {edges[-1]:,.0f}", "all: waiting", "all: service", "preemptions (agent − scorer)",
@@ -75,12 +77,13 @@ def main() -> None:
     print(f"## {agent} against {SCORER} on {task}\n\nTest seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}); returns "
           f"checked against `{args.board}`. Mean per seed, 95% CI over the seeds.\n")
     print("| measure | mean | 95% CI |\n|---|---:|---:|")
-    for name, column in [("return gain (agent − scorer)", gain),
-                         *((f"request-seconds saved, {n}" if i < 6 else n, saved[:, i]) for i, n in enumerate(names))]:
+    labels = [f"request-seconds saved, {n}" if i <= service else n for i, n in enumerate(names)]
+    for name, column in [("return gain (agent − scorer)", gain), *zip(labels, saved.T, strict=True)]:
         mean, half = mean_ci(column)
         print(f"| {name} | {mean:,.1f} | [{mean - half:,.1f}, {mean + half:,.1f}] |")
-    print(f"\nScorer per seed: {base[:, 6].mean():.1f} preemptions, {base[:, 7].mean():,.0f} recomputed tokens, "
-          f"{base[:, 4].mean():,.0f} request-seconds waiting and {base[:, 5].mean():,.0f} in service.")
+    print(f"\nScorer per seed: {base[:, service + 1].mean():.1f} preemptions, {base[:, service + 2].mean():,.0f} "
+          f"recomputed tokens, {base[:, wait].mean():,.0f} request-seconds waiting and {base[:, service].mean():,.0f} "
+          "in service.")
 
 
 if __name__ == "__main__":
