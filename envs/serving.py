@@ -451,13 +451,12 @@ class ServingEnv(gym.Env):
         if lo < 0 or hi > w:
             raise ValueError(f"action values must be in [0, {w}], got min {a.min()} max {a.max()}")
         visible = self.num_visible
-        if slots[-1] >= visible:
-            empty = slots[slots >= visible]
+        if slots[-1] >= visible:  # slots ascend: the empty ones are a tail, cut where they start
+            cut = int(slots.searchsorted(visible))
             if self.strict_actions:
-                raise ValueError(f"action admits empty queue slot(s) {empty.tolist()}; only {visible} visible")
-            self._invalid += empty.size
-            kept = slots < visible
-            slots, values = slots[kept], values[kept]
+                raise ValueError(f"action admits empty queue slot(s) {slots[cut:].tolist()}; only {visible} visible")
+            self._invalid += slots.size - cut
+            slots, values = slots[:cut], values[:cut]
         return slots if lo == hi else slots[values.argsort(kind="stable")]  # equal ranks keep queue order
 
     @property
