@@ -132,9 +132,13 @@ def _symlog(x: np.ndarray | float) -> np.ndarray:
     return np.sign(x) * np.log1p(np.abs(x))
 
 
+_SYMLOG_SCALE = float(_symlog(SCORE_SCALE))
+"""``symlog(SCORE_SCALE)``, the divisor of the ``score`` mode's mapped scores, computed once."""
+
+
 def _mapped_scores(scorer: Scorer, obs: Observation) -> np.ndarray:
     """The scorer's scores of the visible queue, mapped monotonically (the order, all the rule reads, is kept)."""
-    return _symlog(scorer.scores(obs)) / _symlog(SCORE_SCALE)
+    return _symlog(scorer.scores(obs)) / _SYMLOG_SCALE
 
 
 def scorer_action(scorer: Scorer, obs: Observation) -> np.ndarray:
@@ -163,7 +167,7 @@ def score_action(obs: Observation, action: np.ndarray, base: Scorer | None = Non
         residual = _clip_unit(values) * residual_scale
         # A slot's score moves by a factor exp(residual_scale) at most; the target from the scorer's own (not
         # clipped to SCORE_TARGETS) by what residual_scale moves an action value.
-        scores = residual[:width] / _symlog(SCORE_SCALE)
+        scores = residual[:width] / _SYMLOG_SCALE
         mapped = _mapped_scores(base, obs)  # not clipped: past SCORE_SCALE the scorer's order still holds
         scores[: mapped.size] += mapped
         target = max(0.05, base.memory_target(obs) + residual[width] * (high - low) / 2.0)

@@ -1,0 +1,128 @@
+"""Where a native vector env step's time goes, per action mode: the split that says what compiling would buy.
+
+Usage: python benchmarks/step_parts.py [--task memory-tight] [--envs 16] [--steps 500]
+
+Steps ``--envs`` training envs of ``--task`` (``rl_speed.py``'s vec-section factories, pre-drawn random actions,
+the same seeds) in one ``ServingVectorEnv`` per action mode, twice: untimed, for the rate, then with a wall-clock
+timer around each part, for the split (the timers add about 0.1-0.3 us a call, so the parts sum to more than the
+untimed step). The parts, in us per env step:
+
+* ``engine``: the engine's ``step`` calls made by the pool's ``step`` (compiled where built; its iteration-time
+  model runs as Python); ``skip``: the engine's own loop of iterations nothing can be admitted at
+  (``Cluster.skip``, engine included);
+* ``pool``: the pool's ``step`` less its engine call (the clock, arrivals, routing, the latency integral);
+* ``encode``, ``decode``: the observation written and the action read (``ObservationEncoder.encode``,
+  ``ServingEnv._decode_action``); ``account``: rewards and counts (``_account`` and ``_account_run``);
+  ``info``: the info dict; ``env, rest``: the rest of ``ServingEnv.step``;
+* ``wrappers``: the action-mode wrapper, SB3's ``Monitor`` and Gymnasium's ``TimeLimit``, ``OrderEnforcing``
+  and checker (what a wrapped ``step`` costs over the unwrapped one, resets included);
+* ``vector``: ``ServingVectorEnv.step_rows`` over its sub-envs' steps (batching the rows, rewards and flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from functools import partial
+
+from rl_speed import VEC_MODES, _task_env
+
+from servegym.envs.vector import ServingVectorEnv
+from servegym.validation import count_arg
+
+PARTS = ("engine", "skip", "pool", "encode", "decode", "account", "info", "env, rest", "wrappers", "vector")
+
+
+def _timer(owner: object, name: str, spent: dict[str, float], key: str, within: list[bool] | None = None,
+           sets: list[bool] | None = None) -> None:
+    """Replace ``owner.name`` (an instance attribute from now on) by a wrapper adding its wall time to
+    ``spent[key]``, only while ``within[0]`` holds where given; ``sets[0]`` holds during the call where given."""
+    inner = getattr(owner, name)
+
+    def timed(*args: object, **kwargs: object) -> object:
+        if within is not None and not within[0]:
+            return inner(*args, **kwargs)
+        if sets is not None:
+            sets[0] = True
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent[key] += time.perf_counter() - start
+            if sets is not None:
+                sets[0] = False
+
+    setattr(owner, name, timed)
+
+
+def _run(mode: str, args: argparse.Namespace, instrument: Callable[[ServingVectorEnv], dict[str, float]] | None
+         ) -> tuple[float, dict[str, float]]:
+    vector = ServingVectorEnv([partial(_task_env, args.task, mode)] * args.envs, autoreset_mode="SameStep",
+                              copy=False)
+    try:
+        vector.reset(seed=0)
+        vector.action_space.seed(0)
+        actions = [vector.action_space.sample() for _ in range(64)]
+        spent = instrument(vector) if instrument else {}
+        start = time.perf_counter()
+        for k in range(args.steps):
+            vector.step_rows(actions[k % len(actions)])
+        wall = time.perf_counter() - start
+        return wall, spent
+    finally:
+        vector.close()
+
+
+def _instrument(vector: ServingVectorEnv) -> dict[str, float]:
+    spent = dict.fromkeys(("vector", "wrapped", "unwrapped", "cluster", "engine", "skip", "encode", "decode",
+                           "account", "info"), 0.0)
+    _timer(vector, "step_rows", spent, "vector")
+    for env in vector.envs:
+        serving = env.unwrapped
+        _timer(env, "step", spent, "wrapped")
+        _timer(env, "reset", spent, "wrapped")
+        _timer(serving, "step", spent, "unwrapped")
+        _timer(serving, "reset", spent, "unwrapped")
+        in_pool_step = [False]  # the engine's own loop (skip) calls its step too: count the pool step's alone
+        _timer(serving.cluster, "step", spent, "cluster", sets=in_pool_step)
+        _timer(serving.cluster, "skip", spent, "skip")
+        for engine in serving.cluster.engines:
+            _timer(engine, "step", spent, "engine", within=in_pool_step)
+        _timer(serving._encoder, "encode", spent, "encode")
+        _timer(serving, "_decode_action", spent, "decode")
+        _timer(serving, "_account", spent, "account")
+        _timer(serving, "_account_run", spent, "account")
+        _timer(serving, "_info", spent, "info")
+    return spent
+
+
+def parts_row(mode: str, args: argparse.Namespace) -> str:
+    steps = args.steps * args.envs
+    wall, _ = _run(mode, args, None)
+    _, s = _run(mode, args, _instrument)
+    parts = {"engine": s["engine"], "skip": s["skip"], "pool": s["cluster"] - s["engine"], "encode": s["encode"],
+             "decode": s["decode"], "account": s["account"], "info": s["info"],
+             "env, rest": s["unwrapped"] - s["cluster"] - s["skip"] - s["encode"] - s["decode"] - s["account"]
+             - s["info"], "wrappers": s["wrapped"] - s["unwrapped"], "vector": s["vector"] - s["wrapped"]}
+    us = {k: v / steps * 1e6 for k, v in parts.items()}
+    return (f"| {mode} | {steps / wall:,.0f} | {wall / steps * 1e6:.1f} | {s['vector'] / steps * 1e6:.1f} | "
+            + " | ".join(f"{us[k]:.1f}" for k in PARTS) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="memory-tight", help="the task whose training envs are stepped")
+    parser.add_argument("--envs", type=count_arg("envs"), default=16, help="sub-envs of the vector env")
+    parser.add_argument("--steps", type=count_arg("steps"), default=500, help="vector steps per measurement")
+    args = parser.parse_args()
+    print(f"{args.task}, {args.envs} envs in one ServingVectorEnv, {args.steps} vector steps, random actions; "
+          "us per env step")
+    print("| mode | env steps/s | untimed | timed | " + " | ".join(PARTS) + " |")
+    print("|---|---:|---:|---:|" + "---:|" * len(PARTS))
+    for mode in VEC_MODES:
+        print(parts_row(mode, args), flush=True)
+
+
+if __name__ == "__main__":
+    main()
