@@ -56,8 +56,10 @@ def _timer(owner: object, name: str, spent: dict[str, float], key: str, within: 
     setattr(owner, name, timed)
 
 
-def _run(mode: str, args: argparse.Namespace, instrument: Callable[[ServingVectorEnv], dict[str, float]] | None
-         ) -> tuple[float, dict[str, float]]:
+def run(mode: str, args: argparse.Namespace, instrument: Callable[[ServingVectorEnv], dict[str, float]] | None
+        ) -> tuple[float, dict[str, float], list[float]]:
+    """Step the vector env ``args.steps`` times (timed by ``instrument``'s timers where given); return the wall
+    seconds, the timers' seconds and the rewards' sum per vector step (the same with and without timers)."""
     vector = ServingVectorEnv([partial(_task_env, args.task, mode)] * args.envs, autoreset_mode="SameStep",
                               copy=False)
     try:
@@ -65,16 +67,18 @@ def _run(mode: str, args: argparse.Namespace, instrument: Callable[[ServingVecto
         vector.action_space.seed(0)
         actions = [vector.action_space.sample() for _ in range(64)]
         spent = instrument(vector) if instrument else {}
+        sums = []
         start = time.perf_counter()
         for k in range(args.steps):
-            vector.step_rows(actions[k % len(actions)])
+            sums.append(float(vector.step_rows(actions[k % len(actions)])[1].sum()))
         wall = time.perf_counter() - start
-        return wall, spent
+        return wall, spent, sums
     finally:
         vector.close()
 
 
-def _instrument(vector: ServingVectorEnv) -> dict[str, float]:
+def instrument(vector: ServingVectorEnv) -> dict[str, float]:
+    """Put a timer around each part of every sub-env's step; return the seconds each part's timers add up to."""
     spent = dict.fromkeys(("vector", "wrapped", "unwrapped", "cluster", "engine", "skip", "encode", "decode",
                            "account", "info"), 0.0)
     _timer(vector, "step_rows", spent, "vector")
@@ -97,15 +101,21 @@ def _instrument(vector: ServingVectorEnv) -> dict[str, float]:
     return spent
 
 
+def parts(s: dict[str, float]) -> dict[str, float]:
+    """The parts (seconds) from the timers' nested sums."""
+    return {"engine": s["engine"], "skip": s["skip"], "pool": s["cluster"] - s["engine"], "encode": s["encode"],
+            "decode": s["decode"], "account": s["account"], "info": s["info"],
+            "env, rest": s["unwrapped"] - s["cluster"] - s["skip"] - s["encode"] - s["decode"] - s["account"]
+            - s["info"], "wrappers": s["wrapped"] - s["unwrapped"], "vector": s["vector"] - s["wrapped"]}
+
+
 def parts_row(mode: str, args: argparse.Namespace) -> str:
     steps = args.steps * args.envs
-    wall, _ = _run(mode, args, None)
-    _, s = _run(mode, args, _instrument)
-    parts = {"engine": s["engine"], "skip": s["skip"], "pool": s["cluster"] - s["engine"], "encode": s["encode"],
-             "decode": s["decode"], "account": s["account"], "info": s["info"],
-             "env, rest": s["unwrapped"] - s["cluster"] - s["skip"] - s["encode"] - s["decode"] - s["account"]
-             - s["info"], "wrappers": s["wrapped"] - s["unwrapped"], "vector": s["vector"] - s["wrapped"]}
-    us = {k: v / steps * 1e6 for k, v in parts.items()}
+    wall, _, plain = run(mode, args, None)
+    _, s, timed = run(mode, args, instrument)
+    if timed != plain:
+        raise RuntimeError(f"{mode}: the timed run stepped other episodes than the untimed one")
+    us = {k: v / steps * 1e6 for k, v in parts(s).items()}
     return (f"| {mode} | {steps / wall:,.0f} | {wall / steps * 1e6:.1f} | {s['vector'] / steps * 1e6:.1f} | "
             + " | ".join(f"{us[k]:.1f}" for k in PARTS) + " |")
 

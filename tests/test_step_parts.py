@@ -1,0 +1,39 @@
+"""benchmarks/step_parts.py: its timers change no episode, and every part it reports is timed where it says."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_script():
+    sys.path.insert(0, str(BENCHMARKS))  # it imports rl_speed as its neighbour
+    try:
+        spec = importlib.util.spec_from_file_location("step_parts", BENCHMARKS / "step_parts.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+@pytest.mark.parametrize("mode", ["admit", "score"])
+def test_the_timed_run_steps_the_same_episodes_and_every_part_is_timed(mode):
+    script = load_script()
+    args = argparse.Namespace(task="memory-tight", envs=2, steps=40)
+    _, _, plain = script.run(mode, args, None)
+    _, spent, timed = script.run(mode, args, script.instrument)
+    assert timed == plain and len(plain) == 40 and any(plain)  # same rewards, step by step, to the bit
+    # Each timer ran: the nested sums grow outward (vector step > wrapped > unwrapped > pool step > engine step).
+    assert spent["vector"] > spent["wrapped"] > spent["unwrapped"] > spent["cluster"] > spent["engine"] > 0
+    assert spent["encode"] > 0 and spent["decode"] > 0 and spent["account"] > 0 and spent["info"] > 0
+    split = script.parts(spent)
+    assert list(split) == list(script.PARTS)
+    assert all(value >= 0 for value in split.values()), split
+    assert sum(split.values()) == pytest.approx(spent["vector"], rel=1e-9)  # the parts cover the timed step
