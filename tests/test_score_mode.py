@@ -421,3 +421,23 @@ def test_an_agent_acting_on_one_observation_computes_with_torchs_own_layers():
     with torch.no_grad():
         assert torch.equal(encoder(obs), plain(obs))
         assert torch.equal(encoder.forward_dense(obs), plain.forward_dense(obs))
+
+
+def test_the_scorers_action_maps_each_score_by_symlog_over_symlog_of_the_scale_and_clips_past_it():
+    # Prompts 100, 10, 50, outputs 10 (known), nothing waited yet: scores -(prompt + w_out x 10) by hand. The mapped
+    # score is sign(s) log1p(|s|) / log1p(1e5), clipped to [-1, 1] (the imitation targets behaviour cloning fits).
+    from servegym.rl.wrappers import score_target_value, scorer_action
+
+    _, obs = _three_waiting()
+    scorer = make_policy("scorer", output_weight=3.8, wait_weight=5.2, target_base=0.58, target_slope=0.24)
+    action = scorer_action(scorer, obs)
+    expected = [-np.log1p(138.0) / np.log1p(1e5), -np.log1p(48.0) / np.log1p(1e5), -np.log1p(88.0) / np.log1p(1e5)]
+    np.testing.assert_allclose(action[:3], expected, rtol=1e-12)
+    assert np.all(action[3:-1] == 0.0)  # empty slots
+    assert action[-1] == score_target_value(scorer.memory_target(obs))
+    far = make_policy("scorer", output_weight=2e4, wait_weight=5.2, target_base=0.58, target_slope=0.24)
+    assert np.all(scorer_action(far, obs)[:3] == -1.0)  # |s| > 1e5: past the scale, clipped
+    edge = scorer_action(make_policy("scorer", output_weight=9998.0, wait_weight=5.2, target_base=0.58,
+                                     target_slope=0.24), obs)
+    assert edge[0] == -1.0  # 100 + 99,980 = 100,080 tokens: just past the scale
+    assert edge[1] == pytest.approx(-np.log1p(99_990.0) / np.log1p(1e5), rel=1e-12) and edge[1] > -1.0  # just inside

@@ -7,6 +7,10 @@ PROG = "tests/test_progress_and_scaled_obs.py"
 R48 = "tests/test_bite_round48_actions.py"
 
 MUTATIONS = [
+    ("mapped-scores-divisor-off", "rl/wrappers.py", "_SYMLOG_SCALE = float(_symlog(SCORE_SCALE))",
+     "_SYMLOG_SCALE = float(_symlog(SCORE_SCALE * 10))", (SCORE,), "rl"),
+    ("mapped-scores-not-clipped", "rl/wrappers.py", "action[: mapped.size] = np.clip(mapped, -1.0, 1.0)",
+     "action[: mapped.size] = mapped", (SCORE,), "rl"),
     ("score-admits-lowest-first", "policies/common.py", "hits, scores, visible, num_run,",
      "hits, -scores, visible, num_run,", (SCORE,), "rl"),
     ("score-ignores-the-memory-target", "policies/common.py",
@@ -47,7 +51,7 @@ MUTATIONS = [
      'entry["policy_kwargs"] = entry["policy_kwargs"]', (ZOO,), "rl"),
     # ------------------------------------------------------------ residual agents, time discounting, progress
     ("residual-scale-not-per-log-score", "rl/wrappers.py",
-     "        scores = residual[:width] / _symlog(SCORE_SCALE)\n", "        scores = residual[:width].copy()\n",
+     "        scores = residual[:width] / _SYMLOG_SCALE\n", "        scores = residual[:width].copy()\n",
      (RES,), "rl"),
     ("residual-base-ignored", "rl/wrappers.py",
      "        scores[: mapped.size] += mapped\n", "        scores[: mapped.size] += 0.0\n",
