@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import gymnasium as gym
 import numpy as np
@@ -12,6 +16,22 @@ import pytest
 
 import servegym
 from servegym.workloads import FixedWorkload, RequestSpec
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module, registered in ``sys.modules`` (where its dataclasses look their module
+    up), with ``benchmarks/`` importable while it loads (a script imports its neighbours)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
 
 
 def fixed(arrival, prompt, output) -> FixedWorkload:

@@ -3,26 +3,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from servegym.engine.log import EpisodeLog, State
 from servegym.metrics import censored_latency
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "oracle_vs_agents.py"
+from tests.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def ova():
-    spec = importlib.util.spec_from_file_location("oracle_vs_agents", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("oracle_vs_agents")
 
 
 def returns(ova) -> dict[str, dict[int, float]]:

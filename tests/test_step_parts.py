@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def load_script():
-    sys.path.insert(0, str(BENCHMARKS))  # it imports rl_speed as its neighbour
-    try:
-        spec = importlib.util.spec_from_file_location("step_parts", BENCHMARKS / "step_parts.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+from tests.conftest import load_benchmark
 
 
 @pytest.mark.parametrize("mode", ["admit", "score"])
 def test_the_timed_run_steps_the_same_episodes_and_every_part_is_timed(mode):
-    script = load_script()
+    script = load_benchmark("step_parts")
     args = argparse.Namespace(task="memory-tight", envs=2, steps=40)
     _, _, plain = script.run(mode, args, None)
     _, spent, timed = script.run(mode, args, script.instrument)

@@ -4,7 +4,6 @@ release's offline cache has the hub's layout, and its command sets the scale fac
 from __future__ import annotations
 
 import csv
-import importlib.util
 import itertools
 import json
 import lzma
@@ -14,15 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_vidur.py"
+from tests.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def vs_vidur():
-    spec = importlib.util.spec_from_file_location("vs_vidur", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("vs_vidur")
 
 
 def rows(path: Path) -> tuple[list[str], list[list[str]]]:
