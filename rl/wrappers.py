@@ -132,8 +132,9 @@ def _symlog(x: np.ndarray | float) -> np.ndarray:
     return np.sign(x) * np.log1p(np.abs(x))
 
 
-_SYMLOG_SCALE = float(_symlog(SCORE_SCALE))
-"""``symlog(SCORE_SCALE)``, the divisor of the ``score`` mode's mapped scores, computed once."""
+_SYMLOG_SCALE = _symlog(SCORE_SCALE)
+"""``symlog(SCORE_SCALE)``, the divisor of the ``score`` mode's mapped scores, computed once. A NumPy float64, not a
+Python float: a scorer's float32 scores (predicted lengths) are divided in float64, as ``_symlog(SCORE_SCALE)`` did."""
 
 
 def _mapped_scores(scorer: Scorer, obs: Observation) -> np.ndarray:

@@ -441,3 +441,20 @@ def test_the_scorers_action_maps_each_score_by_symlog_over_symlog_of_the_scale_a
                                      target_slope=0.24), obs)
     assert edge[0] == -1.0  # 100 + 99,980 = 100,080 tokens: just past the scale
     assert edge[1] == pytest.approx(-np.log1p(99_990.0) / np.log1p(1e5), rel=1e-12) and edge[1] > -1.0  # just inside
+
+
+def test_predicted_lengths_float32_scores_are_mapped_in_float64():
+    # With predicted lengths the scorer's scores are float32 (the observation's midpoints): symlog in float32, as
+    # NumPy computes it, then the division in float64. A Python float divisor would keep them float32, rounding
+    # mapped scores, hence the residual's and the imitation targets' order, differently.
+    from servegym.rl.wrappers import _mapped_scores
+
+    env = make_env(workload=fixed(np.zeros(3), [100, 10, 50], [10, 30, 20]), profile=flat_profile(),
+                   engine={"length_mode": "predicted", "num_kv_blocks": 10, "block_size": 16})
+    obs, _ = env.reset(seed=0)
+    scorer = make_policy("scorer", output_weight=3.7, wait_weight=5.2, target_base=0.58, target_slope=0.24)
+    raw = scorer.scores(obs)
+    assert raw.dtype == np.float32
+    mapped = _mapped_scores(scorer, obs)
+    assert mapped.dtype == np.float64
+    np.testing.assert_array_equal(mapped, (np.sign(raw) * np.log1p(np.abs(raw))).astype(np.float64) / np.log1p(1e5))

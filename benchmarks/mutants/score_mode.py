@@ -7,8 +7,10 @@ PROG = "tests/test_progress_and_scaled_obs.py"
 R48 = "tests/test_bite_round48_actions.py"
 
 MUTATIONS = [
-    ("mapped-scores-divisor-off", "rl/wrappers.py", "_SYMLOG_SCALE = float(_symlog(SCORE_SCALE))",
-     "_SYMLOG_SCALE = float(_symlog(SCORE_SCALE * 10))", (SCORE,), "rl"),
+    ("mapped-scores-divisor-off", "rl/wrappers.py", "_SYMLOG_SCALE = _symlog(SCORE_SCALE)\n",
+     "_SYMLOG_SCALE = _symlog(SCORE_SCALE * 10)\n", (SCORE,), "rl"),
+    ("mapped-scores-divided-in-float32", "rl/wrappers.py", "_SYMLOG_SCALE = _symlog(SCORE_SCALE)\n",
+     "_SYMLOG_SCALE = float(_symlog(SCORE_SCALE))\n", (SCORE,), "rl"),
     ("mapped-scores-not-clipped", "rl/wrappers.py", "action[: mapped.size] = np.clip(mapped, -1.0, 1.0)",
      "action[: mapped.size] = mapped", (SCORE,), "rl"),
     ("score-admits-lowest-first", "policies/common.py", "hits, scores, visible, num_run,",
