@@ -4,8 +4,8 @@ Usage: python benchmarks/step_parts.py [--task memory-tight] [--envs 16] [--step
 
 Steps ``--envs`` training envs of ``--task`` (``rl_speed.py``'s vec-section factories, pre-drawn random actions,
 the same seeds) in one ``ServingVectorEnv`` per action mode, twice: untimed, for the rate, then with a wall-clock
-timer around each part, for the split (the timers add about 0.1-0.3 us a call, so the parts sum to more than the
-untimed step). The parts, in us per env step:
+timer around each part, for the split (the timers add about 0.1-0.3 us a call, booked to the part around the timed
+call, so the parts sum to more than the untimed step). The parts, in us per env step:
 
 * ``engine``: the engine's ``step`` calls made by the pool's ``step`` (compiled where built; its iteration-time
   model runs as Python); ``skip``: the engine's own loop of iterations nothing can be admitted at
@@ -13,7 +13,8 @@ untimed step). The parts, in us per env step:
 * ``pool``: the pool's ``step`` less its engine call (the clock, arrivals, routing, the latency integral);
 * ``encode``, ``decode``: the observation written and the action read (``ObservationEncoder.encode``,
   ``ServingEnv._decode_action``); ``account``: rewards and counts (``_account`` and ``_account_run``);
-  ``info``: the info dict; ``env, rest``: the rest of ``ServingEnv.step``;
+  ``info``: the info dict; ``env, rest``: the rest of ``ServingEnv.step`` and of its ``reset`` at each episode's
+  start (drawing the workload);
 * ``wrappers``: the action-mode wrapper, SB3's ``Monitor`` and Gymnasium's ``TimeLimit``, ``OrderEnforcing``
   and checker (what a wrapped ``step`` costs over the unwrapped one, resets included);
 * ``vector``: ``ServingVectorEnv.step_rows`` over its sub-envs' steps (batching the rows, rewards and flags).
