@@ -256,16 +256,24 @@ def train_breakdown(args: argparse.Namespace, path: TrainPath) -> dict[str, floa
     return {"steps/s": model.num_timesteps / wall, "wall": wall, **spent}
 
 
-def _timed_attr(owner: object, name: str, spent: dict[str, float], key: str) -> None:
-    """Replace ``owner.name`` by a wrapper adding its wall time to ``spent[key]``."""
+def _timed_attr(owner: object, name: str, spent: dict[str, float], key: str, within: list[bool] | None = None,
+                sets: list[bool] | None = None) -> None:
+    """Replace ``owner.name`` (an instance attribute from now on) by a wrapper adding its wall time to
+    ``spent[key]``; where given, only while ``within[0]`` holds, and with ``sets[0]`` held during the call."""
     inner = getattr(owner, name)
 
     def timed(*args: object, **kwargs: object) -> object:
+        if within is not None and not within[0]:
+            return inner(*args, **kwargs)
+        if sets is not None:
+            sets[0] = True
         start = time.perf_counter()
         try:
             return inner(*args, **kwargs)
         finally:
             spent[key] += time.perf_counter() - start
+            if sets is not None:
+                sets[0] = False
 
     setattr(owner, name, timed)
 

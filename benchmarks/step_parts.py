@@ -27,34 +27,12 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from rl_speed import VEC_MODES, _task_env
+from rl_speed import VEC_MODES, _task_env, _timed_attr
 
 from servegym.envs.vector import ServingVectorEnv
 from servegym.validation import count_arg
 
 PARTS = ("engine", "skip", "pool", "encode", "decode", "account", "info", "env, rest", "wrappers", "vector")
-
-
-def _timer(owner: object, name: str, spent: dict[str, float], key: str, within: list[bool] | None = None,
-           sets: list[bool] | None = None) -> None:
-    """Replace ``owner.name`` (an instance attribute from now on) by a wrapper adding its wall time to
-    ``spent[key]``, only while ``within[0]`` holds where given; ``sets[0]`` holds during the call where given."""
-    inner = getattr(owner, name)
-
-    def timed(*args: object, **kwargs: object) -> object:
-        if within is not None and not within[0]:
-            return inner(*args, **kwargs)
-        if sets is not None:
-            sets[0] = True
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            spent[key] += time.perf_counter() - start
-            if sets is not None:
-                sets[0] = False
-
-    setattr(owner, name, timed)
 
 
 def run(mode: str, args: argparse.Namespace, instrument: Callable[[ServingVectorEnv], dict[str, float]] | None
@@ -82,23 +60,23 @@ def instrument(vector: ServingVectorEnv) -> dict[str, float]:
     """Put a timer around each part of every sub-env's step; return the seconds each part's timers add up to."""
     spent = dict.fromkeys(("vector", "wrapped", "unwrapped", "cluster", "engine", "skip", "encode", "decode",
                            "account", "info"), 0.0)
-    _timer(vector, "step_rows", spent, "vector")
+    _timed_attr(vector, "step_rows", spent, "vector")
     for env in vector.envs:
         serving = env.unwrapped
-        _timer(env, "step", spent, "wrapped")
-        _timer(env, "reset", spent, "wrapped")
-        _timer(serving, "step", spent, "unwrapped")
-        _timer(serving, "reset", spent, "unwrapped")
+        _timed_attr(env, "step", spent, "wrapped")
+        _timed_attr(env, "reset", spent, "wrapped")
+        _timed_attr(serving, "step", spent, "unwrapped")
+        _timed_attr(serving, "reset", spent, "unwrapped")
         in_pool_step = [False]  # the engine's own loop (skip) calls its step too: count the pool step's alone
-        _timer(serving.cluster, "step", spent, "cluster", sets=in_pool_step)
-        _timer(serving.cluster, "skip", spent, "skip")
+        _timed_attr(serving.cluster, "step", spent, "cluster", sets=in_pool_step)
+        _timed_attr(serving.cluster, "skip", spent, "skip")
         for engine in serving.cluster.engines:
-            _timer(engine, "step", spent, "engine", within=in_pool_step)
-        _timer(serving._encoder, "encode", spent, "encode")
-        _timer(serving, "_decode_action", spent, "decode")
-        _timer(serving, "_account", spent, "account")
-        _timer(serving, "_account_run", spent, "account")
-        _timer(serving, "_info", spent, "info")
+            _timed_attr(engine, "step", spent, "engine", within=in_pool_step)
+        _timed_attr(serving._encoder, "encode", spent, "encode")
+        _timed_attr(serving, "_decode_action", spent, "decode")
+        _timed_attr(serving, "_account", spent, "account")
+        _timed_attr(serving, "_account_run", spent, "account")
+        _timed_attr(serving, "_info", spent, "info")
     return spent
 
 

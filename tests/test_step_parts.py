@@ -23,3 +23,4 @@ def test_the_timed_run_steps_the_same_episodes_and_every_part_is_timed(mode):
     split = script.parts(spent)
     assert list(split) == list(script.PARTS)
     assert all(value >= 0 for value in split.values()), split  # no part is counted twice
+    assert sum(split.values()) == pytest.approx(spent["vector"], rel=1e-9)  # each timed second in one part
