@@ -21,7 +21,10 @@ trains PPO on Gymnasium's ``CartPole-v1`` (``MlpPolicy``) with the same settings
 ``--section vec`` steps ``--vec-envs`` envs of ``--task`` per action mode with pre-drawn random actions: one env
 alone, the native vector env (``servegym.rl.vec_env.NativeVecEnv``: all in this process, one call), the same split
 over ``--shards`` processes (``servegym.envs.sharded.ShardedVectorEnv``) and SB3's ``SubprocVecEnv`` (one spawned
-worker each), side by side, each from the same seeds with the same actions (the same episodes).
+worker each), side by side, each from the same seeds with the same actions (the same episodes), each rate timed
+after the same ``WARMUP_STEPS`` untimed vector steps. ``--vec-rounds R`` measures every column R times, round after
+round, and sums each mode's ratios up over the rounds (median, min, max): ``SubprocVecEnv``'s own rate moves up to
+2x between minutes on a shared machine, so one round's ratio says little. ``--vec-modes`` picks the modes.
 ``--section train`` trains PPO in the ``score`` mode
 on ``--task`` two ways, each as the current path and as the lean one, with the same rollout size, minibatch,
 epochs and learning rate: the shipped recipe (``SubprocVecEnv`` of 2, 2048 steps per env, minibatch 512, 4
@@ -153,30 +156,52 @@ VEC_MODES = ("admit", "count", "window", "rank", "score", "params")
 
 
 def vec_rates(args: argparse.Namespace) -> str:
-    """Env steps per second per action mode: one env, the native vector env and SubprocVecEnv of ``vec_envs``."""
+    """Env steps per second per action mode: one env, the native vector env (in one process and sharded) and
+    SubprocVecEnv of ``vec_envs``; with ``vec_rounds`` > 1 the columns are measured that many times, round after
+    round (so each round's ratios are side by side in time), and the ratios are summarised per mode."""
     from stable_baselines3.common.vec_env import SubprocVecEnv
 
     from servegym.rl.vec_env import NativeVecEnv
 
     n = args.vec_envs
-    lines = [f"| mode | one env | native x{n} | native x{n}, {args.shards} processes | SubprocVecEnv x{n} | "
-             "native / SubprocVecEnv | sharded / SubprocVecEnv |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for mode in VEC_MODES:
-        factory = partial(_task_env, args.task, mode)
-        single = _sb3_rate(partial(DummyVecEnv, [factory]), args.vec_steps * n)
-        native = _sb3_rate(partial(NativeVecEnv, [factory] * n), args.vec_steps)
-        sharded = _sb3_rate(partial(NativeVecEnv, [factory] * n, args.shards), args.vec_steps)
-        workers = _sb3_rate(partial(SubprocVecEnv, [factory] * n, start_method="spawn"), args.vec_steps)
-        lines.append(f"| {mode} | {single:.0f} | {native:.0f} | {sharded:.0f} | {workers:.0f} | "
-                     f"{native / workers:.1f}x | {sharded / workers:.1f}x |")
-        print(lines[-1], flush=True)
+    lines = [f"| mode | round | one env | native x{n} | native x{n}, {args.shards} processes | SubprocVecEnv x{n} | "
+             "native / SubprocVecEnv | sharded / SubprocVecEnv |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    ratios: dict[str, list[tuple[float, float]]] = {mode: [] for mode in args.vec_modes}
+    for r in range(args.vec_rounds):
+        for mode in args.vec_modes:
+            factory = partial(_task_env, args.task, mode)
+            single = _sb3_rate(partial(DummyVecEnv, [factory]), args.vec_steps * n)
+            native = _sb3_rate(partial(NativeVecEnv, [factory] * n), args.vec_steps)
+            sharded = _sb3_rate(partial(NativeVecEnv, [factory] * n, args.shards), args.vec_steps)
+            workers = _sb3_rate(partial(SubprocVecEnv, [factory] * n, start_method="spawn"), args.vec_steps)
+            ratios[mode].append((native / workers, sharded / workers))
+            lines.append(f"| {mode} | {r + 1} | {single:.0f} | {native:.0f} | {sharded:.0f} | {workers:.0f} | "
+                         f"{native / workers:.1f}x | {sharded / workers:.1f}x |")
+            print(lines[-1], flush=True)
+    if args.vec_rounds > 1:
+        lines += ["", *ratio_summary(ratios)]
     return "\n".join(lines)
+
+
+def ratio_summary(ratios: dict[str, list[tuple[float, float]]]) -> list[str]:
+    """The vec section's ratios over its rounds, per mode: (native, sharded) / SubprocVecEnv, one pair a round."""
+    lines = ["| mode | rounds | native / SubprocVecEnv: median [min, max] | sharded / SubprocVecEnv: median [min, "
+             "max] |", "|---|---:|---:|---:|"]
+    for mode, pairs in ratios.items():
+        cells = [f"{np.median(col):.1f}x [{min(col):.1f}, {max(col):.1f}]" for col in zip(*pairs, strict=True)]
+        lines.append(f"| {mode} | {len(pairs)} | {cells[0]} | {cells[1]} |")
+    return lines
 
 
 def _task_env(task: str, mode: str) -> gym.Env:
     case, kwargs, observation = VARIANTS.get(mode, (mode, {}, "raw"))
     return make_training_env({"task": task, "decision_steps": True}, case, None, mode_kwargs=kwargs,
                              observation=observation)
+
+
+WARMUP_STEPS = 20
+"""Vector steps every rate takes before its clock starts (first calls, caches and a spawned worker's first
+wake-ups), the same for every column."""
 
 
 def _sb3_rate(build: Callable[[], VecEnv], steps: int) -> float:
@@ -187,8 +212,10 @@ def _sb3_rate(build: Callable[[], VecEnv], steps: int) -> float:
         space = venv.action_space
         space.seed(0)
         actions = [np.stack([space.sample() for _ in range(venv.num_envs)]) for _ in range(64)]
+        for k in range(WARMUP_STEPS):
+            venv.step(actions[k % len(actions)])
         start = time.perf_counter()
-        for k in range(steps):
+        for k in range(WARMUP_STEPS, WARMUP_STEPS + steps):
             venv.step(actions[k % len(actions)])
         return steps * venv.num_envs / (time.perf_counter() - start)
     finally:
@@ -315,6 +342,10 @@ def main() -> None:
     envs, steps, workers = count_arg("envs"), count_arg("steps"), count_arg("workers")
     parser.add_argument("--vec-envs", type=envs, default=16, help="envs in the vec section's vector envs")
     parser.add_argument("--vec-steps", type=steps, default=500, help="vector steps per rate in the vec section")
+    parser.add_argument("--vec-rounds", type=steps, default=1, help="rounds of the vec section's "
+                        "measurements (each round measures every column of every mode once)")
+    parser.add_argument("--vec-modes", nargs="+", choices=VEC_MODES, default=list(VEC_MODES),
+                        help="the action modes of the vec section")
     parser.add_argument("--shards", type=workers, default=2, help="processes of the sharded native vector env (vec "
                         "and train sections)")
     parser.add_argument("--train-steps", type=steps, default=16_384, help="timesteps per path in the train section")
