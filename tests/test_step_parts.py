@@ -24,3 +24,16 @@ def test_the_timed_run_steps_the_same_episodes_and_every_part_is_timed(mode):
     assert list(split) == list(script.PARTS)
     assert all(value >= 0 for value in split.values()), split  # no part is counted twice
     assert sum(split.values()) == pytest.approx(spent["vector"], rel=1e-9)  # each timed second in one part
+
+
+def test_the_engine_part_times_the_pool_steps_engine_calls_alone(monkeypatch):
+    """The engine's own loop (``skip``) calls its step too: those calls belong to ``skip``, not to ``engine``.
+    On a clock that ticks once a reading, an untimed-inside call adds exactly 1, so the parts become call counts:
+    each pool step holds one engine step, which adds 2 ticks to it (its own two readings), hence cluster = 3 x
+    engine exactly when only the pool step's engine calls are timed."""
+    script = load_benchmark("step_parts")
+    ticks = iter(range(10**9))
+    monkeypatch.setitem(script._timed_attr.__globals__, "time", argparse.Namespace(perf_counter=lambda: next(ticks)))
+    _, spent, _ = script.run("admit", argparse.Namespace(task="memory-tight", envs=2, steps=40), script.instrument)
+    assert spent["skip"] > 0 and spent["engine"] > 0
+    assert spent["cluster"] == 3 * spent["engine"]
