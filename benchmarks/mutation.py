@@ -916,7 +916,7 @@ MUTATIONS: list[Mutation] = [
       "        self._engine_loop = n == 1 and not self.engine_config.check_invariants",
       "        self._engine_loop = not self.engine_config.check_invariants",
       R48_ENGINE, "-k", "pool or decision", kind="env"),
-    m("r48-pool-ties-to-the-last-container", "pool/cluster.py",
+    m("r48-pool-ties-to-the-last-container", "engine/engine.py",
       "(busy == best_busy and e.clock < best_clock)", "(busy == best_busy and e.clock <= best_clock)",
       R48_ENGINE, "-k", "pool or decision", kind="pool"),
     # the wrappers' refusals the audit found missing (tests/test_bite_round48_actions.py)

@@ -252,21 +252,24 @@ class ServingEnv(gym.Env):
             info = self._info(self.engine.last, self.cluster.deciding, 0, 0)
             return self._encoder.encode(self.cluster), 0.0, True, False, info
         self._stepped = True
-        # Each iteration's reward and the counts summed over them, in order; a run of the engine's own loop is
-        # booked in bulk up to its last iteration, which is booked as a single step is.
-        reward, rewards, sums, run = 0.0, [], [0] * len(COUNTED), None
+        # Each iteration's reward, outcome and arrivals, in order (the outcomes are summed only for a step of several
+        # iterations); a run of the engine's own loop is booked in bulk up to its last iteration, which is booked as
+        # a single step is.
+        reward, rewards, outcomes, arrived, rejected, run = 0.0, [], [], 0, 0, None
         while True:
             if run is None:
                 started_s = self.cluster.time
                 step = self.cluster.step(order)
             else:
-                reward = self._account_run(run, reward, rewards, sums)
+                reward = self._account_run(run, reward, rewards)
+                outcomes.extend(run.outcomes[:-1])
                 started_s, step = run.started_s[-1], run.last
             r, terminated, truncated = self._account(started_s, step, self._finished_ids(step))
             reward += r
             rewards.append(r)
-            for k, value in enumerate((*step.outcome, step.arrived, step.rejected)):
-                sums[k] += value
+            outcomes.append(step.outcome)
+            arrived += step.arrived
+            rejected += step.rejected
             if self._ends_step(terminated, truncated):
                 break
             order = order[:0]
@@ -278,7 +281,7 @@ class ServingEnv(gym.Env):
         if self.decision_steps:  # each iteration's reward, so a return can be summed as without the skip
             info["iteration_rewards"] = rewards
         if len(rewards) > 1:  # counts over every iteration this step advanced, not only the last (summed in order)
-            info.update(zip(COUNTED, sums, strict=True))
+            info.update(zip(COUNTED, (*_summed(outcomes), arrived, rejected), strict=True))
         if truncated and self._num_stalled >= (self.idle_guard_steps or math.inf):
             info["idle_guard"] = True
         self._truncated = truncated
@@ -312,7 +315,7 @@ class ServingEnv(gym.Env):
     def _finished_ids(self, step: ClusterStep) -> np.ndarray:
         return self.cluster.engines[step.container].last_finished_ids if step.outcome.num_finished else EMPTY
 
-    def _account_run(self, run: SkipRun, reward: float, rewards: list[float], sums: list) -> float:
+    def _account_run(self, run: SkipRun, reward: float, rewards: list[float]) -> float:
         """Book the iterations of ``run`` before its last as :meth:`_account` books each (rows ran after every
         one, so none stalled, ended the episode or reached a limit); return ``reward`` plus theirs, in order."""
         outcomes = run.outcomes[:-1]
@@ -327,11 +330,6 @@ class ServingEnv(gym.Env):
         for value in values:
             reward += value
         rewards.extend(values)
-        columns = zip(*outcomes, strict=True)
-        for value in next(columns):  # the step times, a float column: added one by one, as single steps add them
-            sums[0] += value
-        for k, column in enumerate(columns, 1):  # the counts: integers, whose sum is exact in any order
-            sums[k] += sum(column)
         self._book_preemptions(sum(outcome.num_preemptions for outcome in outcomes))
         return reward
 
@@ -341,7 +339,7 @@ class ServingEnv(gym.Env):
         self._num_steps += 1
         finished = {0: finished_ids} if step.outcome.num_finished else {}
         reward = self._rewards((step.outcome,), (step.latency_accrued_s,), finished)[0]
-        self._num_stalled = self._num_stalled + 1 if self._stalled() else 0
+        self._num_stalled = self._num_stalled + 1 if self.cluster.stalled() else 0
         self._book_preemptions(step.outcome.num_preemptions)
         if self._num_stalled == STALL_WARNING_STEPS and not self._warned_stall:
             self._warned_stall = True
@@ -397,15 +395,6 @@ class ServingEnv(gym.Env):
     def _discount(self, started_s: float) -> float:
         """``reward_half_life_s``'s factor for an iteration that started at pool time ``started_s``."""
         return 2.0 ** (-(started_s - self.cluster.log.arrival_s[0]) / self.reward_half_life_s)
-
-    def _stalled(self) -> bool:
-        """Requests wait somewhere while no container runs anything or loads a model."""
-        engines, now = self.cluster.engines, self.cluster.time
-        if len(engines) == 1:
-            e = engines[0]
-            return bool(e.waiting.size) and not (e.num_running or now < e.ready_at < math.inf)
-        waiting = any(e.waiting.size for e in engines)
-        return waiting and not any(e.num_running or now < e.ready_at < math.inf for e in engines)
 
     @property
     def num_unserved(self) -> int:
@@ -506,6 +495,16 @@ cluster step's arrivals and rejections."""
 
 RESET_OPTIONS: frozenset[str] = frozenset()
 """The keys ``reset(options=...)`` understands: none yet (Gymnasium's default), so any key is a caller's typo."""
+
+
+def _summed(outcomes: list[StepOutcome]) -> tuple:
+    """Each field of ``outcomes`` summed over them: the step times one by one in order (a float column, added as
+    single steps add them), the counts (integers, exact in any order) by ``sum``."""
+    columns = zip(*outcomes, strict=True)
+    step_s = 0
+    for value in next(columns):
+        step_s += value
+    return step_s, *(sum(column) for column in columns)
 
 
 def check_reset_options(options: Any) -> None:

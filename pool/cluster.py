@@ -117,6 +117,9 @@ class Cluster:
         self.workload = workload
         engine_type = engine_class(engine)
         self.engines = [engine_type(config, backend, container=c) for c, backend in enumerate(backends)]
+        self._earliest, self._stalled = engine_type.earliest, engine_type.stalled
+        """The scans of :meth:`_choose` and :meth:`stalled` (the engines' class's, compiled with them where they
+        are)."""
         base = pool.cold_start_s if pool.cold_start_s is not None else cold_start_s
         self.cold_start_s = base * pool.cold_start_scale
         if self.cold_start_s > MAX_POOL_SECONDS:
@@ -224,13 +227,20 @@ class Cluster:
         old_time = self.time
         if len(self.engines) == 1:
             self.time = max(old_time, engine.clock)
-        else:
-            busy = [e.clock for e in self.engines if e.waiting.size or e.num_running]
-            self.time = max(old_time, min(busy) if busy else engine.clock)
-        accrued = self._advance(old_time)
-        arrived, rejected, lag = self._route_arrivals()
-        self._choose()
-        self._update_done()
+            accrued = self._advance(old_time)
+            arrived, rejected, lag = self._route_arrivals()
+            self._update_done()
+        else:  # the pool's clock: the earliest among the containers with work
+            deciding, clock, busy = self._earliest(self.engines)
+            self.time = max(old_time, clock if busy else engine.clock)
+            accrued = self._advance(old_time)
+            arrived, rejected, lag = self._route_arrivals()
+            if arrived:  # delivered: the containers with work may have changed
+                self._choose()
+                self._update_done()
+            else:  # as before routing
+                self.deciding = deciding
+                self.done = not busy and self._next_arrival >= self._num_requests
         if self.config.check_invariants:
             self.check_invariants()
         return ClusterStep(container, out, arrived, rejected, accrued + lag)
@@ -372,16 +382,14 @@ class Cluster:
         keep = self.pool.keep_alive_s
         return keep is not None and not engine.has_work and now - engine.idle_since > keep
 
+    def stalled(self) -> bool:
+        """Requests wait somewhere while no container runs anything or loads a model."""
+        return self._stalled(self.engines, self.time)
+
     def _choose(self) -> None:
         """The deciding container: the earliest clock among those with work (else among all), lowest index on ties."""
-        if len(self.engines) == 1:
-            return
-        best, best_clock, best_busy = 0, math.inf, False
-        for e in self.engines:
-            busy = bool(e.waiting.size or e.num_running)
-            if (busy and not best_busy) or (busy == best_busy and e.clock < best_clock):
-                best, best_clock, best_busy = e.container, e.clock, busy
-        self.deciding = best
+        if len(self.engines) > 1:
+            self.deciding = self._earliest(self.engines)[0]
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:

@@ -149,3 +149,56 @@ def test_warm_first_picks_the_least_loaded_of_the_warm_containers():
     log = env.unwrapped.cluster.log
     assert log.container.tolist() == [0, 1]
     assert log.cold_start.tolist() == [False, False]
+
+
+def deciding_by_hand(cluster) -> int:
+    """The container that should decide next: the earliest clock among those with work, else among all, the
+    lowest index on ties."""
+    busy = [e for e in cluster.engines if e.waiting.size or e.num_running]
+    pool = busy or cluster.engines
+    return min(pool, key=lambda e: (e.clock, e.container)).container
+
+
+def test_an_arrival_delivered_to_an_idle_container_makes_it_decide_next():
+    # A (short) goes to container 0, B (long) to container 1; C arrives at t = 1 s, when container 0 is idle, and is
+    # delivered there at the pool's clock, which ties with container 1's: the lower index, container 0, decides
+    # next (the containers with work changed with the delivery: not the scan made before routing).
+    workload = fixed([0.0, 0.0, 1.0], [10, 10, 10], [3, 400, 3])
+    env = make(workload, pool={"num_containers": 2, "router": "round_robin"})
+    env.reset(seed=0)
+    cluster = env.unwrapped.cluster
+    switched = False
+    for _ in range(1_000):
+        _, _, terminated, truncated, info = env.step(admit_all(env))
+        if terminated or truncated:
+            break
+        assert cluster.deciding == deciding_by_hand(cluster)
+        switched |= info["num_arrived"] == 1 and info["container"] == 1 and cluster.deciding == 0
+    assert switched and terminated
+    assert cluster.log.container.tolist() == [0, 1, 0]
+
+
+def test_a_pool_idle_between_arrivals_is_not_done():
+    # Both containers empty after A; B arrives 50 s later: the episode goes on until B is served.
+    env = make(fixed([0.0, 50.0], [10, 10], [3, 3]), pool={"num_containers": 2})
+    env.reset(seed=0)
+    run_to_end(env)
+    log = env.unwrapped.cluster.log
+    assert log.counts()["num_finished"] == 2 and log.finish_s[1] > 50.0
+
+
+def test_requests_waiting_beside_a_running_or_loading_container_are_not_a_stall():
+    # Container 1's queue waits (the policy admits nothing there) while container 0 runs: not a stall.
+    workload = fixed([0.0, 0.0], [10, 10], [50, 50])
+    env = make(workload, pool={"num_containers": 2, "router": "round_robin"})
+    env.reset(seed=0)
+    cluster = env.unwrapped.cluster
+    for _ in range(40):
+        action = admit_all(env) if cluster.deciding == 0 else np.zeros_like(admit_all(env))
+        _, _, _, _, info = env.step(action)
+        assert cluster.engines[1].waiting.size == 1 and info["num_stalled_steps"] == 0
+    # Both containers loading their model (cold start) with requests waiting: not a stall either.
+    env = make(workload, pool={"num_containers": 2, "router": "round_robin", "start_cold": True, "cold_start_s": 3.0})
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(admit_all(env))
+    assert info["num_admitted"] == 0 and info["num_stalled_steps"] == 0
