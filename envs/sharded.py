@@ -319,9 +319,9 @@ def _serve(conn: Connection, payload: bytes, expected: tuple[spaces.Space, space
 
 
 def _dumps(message: Any) -> bytes:
-    """``message`` pickled as a pipe carries it: by the C pickler (``Connection.send`` uses multiprocessing's
-    ``ForkingPickler``, whose reducer table costs 3x as much on a step's infos; nothing sent holds a resource it
-    exists for)."""
+    """``message`` pickled for the pipe by the C pickler: ``Connection.send`` uses multiprocessing's
+    ``ForkingPickler``, whose reducer table makes a step's infos cost 3x as much, and only sockets, pipes and file
+    descriptors need its reducers (no message holds one)."""
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
