@@ -201,8 +201,8 @@ class Cluster:
         elif len(self.engines) == 1:  # the common case, on the per-step path
             engine = self.engines[0]
             self.done = not (engine.waiting.size or engine.num_running)
-        else:
-            self.done = not any(e.has_work for e in self.engines)
+        else:  # no container has work: the scan's third value, the rule written once
+            self.done = not self._earliest(self.engines)[2]
 
     @property
     def num_arrived(self) -> int:
