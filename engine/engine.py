@@ -26,7 +26,15 @@ from servegym.engine.kv import num_blocks
 from servegym.engine.log import EpisodeLog, RejectReason, State
 from servegym.engine.preemption import pick_victims
 from servegym.engine.prefix_cache import PrefixCache, cacheable_units
-from servegym.engine.table import ENGINE_FEATURES, IDLE, QUEUE_FEATURES, RUNNING_OBS_COLUMNS, Col, StepOutcome
+from servegym.engine.table import (
+    ENGINE_FEATURES,
+    IDLE,
+    POOL_FEATURES,
+    QUEUE_FEATURES,
+    RUNNING_OBS_COLUMNS,
+    Col,
+    StepOutcome,
+)
 
 COMPILED: bool = cython.compiled
 """True where this module runs compiled."""
@@ -48,6 +56,8 @@ NUM_ENGINE = cython.declare(cython.Py_ssize_t, len(ENGINE_FEATURES))
 """``obs["engine"]`` features (:data:`~servegym.engine.table.ENGINE_FEATURES`)."""
 QUEUE_WIDTH = cython.declare(cython.Py_ssize_t, len(QUEUE_FEATURES))
 """Features of a queue row (:data:`~servegym.engine.table.QUEUE_FEATURES`)."""
+POOL_WIDTH = cython.declare(cython.Py_ssize_t, len(POOL_FEATURES))
+"""Features of a container's row of ``obs["pool"]`` (:data:`~servegym.engine.table.POOL_FEATURES`)."""
 WAITING = cython.declare(cython.schar, State.WAITING)
 PREFILLING = cython.declare(cython.schar, State.PREFILLING)
 DECODING = cython.declare(cython.schar, State.DECODING)
@@ -400,6 +410,46 @@ class Engine:
                 best, best_clock, best_busy = e.container, e.clock, busy
         return best, best_clock, best_busy
 
+    @cython.ccall
+    def is_cold(self, now: cython.double, keep_alive_s: cython.double) -> cython.bint:
+        """Cold at time ``now``: never loaded (``ready_at`` is inf), or idle with nothing to do for longer than
+        ``keep_alive_s`` (inf: kept alive for ever) and not loading."""
+        if self.ready_at == math.inf:
+            return True
+        return not (len(self.waiting) > 0 or self.num_running > 0) and now - self.idle_since > keep_alive_s
+
+    @staticmethod
+    def observe_pool(engines: list, deciding: cython.int, now: cython.double, keep_alive_s: cython.double,
+                     out: cython.float[::1]) -> cython.longlong:
+        """Write ``obs["pool"]``, one row of :data:`~servegym.engine.table.POOL_FEATURES` per engine in order, into
+        ``out`` (at least ``POOL_WIDTH`` values per engine): 1 for the container ``deciding``; warmth 1, 0 when
+        cold (:meth:`is_cold`), minus the seconds left while the model loads; seconds idle (0 while busy); waiting;
+        running; free KV fraction. Returns the engines' finished requests, summed."""
+        e: Engine
+        i: cython.Py_ssize_t
+        row: cython.Py_ssize_t
+        warmth: cython.double
+        finished: cython.longlong = 0
+        if out.shape[0] < len(engines) * POOL_WIDTH:
+            raise ValueError(f"out holds {out.shape[0]} values, {len(engines) * POOL_WIDTH} needed")
+        for i in range(len(engines)):
+            e = engines[i]
+            row = i * POOL_WIDTH
+            if e.is_cold(now, keep_alive_s):
+                warmth = 0.0
+            elif e.ready_at <= now:
+                warmth = 1.0
+            else:  # loading
+                warmth = now - e.ready_at
+            out[row] = 1.0 if e.container == deciding else 0.0
+            out[row + 1] = warmth
+            out[row + 2] = 0.0 if len(e.waiting) > 0 or e.num_running > 0 else now - e.idle_since
+            out[row + 3] = len(e.waiting)
+            out[row + 4] = e.num_running
+            out[row + 5] = 1.0 - cython.cast(cython.double, e.num_used_blocks) / e.num_kv_blocks
+            finished += e.num_finished
+        return finished
+
     @staticmethod
     def stalled(engines: list, now: cython.double) -> cython.bint:
         """Requests wait in some engine while none runs anything or loads its model at time ``now``."""
@@ -412,6 +462,40 @@ class Engine:
                 return False
             waiting = waiting or len(e.waiting) > 0
         return waiting
+
+    @cython.boundscheck(True)  # ``order`` comes from the caller
+    def admit_order(self, action: cython.const[cython.longlong][::1], window: cython.Py_ssize_t,
+                    order: cython.longlong[::1]) -> tuple:
+        """An admission action over the queue's first ``window`` slots decoded into the positions :meth:`step`
+        admits (``ServingEnv`` documents the action): the visible slots (the first ``min(len(waiting), window)``)
+        with a nonzero value, lowest value first and equal values in slot order, written to ``order``.
+
+        Returns ``(count, beyond)``: how many were written and how many nonzero slots lie past the visible ones;
+        ``(-1, 0)`` when a value lies outside ``[0, len(action)]``.
+        """
+        width: cython.Py_ssize_t = action.shape[0]
+        visible: cython.Py_ssize_t = min(len(self.waiting), window)
+        count: cython.Py_ssize_t = 0
+        beyond: cython.Py_ssize_t = 0
+        k: cython.Py_ssize_t
+        j: cython.Py_ssize_t
+        value: cython.longlong
+        for k in range(width):
+            value = action[k]
+            if value == 0:
+                continue
+            if value < 0 or value > width:
+                return -1, 0
+            if k >= visible:
+                beyond += 1
+                continue
+            j = count  # insertion sort, stable: a slot passes only the strictly higher values
+            while j > 0 and action[order[j - 1]] > value:
+                order[j] = order[j - 1]
+                j -= 1
+            order[j] = k
+            count += 1
+        return count, beyond
 
     @property
     def running(self) -> np.ndarray:

@@ -44,6 +44,8 @@ ENGINE_FEATURES = (
 """The order ``Engine.observe`` writes ``obs["engine"]`` in (observation.py checks it against its schema)."""
 QUEUE_FEATURES = ("num_prompt_tokens", "wait_s", "wait_steps", "output_lo", "output_hi", "num_generated")
 """The order ``Engine.observe`` writes a queue row in (checked the same way)."""
+POOL_FEATURES = ("deciding", "warmth", "idle_s", "num_waiting", "num_running", "kv_free_frac")
+"""The order ``Engine.observe_pool`` writes a container's row of ``obs["pool"]`` in (checked the same way)."""
 
 
 class StepOutcome(NamedTuple):

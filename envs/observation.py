@@ -122,10 +122,10 @@ POOL_INDEX = {name: i for i, name in enumerate(POOL_FEATURES)}
 QUEUE_INDEX = {name: i for i, name in enumerate(QUEUE_FEATURES)}
 QUEUE_PREFIX_FEATURES = tuple(f.name for f in QUEUE_PREFIX_SCHEMA)
 RUNNING_INDEX = {name: i for i, name in enumerate(RUNNING_FEATURES)}
-if (RUNNING_FEATURES, ENGINE_FEATURES, QUEUE_FEATURES) != (table.RUNNING_OBS_COLUMNS, table.ENGINE_FEATURES,
-                                                            table.QUEUE_FEATURES):
-    raise ImportError("the observation schema changed: update Engine.observe in servegym/engine/engine.py and the "
-                      "orders in servegym/engine/table.py")
+if (RUNNING_FEATURES, ENGINE_FEATURES, QUEUE_FEATURES, POOL_FEATURES) != (
+        table.RUNNING_OBS_COLUMNS, table.ENGINE_FEATURES, table.QUEUE_FEATURES, table.POOL_FEATURES):
+    raise ImportError("the observation schema changed: update Engine.observe (and observe_pool) in "
+                      "servegym/engine/engine.py and the orders in servegym/engine/table.py")
 LENGTH_MODE_CODE = {LengthMode.KNOWN: 0.0, LengthMode.TRUTH_INTERVAL: 1.0, LengthMode.UNKNOWN: 2.0,
                     LengthMode.PREDICTED: 3.0}
 """The ``length_mode`` feature's value for each :class:`LengthMode`. A code keeps its meaning: 1 was ``predicted``
@@ -263,8 +263,8 @@ class ObservationEncoder:
         buf = np.zeros(self.size, dtype=np.float32)
         engine.observe(buf, ends["progress"], ends["queue_prefix"], self.queue_window, self._baseline,
                        self._capacity, self._length_mode)
-        buf[ends["engine"] : ends["pool"]] = self._pool(cluster)
-        buf[ends["prefix"] : ends["progress"]] = self._progress(cluster)
+        finished = cluster.observe_pool(buf[ends["engine"] : ends["pool"]])
+        buf[ends["prefix"] : ends["progress"]] = self._progress(cluster, finished)
         if self.prefix:
             self._prefix(engine, buf[ends["pool"] : ends["prefix"]], buf[ends["queue"] : ends["queue_prefix"]])
         if self.flat:
@@ -288,24 +288,11 @@ class ObservationEncoder:
         cache[1] = len(state.host) * state.unit_tokens
         engine.queue_cached_tokens(self.queue_window, queue)
 
-    @staticmethod
-    def _pool(cluster: Cluster) -> list[float]:
-        """``obs["pool"]``: POOL_SCHEMA's values for each container, in order."""
-        now, values = cluster.time, []
-        for e in cluster.engines:
-            busy = e.waiting.size or e.num_running
-            warmth = 1.0 if e.ready_at <= now else (0.0 if e.ready_at == np.inf else now - e.ready_at)
-            if cluster.is_cold(e, now):
-                warmth = 0.0
-            values += (float(e.container == cluster.deciding), warmth, 0.0 if busy else now - e.idle_since,
-                       e.waiting.size, e.num_running, 1.0 - e.num_used_blocks / e.num_kv_blocks)
-        return values
-
-    def _progress(self, cluster: Cluster) -> tuple[float, float, float, float]:
-        """``obs["progress"]``: PROGRESS_SCHEMA's values (the episode's constants read at reset)."""
+    def _progress(self, cluster: Cluster, finished: int) -> tuple[float, float, float, float]:
+        """``obs["progress"]``: PROGRESS_SCHEMA's values (the episode's constants read at reset; ``finished``: the
+        requests finished so far)."""
         n = self._num_requests
         if not n:
             return 0.0, 0.0, 1.0, 0.0
-        finished = sum(e.num_finished for e in cluster.engines)
         return (cluster.time - self._first_arrival, self._arrival_span, cluster.num_arrived / n,
                 (n - finished - cluster.num_rejected) / n)

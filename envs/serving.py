@@ -431,22 +431,18 @@ class ServingEnv(gym.Env):
             if a.dtype.kind == "f" and np.isnan(a).any():
                 raise ValueError("action contains NaN")
             raise TypeError(f"action must be an integer array (MultiDiscrete), got dtype {a.dtype}")
-        slots = a.nonzero()[0]
-        if not slots.size:
-            return slots
-        values = a[slots]  # zeros are in range: only the admitted slots' values are checked and ordered
-        listed = values.tolist()  # Python's min and max: numpy's cost more than the work on a few values
-        lo, hi = min(listed), max(listed)
-        if lo < 0 or hi > w:
+        values = a if a.dtype == np.int64 and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=np.int64)
+        order = np.empty(w, dtype=np.int64)
+        count, beyond = self.engine.admit_order(values, w, order)  # one compiled pass: checked, cut and ordered
+        if count < 0:
             raise ValueError(f"action values must be in [0, {w}], got min {a.min()} max {a.max()}")
-        visible = self.num_visible
-        if slots[-1] >= visible:  # slots ascend: the empty ones are a tail, cut where they start
-            cut = int(slots.searchsorted(visible))
+        if beyond:
             if self.strict_actions:
-                raise ValueError(f"action admits empty queue slot(s) {slots[cut:].tolist()}; only {visible} visible")
-            self._invalid += slots.size - cut
-            slots, values = slots[:cut], values[:cut]
-        return slots if lo == hi else slots[values.argsort(kind="stable")]  # equal ranks keep queue order
+                visible = self.num_visible
+                empty = (np.flatnonzero(a[visible:]) + visible).tolist()
+                raise ValueError(f"action admits empty queue slot(s) {empty}; only {visible} visible")
+            self._invalid += beyond
+        return order[:count]
 
     @property
     def num_visible(self) -> int:

@@ -120,8 +120,11 @@ class Cluster:
         self._earliest, self._stalled = engine_type.earliest, engine_type.stalled
         """The scans of :meth:`_choose` and :meth:`stalled` (the engines' class's, compiled with them where they
         are)."""
+        self._observe_pool = engine_type.observe_pool
         base = pool.cold_start_s if pool.cold_start_s is not None else cold_start_s
         self.cold_start_s = base * pool.cold_start_scale
+        self.keep_alive_s = math.inf if pool.keep_alive_s is None else pool.keep_alive_s
+        """Seconds a container with nothing to do stays warm (inf: for ever)."""
         if self.cold_start_s > MAX_POOL_SECONDS:
             raise ValueError(f"cold start {self.cold_start_s:g} s (cold_start_s x cold_start_scale) exceeds "
                              f"{MAX_POOL_SECONDS:g} s")
@@ -377,10 +380,12 @@ class Cluster:
 
     def is_cold(self, engine: Engine, now: float) -> bool:
         """Cold: never loaded, or idle for longer than the keep-alive (and not loading)."""
-        if engine.ready_at == math.inf:
-            return True
-        keep = self.pool.keep_alive_s
-        return keep is not None and not engine.has_work and now - engine.idle_since > keep
+        return engine.is_cold(now, self.keep_alive_s)
+
+    def observe_pool(self, out: np.ndarray) -> int:
+        """Write ``obs["pool"]`` (one row per container, :meth:`Engine.observe_pool`) into the float32 ``out``;
+        return the requests finished so far."""
+        return self._observe_pool(self.engines, self.deciding, self.time, self.keep_alive_s, out)
 
     def stalled(self) -> bool:
         """Requests wait somewhere while no container runs anything or loads a model."""
