@@ -1,11 +1,14 @@
 """Where a native vector env step's time goes, per action mode: the split that says what compiling would buy.
 
-Usage: python benchmarks/step_parts.py [--task memory-tight] [--envs 16] [--steps 500]
+Usage: python benchmarks/step_parts.py [--task memory-tight] [--envs 16] [--steps 500] [--repeats 1] [--modes ...]
 
 Steps ``--envs`` training envs of ``--task`` (``rl_speed.py``'s vec-section factories, pre-drawn random actions,
 the same seeds) in one ``ServingVectorEnv`` per action mode, twice: untimed, for the rate, then with a wall-clock
 timer around each part, for the split (the timers add about 0.1-0.3 us a call, booked to the part around the timed
-call, so the parts sum to more than the untimed step). The parts, in us per env step:
+call, so the parts sum to more than the untimed step). With ``--repeats R`` the untimed run is made R times (a fresh
+vector env each time, the same episodes) and the fastest counts: on a shared machine, whose speed moves by tens of
+percent between seconds, the best of several short runs is what two versions of the code can be compared by. The
+parts, in us per env step:
 
 * ``engine``: the engine's ``step`` calls made by the pool's ``step`` (compiled where built; its iteration-time
   model runs as Python); ``skip``: the engine's own loop of iterations nothing can be admitted at
@@ -90,7 +93,14 @@ def parts(s: dict[str, float]) -> dict[str, float]:
 
 def parts_row(mode: str, args: argparse.Namespace) -> str:
     steps = args.steps * args.envs
-    wall, _, plain = run(mode, args, None)
+    walls, plain = [], None
+    for _ in range(args.repeats):
+        wall, _, sums = run(mode, args, None)
+        if plain is not None and sums != plain:
+            raise RuntimeError(f"{mode}: a repeat stepped other episodes than the first")
+        walls.append(wall)
+        plain = sums
+    wall = min(walls)
     _, s, timed = run(mode, args, instrument)
     if timed != plain:
         raise RuntimeError(f"{mode}: the timed run stepped other episodes than the untimed one")
@@ -104,12 +114,15 @@ def main() -> None:
     parser.add_argument("--task", default="memory-tight", help="the task whose training envs are stepped")
     parser.add_argument("--envs", type=count_arg("envs"), default=16, help="sub-envs of the vector env")
     parser.add_argument("--steps", type=count_arg("steps"), default=500, help="vector steps per measurement")
+    parser.add_argument("--repeats", type=count_arg("seeds"), default=1,
+                        help="untimed runs per mode, the fastest reported")
+    parser.add_argument("--modes", nargs="+", choices=VEC_MODES, default=list(VEC_MODES), help="the action modes")
     args = parser.parse_args()
-    print(f"{args.task}, {args.envs} envs in one ServingVectorEnv, {args.steps} vector steps, random actions; "
-          "us per env step")
+    print(f"{args.task}, {args.envs} envs in one ServingVectorEnv, {args.steps} vector steps, random actions, "
+          f"the untimed rate the best of {args.repeats}; us per env step")
     print("| mode | env steps/s | untimed | timed | " + " | ".join(PARTS) + " |")
     print("|---|---:|---:|---:|" + "---:|" * len(PARTS))
-    for mode in VEC_MODES:
+    for mode in args.modes:
         print(parts_row(mode, args), flush=True)
 
 

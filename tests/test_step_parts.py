@@ -37,3 +37,22 @@ def test_the_engine_part_times_the_pool_steps_engine_calls_alone(monkeypatch):
     _, spent, _ = script.run("admit", argparse.Namespace(task="memory-tight", envs=2, steps=40), script.instrument)
     assert spent["skip"] > 0 and spent["engine"] > 0
     assert spent["cluster"] == 3 * spent["engine"]
+
+
+def test_repeats_report_the_fastest_untimed_run_and_refuse_other_episodes(monkeypatch):
+    script = load_benchmark("step_parts")
+    walls = iter([3.0, 0.5, 2.0])
+    spent = {**dict.fromkeys(("vector", "wrapped", "unwrapped", "cluster", "engine", "skip", "encode", "decode",
+                              "account", "info"), 0.0)}
+
+    def fake_run(mode, args, instrument):
+        return (9.0, spent, [1.0]) if instrument else (next(walls), {}, [1.0])
+
+    monkeypatch.setattr(script, "run", fake_run)
+    args = argparse.Namespace(task="memory-tight", envs=2, steps=10, repeats=3)
+    row = script.parts_row("admit", args).split(" | ")
+    assert row[1:3] == ["40", "25000.0"]  # 20 env steps in the fastest 0.5 s: 40/s, 25,000 us each
+    sums = iter([[1.0], [2.0]])
+    monkeypatch.setattr(script, "run", lambda mode, args, instrument: (1.0, {}, next(sums)))
+    with pytest.raises(RuntimeError, match="other episodes"):
+        script.parts_row("admit", argparse.Namespace(task="memory-tight", envs=2, steps=10, repeats=2))
