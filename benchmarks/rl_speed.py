@@ -24,7 +24,8 @@ over ``--shards`` processes (``servegym.envs.sharded.ShardedVectorEnv``) and SB3
 worker each), side by side, each from the same seeds with the same actions (the same episodes), each rate timed
 after the same ``WARMUP_STEPS`` untimed vector steps. ``--vec-rounds R`` measures every column R times, round after
 round, and sums each mode's ratios up over the rounds (median, min, max): ``SubprocVecEnv``'s own rate moves up to
-2x between minutes on a shared machine, so one round's ratio says little. ``--vec-modes`` picks the modes.
+2x between minutes on a shared machine, so one round's ratio says little. ``--vec-modes`` picks the modes (``route``,
+the routing agent's, with ``--task cluster-routing``).
 ``--section train`` trains PPO in the ``score`` mode
 on ``--task`` two ways, each as the current path and as the lean one, with the same rollout size, minibatch,
 epochs and learning rate: the shipped recipe (``SubprocVecEnv`` of 2, 2048 steps per env, minibatch 512, 4
@@ -344,8 +345,8 @@ def main() -> None:
     parser.add_argument("--vec-steps", type=steps, default=500, help="vector steps per rate in the vec section")
     parser.add_argument("--vec-rounds", type=steps, default=1, help="rounds of the vec section's "
                         "measurements (each round measures every column of every mode once)")
-    parser.add_argument("--vec-modes", nargs="+", choices=VEC_MODES, default=list(VEC_MODES),
-                        help="the action modes of the vec section")
+    parser.add_argument("--vec-modes", nargs="+", choices=(*VEC_MODES, "route"), default=list(VEC_MODES),
+                        help="the action modes of the vec section (route: with --task cluster-routing)")
     parser.add_argument("--shards", type=workers, default=2, help="processes of the sharded native vector env (vec "
                         "and train sections)")
     parser.add_argument("--train-steps", type=steps, default=16_384, help="timesteps per path in the train section")

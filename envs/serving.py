@@ -187,8 +187,9 @@ class ServingEnv(gym.Env):
                                              self.pool_config.profiles)
         self.workload = make_workload(workload) if isinstance(workload, str) else workload
         self.cluster = Cluster(self.engine_config, self.pool_config, backends, self.workload, cold_start)
-        self._engine_loop = n == 1 and not self.engine_config.check_invariants
-        """Iterations without a decision run in the engine's own loop (one container, no invariant checks)."""
+        self._engine_loop = not self.engine_config.check_invariants
+        """Iterations without a decision run in a loop of the pool's own (``Cluster.skip``: the engine's loop for one
+        container; no invariant checks)."""
         self.queue_window, self.reward_name, self.render_mode = queue_window, reward, render_mode
         self.strict_actions, self.decision_steps = strict_actions, decision_steps
         self.ttft_slo_s, self.itl_slo_s = float(ttft_slo_s), float(itl_slo_s)
@@ -273,7 +274,7 @@ class ServingEnv(gym.Env):
             if self._ends_step(terminated, truncated):
                 break
             order = order[:0]
-            # The iterations up to the next one that ends the step, in the engine's own loop: the same steps.
+            # The iterations up to the next one that ends the step, in the pool's own loop: the same steps.
             run = self.cluster.skip(self._iterations_left()) if self._engine_loop else None
         obs = self._encoder.encode(self.cluster)
         info = self._info(step.outcome, step.container, step.arrived, step.rejected)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from servegym.backends.base import Backend
+from servegym.backends.base import EMPTY, Backend
 from servegym.engine.compiled import engine_class
 from servegym.engine.config import EngineConfig, LengthMode, as_enum
 from servegym.engine.engine import Engine
@@ -225,38 +225,55 @@ class Cluster:
         container = self.deciding
         engine = self.engines[container]
         out = engine.step(admit, self.next_arrival_s)
-        for _ in range(out.num_finished):
-            heapq.heappush(self._pending_ends, engine.clock)
         old_time = self.time
         if len(self.engines) == 1:
+            for _ in range(out.num_finished):
+                heapq.heappush(self._pending_ends, engine.clock)
             self.time = max(old_time, engine.clock)
             accrued = self._advance(old_time)
             arrived, rejected, lag = self._route_arrivals()
             self._update_done()
-        else:  # the pool's clock: the earliest among the containers with work
-            deciding, clock, busy = self._earliest(self.engines)
-            self.time = max(old_time, clock if busy else engine.clock)
-            accrued = self._advance(old_time)
-            arrived, rejected, lag = self._route_arrivals()
-            if arrived:  # delivered: the containers with work may have changed
-                self._choose()
-                self._update_done()
-            else:  # as before routing
-                self.deciding = deciding
-                self.done = not busy and self._next_arrival >= self._num_requests
+        else:
+            accrued, arrived, rejected, lag = self._after_iteration(engine, out, old_time)
         if self.config.check_invariants:
             self.check_invariants()
         return ClusterStep(container, out, arrived, rejected, accrued + lag)
 
-    def skip(self, limit: int) -> SkipRun | None:
-        """One container only: the iterations that :meth:`step` with nothing to admit would run while nothing can
-        be admitted and nothing arrives, at most ``limit``, run in the engine's own loop (:meth:`Engine.skip`).
+    def _after_iteration(self, engine: Engine, out: StepOutcome, old_time: float) -> tuple[float, int, int, float]:
+        """A pool of several, after an iteration of ``engine`` (``out``) that began at pool time ``old_time``: its
+        finishes pending, the pool's clock (the earliest among the containers with work), the latency integral, the
+        arrivals now due routed and the deciding container. Returns (request-seconds accrued, arrived, rejected,
+        summed lag)."""
+        for _ in range(out.num_finished):
+            heapq.heappush(self._pending_ends, engine.clock)
+        deciding, clock, busy = self._earliest(self.engines)
+        self.time = max(old_time, clock if busy else engine.clock)
+        accrued = self._advance(old_time)
+        arrived, rejected, lag = self._route_arrivals()
+        if arrived:  # delivered: the containers with work may have changed
+            self._choose()
+            self._update_done()
+        else:  # as before routing
+            self.deciding = deciding
+            self.done = not busy and self._next_arrival >= self._num_requests
+        return accrued, arrived, rejected, lag
 
-        Returns them column-wise (None if none ran); the arrivals due after the last are routed, as :meth:`step`
-        routes them, and counted in ``last``.
+    def skip(self, limit: int) -> SkipRun | None:
+        """The iterations that :meth:`step` with nothing to admit would run before there is anything to decide, at
+        most ``limit``, without returning between them (none with ``check_invariants``).
+
+        One container: in the engine's own loop (:meth:`Engine.skip`), while nothing can be admitted and nothing
+        arrives; the arrivals due after the last are routed, as :meth:`step` routes them. Several: :meth:`step`'s
+        iterations, while the deciding container has rows running and cannot admit, no arrival is routed or waits
+        to be, the pool is not done and no request waits while nothing runs or loads; the iteration that breaks one
+        of these is the run's last.
+
+        Returns them column-wise, the last also as :meth:`step` would have returned it (None if none ran).
         """
-        if len(self.engines) != 1 or self.config.check_invariants:
-            raise RuntimeError("the engine's own loop serves one container without invariant checks")
+        if self.config.check_invariants:
+            raise RuntimeError("the engine's own loop runs without invariant checks")
+        if len(self.engines) > 1:
+            return self._skip_pool(limit)
         engine, rows = self.engines[0], self.log.step_rows[0]
         start = len(rows)
         outcomes, finished = engine.skip(self.next_arrival_s, limit)
@@ -276,6 +293,29 @@ class Cluster:
         last = tuple.__new__(ClusterStep, (0, outcomes[-1], arrived, rejected, accrued[-1]))  # without its frame
         self._update_done()
         return SkipRun(started, outcomes, accrued, dict(finished), last)
+
+    def _skip_pool(self, limit: int) -> SkipRun | None:
+        """:meth:`skip` for a pool of several containers."""
+        engines, started, outcomes, accrued, finished = self.engines, [], [], [], {}
+        container = arrived = rejected = 0
+        while len(outcomes) < limit and not self.done and not self.awaiting_route:
+            container = self.deciding
+            engine = engines[container]
+            if not engine.num_running or engine.can_admit():
+                break
+            started.append(self.time)
+            out = engine.step(EMPTY, self.next_arrival_s)
+            if out.num_finished:
+                finished[len(outcomes)] = engine.last_finished_ids
+            outcomes.append(out)
+            gained, arrived, rejected, lag = self._after_iteration(engine, out, started[-1])
+            accrued.append(gained + lag)
+            if arrived or self._stalled(engines, self.time) or engines[self.deciding].can_admit():
+                break  # the pool being done or a request waiting to be routed ends the run at the loop's test
+        if not outcomes:
+            return None
+        last = tuple.__new__(ClusterStep, (container, outcomes[-1], arrived, rejected, accrued[-1]))
+        return SkipRun(started, outcomes, accrued, finished, last)
 
     def _advance(self, old_time: float) -> float:
         """Request-seconds in the system between ``old_time`` and ``self.time``."""
