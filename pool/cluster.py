@@ -297,12 +297,12 @@ class Cluster:
     def _skip_pool(self, limit: int) -> SkipRun | None:
         """:meth:`skip` for a pool of several containers."""
         engines, started, outcomes, accrued, finished = self.engines, [], [], [], {}
-        container = arrived = rejected = 0
+        ran = arrived = rejected = 0
         while len(outcomes) < limit and not self.done and not self.awaiting_route:
-            container = self.deciding
-            engine = engines[container]
+            engine = engines[self.deciding]
             if not engine.num_running or engine.can_admit():
                 break
+            ran = self.deciding
             started.append(self.time)
             out = engine.step(EMPTY, self.next_arrival_s)
             if out.num_finished:
@@ -314,7 +314,7 @@ class Cluster:
                 break  # the pool being done or a request waiting to be routed ends the run at the loop's test
         if not outcomes:
             return None
-        last = tuple.__new__(ClusterStep, (container, outcomes[-1], arrived, rejected, accrued[-1]))
+        last = tuple.__new__(ClusterStep, (ran, outcomes[-1], arrived, rejected, accrued[-1]))
         return SkipRun(started, outcomes, accrued, finished, last)
 
     def _advance(self, old_time: float) -> float:

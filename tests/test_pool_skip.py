@@ -11,7 +11,7 @@ import pytest
 import servegym
 from servegym.pool import Cluster
 from servegym.rl.train import make_training_env
-from tests.conftest import PAPER
+from tests.conftest import PAPER, fixed
 
 SERVERLESS = {"num_containers": 3, "keep_alive_s": 0.5, "cold_start_s": 0.3, "start_cold": True}
 
@@ -80,6 +80,23 @@ def test_a_serverless_pool_steps_the_same_with_its_own_loop(reward, extra):
     assert looped_calls < 0.55 * stepped_calls  # about one iteration a step outside the loop, the rest in it
     iterations = sum(t[4]["num_iterations"] for t in stepped if len(t) == 5)
     assert stepped_calls == iterations
+
+
+def test_a_run_that_leaves_the_pool_idle_ends_on_the_container_that_ran():
+    # Two containers; a request runs alone on container 0 until it finishes, and the next arrives 100 s later. The
+    # loop runs its decode iterations; after the finish the pool is idle and container 1 (the earlier clock) decides
+    # next, so the run ends there: its last iteration is container 0's, with the finish, whose SLO is counted
+    # (read from container 1 it would not be). Container 1 then idles to the next arrival, the step's last.
+    def make():
+        return gym.make(servegym.ENV_ID, workload=fixed([0.0, 100.0], [10, 10], [40, 5]), profile=PAPER,
+                        pool={"num_containers": 2}, decision_steps=True, ttft_slo_s=1e9, itl_slo_s=1e9)
+
+    looped, calls = play(make(), True, 4, 0, "all")
+    stepped, _ = play(make(), False, 4, 0, "all")
+    first = looped[0][4]
+    assert first["num_iterations"] == 41 and first["num_finished"] == 1 and first["container"] == 1
+    assert first["num_slo_good"] == 1
+    assert_same(looped, stepped)
 
 
 @pytest.mark.parametrize("limit", [45, 118, 163])

@@ -42,7 +42,7 @@ MUTATIONS += [
      "                finished[len(outcomes)] = engine.last_finished_ids",
      "                finished[len(outcomes) + 1] = engine.last_finished_ids", (LOOP,), "pool"),
     ("pool-loop-last-from-the-deciding", "pool/cluster.py",
-     "        last = tuple.__new__(ClusterStep, (container, outcomes[-1], arrived, rejected, accrued[-1]))",
+     "        last = tuple.__new__(ClusterStep, (ran, outcomes[-1], arrived, rejected, accrued[-1]))",
      "        last = tuple.__new__(ClusterStep, (self.deciding, outcomes[-1], arrived, rejected, accrued[-1]))",
      (LOOP,), "pool"),
     ("pool-loop-started-when-it-ends", "pool/cluster.py", "            started.append(self.time)\n",
