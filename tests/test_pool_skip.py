@@ -91,7 +91,7 @@ def test_a_run_that_leaves_the_pool_idle_ends_on_the_container_that_ran():
         return gym.make(servegym.ENV_ID, workload=fixed([0.0, 100.0], [10, 10], [40, 5]), profile=PAPER,
                         pool={"num_containers": 2}, decision_steps=True, ttft_slo_s=1e9, itl_slo_s=1e9)
 
-    looped, calls = play(make(), True, 4, 0, "all")
+    looped, _ = play(make(), True, 4, 0, "all")
     stepped, _ = play(make(), False, 4, 0, "all")
     first = looped[0][4]
     assert first["num_iterations"] == 41 and first["num_finished"] == 1 and first["container"] == 1
