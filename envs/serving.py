@@ -188,8 +188,7 @@ class ServingEnv(gym.Env):
         self.workload = make_workload(workload) if isinstance(workload, str) else workload
         self.cluster = Cluster(self.engine_config, self.pool_config, backends, self.workload, cold_start)
         self._engine_loop = not self.engine_config.check_invariants
-        """Iterations without a decision run in a loop of the pool's own (``Cluster.skip``: the engine's loop for one
-        container; no invariant checks)."""
+        """Iterations without a decision run in the pool's own loop (``Cluster.skip``; not with invariant checks)."""
         self.queue_window, self.reward_name, self.render_mode = queue_window, reward, render_mode
         self.strict_actions, self.decision_steps = strict_actions, decision_steps
         self.ttft_slo_s, self.itl_slo_s = float(ttft_slo_s), float(itl_slo_s)
