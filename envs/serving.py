@@ -317,7 +317,8 @@ class ServingEnv(gym.Env):
 
     def _account_run(self, run: SkipRun, reward: float, rewards: list[float]) -> float:
         """Book the iterations of ``run`` before its last as :meth:`_account` books each (rows ran after every
-        one, so none stalled, ended the episode or reached a limit); return ``reward`` plus theirs, in order."""
+        one, so none stalled, ended the episode or reached a limit); return ``reward`` plus theirs, in order. Their
+        preemptions are booked together: a thrash warning due inside the run names the run's end."""
         outcomes = run.outcomes[:-1]
         if not outcomes:
             return reward
