@@ -16,6 +16,7 @@ from servegym.backends import Backend, Profile
 from servegym.backends.base import EMPTY
 from servegym.backends.factory import make_backends
 from servegym.engine import Engine, EngineConfig, StepOutcome
+from servegym.engine.table import IDLE
 from servegym.envs.actions import slot_action_masks
 from servegym.envs.observation import SCHEMA, ObservationEncoder, observation_space, schema_table
 from servegym.metrics.core import censored_latency, num_met_slo
@@ -114,7 +115,9 @@ class ServingEnv(gym.Env):
     cheaply by making iterations short or by stalling. `info["num_stalled_steps"]` counts the current run of
     stalled steps, with or without the guard; `info["idle_guard"]` marks a guard truncation. After the env ends
     an episode, terminated or truncated by itself, `step` raises until `reset` (`reset(options=...)` takes no
-    keys yet: any is refused, as is a non-dict).
+    keys yet: any is refused, as is a non-dict). An episode that ends where no step could say so (nothing to serve
+    at `reset`, or with `router="agent"` a `route` that rejected its last request) ends at the next `step`, with
+    reward 0, no count and `num_iterations` 0.
 
     With `decision_steps=True` one `step` applies the action to one iteration, then keeps iterating while no
     admission decision is possible (no request waits at the deciding container, its model is loading, or it
@@ -212,7 +215,8 @@ class ServingEnv(gym.Env):
     def _clear_episode(self, num_requests: int) -> None:
         """Per-episode counters, zeroed by ``reset`` (``num_requests``: the episode's workload size)."""
         self._invalid = 0
-        self._stepped = False
+        self._terminated = False
+        """A step returned terminated this episode."""
         self._truncated = False
         """The env truncated this episode (``max_steps`` or the guard): a further ``step`` raises until ``reset``."""
         self._num_steps = 0
@@ -245,13 +249,15 @@ class ServingEnv(gym.Env):
         if self._truncated:  # as after termination: the truncation charge is never paid twice
             raise RuntimeError("the episode was truncated (max_steps or the idle guard); call reset()")
         order = self._decode_action(action)
-        if self.cluster.done and not self._stepped:
-            # Nothing to serve (an empty workload, or every request rejected on arrival): reset() could not say
-            # so (Gymnasium's reset has no terminated flag), so the first step ends the episode, changing nothing.
-            self._stepped = True
-            info = self._info(self.engine.last, self.cluster.deciding, 0, 0)
+        if self.cluster.done and not self._terminated:
+            # The episode ended where no step could say so: nothing to serve at reset (an empty workload, or every
+            # request rejected on arrival; Gymnasium's reset has no terminated flag), or route() rejected its last
+            # request. This step ends it, changing nothing; one after it raises (in the pool's step).
+            self._terminated = True
+            info = {**self._info(IDLE, self.cluster.deciding, 0, 0), "num_iterations": 0}
+            if self.decision_steps:
+                info["iteration_rewards"] = []
             return self._encoder.encode(self.cluster), 0.0, True, False, info
-        self._stepped = True
         # Each iteration's reward, outcome and arrivals, in order (the outcomes are summed only for a step of several
         # iterations); a run of the engine's own loop is booked in bulk up to its last iteration, which is booked as
         # a single step is.
@@ -284,7 +290,7 @@ class ServingEnv(gym.Env):
             info.update(zip(COUNTED, (*_summed(outcomes), arrived, rejected), strict=True))
         if truncated and self._num_stalled >= (self.idle_guard_steps or math.inf):
             info["idle_guard"] = True
-        self._truncated = truncated
+        self._terminated, self._truncated = terminated, truncated
         return obs, reward, terminated, truncated, info
 
     def _ends_step(self, terminated: bool, truncated: bool) -> bool:

@@ -17,7 +17,7 @@ import pytest
 from gymnasium import spaces
 
 import servegym  # noqa: F401  (registers the gym ids)
-from servegym.engine.log import STEP_INDEX
+from servegym.engine.log import STEP_INDEX, State
 from servegym.envs.mixture import make_serving_env
 from servegym.envs.routing import REPLICA_FEATURES, REQUEST_FEATURES, RoutingEnv
 from servegym.envs.serving import ServingEnv
@@ -213,6 +213,34 @@ def test_no_router_picks_a_non_fitting_replica_when_one_fits():
 def _agent_cluster(workload, **pool) -> ServingEnv:
     return ServingEnv(workload=workload, profile="a100-llama2-7b",
                       pool={"num_containers": 3, "router": "agent", **pool})
+
+
+def test_a_route_that_rejects_the_last_request_ends_the_episode_at_the_next_step():
+    """Bug: after ``route()`` rejected the episode's last request with every container empty, the next ``step``
+    raised "the episode is over" (the pool's step) instead of returning terminated; the ending step's info
+    repeating the last iteration's counts (its finish counted twice by a sum over infos); a fix that let every later
+    step return terminated too would hide a caller's missed reset.
+
+    Request 0 (100 + 10 tokens) is routed to container 0 and served; request 1 (a million-token prompt) arrives at
+    5 s, when container 0 is empty, and fits no container: ``route`` rejects it, and nothing is left."""
+    env = _agent_cluster(fixed([0.0, 5.0], [100, 10**6], [10, 10]), num_containers=2)
+    env.reset(seed=0)
+    env.route(0)
+    terminated, steps = False, 0
+    while not terminated:
+        if env.cluster.awaiting_route:
+            assert env.cluster.log.state.tolist()[0] == State.FINISHED and not env.cluster.engines[0].has_work
+            env.route(1)
+            assert env.cluster.num_rejected == 1 and env.cluster.done
+            time = env.cluster.time
+        _, reward, terminated, truncated, info = env.step(np.ones(env.queue_window, dtype=np.int64))
+        assert not truncated
+        steps += 1
+        assert steps < 100
+    assert reward == 0.0 and env.cluster.time == time == 5.0  # the ending step changes nothing
+    assert info["num_finished"] == 0 and info["num_iterations"] == 0  # not the last iteration's finish again
+    with pytest.raises(RuntimeError, match="the episode is over"):
+        env.step(np.ones(env.queue_window, dtype=np.int64))
 
 
 def test_cluster_route_state_by_hand():
