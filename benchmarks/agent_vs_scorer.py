@@ -1,7 +1,7 @@
 """A trained residual agent against its base, the tuned scorer, seed by seed: where the return gap comes from.
 
 Usage: python benchmarks/agent_vs_scorer.py --run docs/rl/10m/Serving-v2__ppo__score-residual__memory-tight__s0
-    [--board docs/bench/10m/leaderboard.csv] [--tuned docs/tuning] [--max-seeds N]
+    [--board docs/bench/10m/leaderboard.csv] [--tuned docs/tuning] [--max-seeds N] [--states]
 
 Both play every test seed of the run's task as the board plays them, each return checked against the board's
 CSV to the bit. The latency reward sums to minus the request-seconds in the system, so the agent's gain over the
@@ -10,6 +10,12 @@ service (first admission to finish, preemptions and recomputation included), sho
 (the quartiles of all the seeds' prompts). Every figure is the mean over the seeds of the per-seed difference,
 agent minus scorer for counts and scorer minus agent for request-seconds (positive: the agent saves them), with a
 95% Student-t CI over the seeds.
+
+With ``--states``, where the agent departs from its base: the agent's episodes are replayed and at each decision
+step (an admission could succeed) the scorer acts on the agent's state, its admissions found on a copy of the env
+(``oracle_vs_agents.replay_decisions``); the shares of steps where the agent admits what the scorer would, more,
+fewer or other requests, by the deciding container's KV use and queue length before the step. Pooled over the
+seeds' decision steps: descriptive, not a test.
 """
 
 from __future__ import annotations
@@ -22,12 +28,31 @@ import time
 from pathlib import Path
 
 import numpy as np
-from oracle_vs_agents import SCORER, board_returns, bucket_sums, recomputed_tokens, request_times
+from oracle_vs_agents import (
+    SCORER,
+    ActionRecorder,
+    Decision,
+    board_returns,
+    bucket_sums,
+    decision_shares,
+    recomputed_tokens,
+    replay_decisions,
+    request_times,
+)
 
 from servegym.benchmark.bench import BenchJob, make_entries, play
 from servegym.engine.log import EpisodeLog
 from servegym.evaluation.stats import mean_ci
+from servegym.policies import make_policy
+from servegym.runner import EpisodeResult, make_env, run_episode
 from servegym.validation import count_arg
+
+KV_EDGES = (0.5, 0.75, 0.9)
+"""``--states``: buckets of the KV blocks' share in use (``<= 0.5``, ..., ``> 0.9``)."""
+QUEUE_EDGES = (1, 4, 16)
+"""``--states``: buckets of the requests waiting (1, 2-4, 5-16, more)."""
+AGENT_VIEW = {"same": "as the scorer", "fewer": "agent admits more", "more": "agent admits fewer", "other": "other"}
+"""``compare_admissions``' outcomes of the scorer beside the agent, said of the agent."""
 
 
 def episode_measures(log: EpisodeLog, edges: list[float]) -> np.ndarray:
@@ -38,12 +63,41 @@ def episode_measures(log: EpisodeLog, edges: list[float]) -> np.ndarray:
                                        recomputed_tokens(log)]])
 
 
+def play_recorded(job: BenchJob) -> tuple[EpisodeResult, list[np.ndarray]]:
+    """``bench.play`` of a test-track policy entry, keeping the actions it stepped the env with."""
+    policy = make_policy(job.entry.policy, **job.entry.params)
+    env = ActionRecorder(make_env(policy, task=job.task, split="test", apply_overrides=False))
+    try:
+        return run_episode(env, policy, seed=job.seed), env.actions
+    finally:
+        env.close()
+
+
+def state_lines(decisions: list[Decision]) -> list[str]:
+    """The ``--states`` tables: by KV use, then by queue length."""
+    lines = []
+    for title, values, edges, names in (
+            ("KV blocks in use", [d.kv_used for d in decisions], KV_EDGES,
+             [f"≤ {KV_EDGES[0]:.0%}", *(f"{a:.0%}-{b:.0%}" for a, b in itertools.pairwise(KV_EDGES)),
+              f"> {KV_EDGES[-1]:.0%}"]),
+            ("requests waiting", [d.waiting for d in decisions], QUEUE_EDGES,
+             ["1", *(f"{a + 1}-{b}" for a, b in itertools.pairwise(QUEUE_EDGES)), f"> {QUEUE_EDGES[-1]}"])):
+        lines += [f"\n| {title} | decision steps | " + " | ".join(AGENT_VIEW.values()) + " |",
+                  "|---|---:|" + "---:|" * len(AGENT_VIEW)]
+        for name, (steps, shares) in zip(names, decision_shares(decisions, SCORER, values, edges), strict=True):
+            by_outcome = dict(zip(("same", "more", "fewer", "other"), shares, strict=True))
+            cells = (f"{by_outcome[o]:.1%}" if steps else "-" for o in AGENT_VIEW)
+            lines.append(f"| {name} | {steps:,} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--run", type=Path, required=True, help="the agent's run folder (a score-residual run)")
     parser.add_argument("--board", type=Path, default=Path("docs/bench/10m/leaderboard.csv"))
     parser.add_argument("--tuned", type=Path, default=Path("docs/tuning"), help="where the tuned scorer is")
     parser.add_argument("--max-seeds", type=count_arg("seeds"), default=None, help="the first N test seeds only")
+    parser.add_argument("--states", action="store_true", help="also where the agent departs from the scorer")
     args = parser.parse_args()
     task = json.loads((args.run / "config.json").read_text())["task"]
     entries = [e for e in make_entries([], rl_runs=[args.run], tuned_dir=args.tuned, tasks=[task])
@@ -52,14 +106,21 @@ def main() -> None:
     returns = board_returns(args.board, task, [SCORER, agent])
     seeds = sorted(returns[SCORER])[: args.max_seeds]
     logs: dict[str, list[EpisodeLog]] = {SCORER: [], agent: []}
+    decisions: list[Decision] = []
     for seed in seeds:
         start = time.perf_counter()
         for entry in entries:
-            result = play(BenchJob(task, entry, seed))
+            job = BenchJob(task, entry, seed)
+            result, actions = play_recorded(job) if args.states and entry.label == agent else (play(job), None)
             if result.total_reward != returns[entry.label][seed]:
                 raise RuntimeError(f"{entry.label} on seed {seed}: {result.total_reward!r} here, "
                                    f"{returns[entry.label][seed]!r} on the board (another code version?)")
             logs[entry.label].append(result.log)
+            if actions is not None:
+                scorer = next(e for e in entries if e.label == SCORER)
+                decisions += replay_decisions(task, seed, actions, {SCORER: make_policy(scorer.policy,
+                                                                                         **scorer.params)},
+                                              result.total_reward)
         print(f"seed {seed}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     prompts = np.concatenate([log.num_prompt_tokens for log in logs[SCORER]])
     edges = [float(q) for q in np.quantile(prompts, [0.25, 0.5, 0.75])]
@@ -84,6 +145,10 @@ def main() -> None:
     print(f"\nScorer per seed: {base[:, service + 1].mean():.1f} preemptions, {base[:, service + 2].mean():,.0f} "
           f"recomputed tokens, {base[:, wait].mean():,.0f} request-seconds waiting and {base[:, service].mean():,.0f} "
           "in service.")
+    if args.states:
+        print(f"\nWhere the agent departs from the scorer: its {len(decisions):,} decision steps, the scorer acting on "
+              "the agent's state, pooled over the seeds.")
+        print("\n".join(state_lines(decisions)))
 
 
 if __name__ == "__main__":

@@ -181,20 +181,34 @@ def compare_admissions(policy: frozenset[int], oracle: frozenset[int]) -> str:
     return "more" if len(policy) > len(oracle) else "fewer" if len(policy) < len(oracle) else "other"
 
 
-def same_admissions(task: str, seed: int, actions: Sequence[np.ndarray], policies: Mapping[str, Policy],
-                    expected_return: float) -> tuple[int, dict[str, Counter[str]]]:
-    """Replay the oracle's ``actions``; at each decision step (an admission could succeed), each policy acts on the
-    oracle's observation and its admissions (on a copy of the env) are compared with the oracle's
-    (:func:`compare_admissions`). Returns the decision steps and, per policy, the count of each outcome."""
+@dataclass(frozen=True)
+class Decision:
+    """A decision step of a replayed episode (an admission could succeed): the deciding container's state before
+    it, and each policy's admissions there beside the replayed action's (:func:`compare_admissions`)."""
+
+    kv_used: float
+    """The share of the container's KV blocks in use."""
+    waiting: int
+    """Requests waiting at the container."""
+    outcomes: dict[str, str]
+
+
+def replay_decisions(task: str, seed: int, actions: Sequence[np.ndarray], policies: Mapping[str, Policy],
+                     expected_return: float) -> list[Decision]:
+    """Replay ``actions`` (an episode's, from ``reset(seed)``); at each decision step each policy acts on the
+    replayed episode's observation and its admissions (on a copy of the env) are compared with the replayed
+    action's. The replay's return must be ``expected_return``, to the bit."""
     env = make_env(task=task, split="test", apply_overrides=False)
     for policy in policies.values():
         policy.bind_profile(env_profile(env))
         policy.reset()
     obs, _ = env.reset(seed=seed)
-    decisions, outcomes, total = 0, {label: Counter[str]() for label in policies}, 0.0
+    decisions, total = [], 0.0
     for action in actions:
         inner = serving_env(env)
-        deciding = inner.cluster.engine.can_admit()
+        engine = inner.cluster.engine
+        deciding = engine.can_admit()
+        state = (engine.num_used_blocks / engine.num_kv_blocks, int(engine.waiting.size))
         before = inner.cluster.log.state.copy()
         tried = {label: np.asarray(policy.act(obs)) for label, policy in policies.items()} if deciding else {}
         alternatives = {label: _admitted_by(env, a, before) for label, a in tried.items()
@@ -202,14 +216,37 @@ def same_admissions(task: str, seed: int, actions: Sequence[np.ndarray], policie
         obs, reward, _, _, info = env.step(action)
         total = add_rewards(total, reward, info)
         if deciding:
-            decisions += 1
             chosen = newly_admitted(before, serving_env(env).cluster.log.state)
-            for label in policies:
-                outcomes[label][compare_admissions(alternatives.get(label, chosen), chosen)] += 1
+            decisions.append(Decision(*state, {label: compare_admissions(alternatives.get(label, chosen), chosen)
+                                               for label in policies}))
     env.close()
     if total != expected_return:
-        raise RuntimeError(f"the oracle's replay on seed {seed} returned {total!r}, its plan {expected_return!r}")
-    return decisions, outcomes
+        raise RuntimeError(f"the replay on seed {seed} returned {total!r}, the episode {expected_return!r}")
+    return decisions
+
+
+def same_admissions(task: str, seed: int, actions: Sequence[np.ndarray], policies: Mapping[str, Policy],
+                    expected_return: float) -> tuple[int, dict[str, Counter[str]]]:
+    """Replay the oracle's ``actions`` (:func:`replay_decisions`). Returns its decision steps and, per policy, the
+    count of each outcome."""
+    decisions = replay_decisions(task, seed, actions, policies, expected_return)
+    return len(decisions), {label: Counter(d.outcomes[label] for d in decisions) for label in policies}
+
+
+OUTCOMES = ("same", "more", "fewer", "other")
+""":func:`compare_admissions`' outcomes, in the order tables show them."""
+
+
+def decision_shares(decisions: Sequence[Decision], label: str, values: Sequence[float], edges: Sequence[float]
+                    ) -> list[tuple[int, list[float]]]:
+    """Per bucket of ``values`` (one per decision; buckets as :func:`bucket_sums`'): its decision steps and the
+    share of each of :data:`OUTCOMES` for policy ``label`` (NaN in an empty bucket)."""
+    buckets = np.searchsorted(edges, values, side="left")
+    rows = []
+    for b in range(len(edges) + 1):
+        found = [d.outcomes[label] for d, k in zip(decisions, buckets, strict=True) if k == b]
+        rows.append((len(found), [found.count(o) / len(found) if found else float("nan") for o in OUTCOMES]))
+    return rows
 
 
 def _admitted_by(env: gym.Env, action: np.ndarray, before: np.ndarray) -> frozenset[int]:

@@ -112,3 +112,55 @@ def test_recomputed_tokens_are_prefill_beyond_admitted_prompts_less_their_cached
 def test_bucket_sums_put_an_edge_in_the_lower_bucket(ova):
     sums = ova.bucket_sums(np.array([1.0, 2.0, 3.0, 4.0, 5.0]), np.array([5, 10, 15, 25, 20]), [10.0, 20.0])
     np.testing.assert_array_equal(sums, [3.0, 8.0, 4.0])
+
+
+def test_decision_shares_bucket_as_bucket_sums_and_give_each_outcomes_share(ova):
+    """Bugs: an edge value put in the upper bucket; shares in another order than OUTCOMES; an empty bucket's shares
+    0 rather than NaN (a table would read it as "never")."""
+    def decision(kv: float, outcome: str):
+        return ova.Decision(kv, 1, {"p": outcome})
+
+    decisions = [decision(0.2, "same"), decision(0.5, "more"), decision(0.6, "fewer"), decision(0.95, "other"),
+                 decision(0.95, "more")]
+    rows = ova.decision_shares(decisions, "p", [d.kv_used for d in decisions], [0.5, 0.9, 0.99])
+    assert [steps for steps, _ in rows] == [2, 1, 2, 0]
+    assert rows[0][1] == [0.5, 0.5, 0.0, 0.0]  # <= 0.5: same, more (0.5 is the edge: the lower bucket)
+    assert rows[1][1] == [0.0, 0.0, 1.0, 0.0]  # (0.5, 0.9]: fewer
+    assert rows[2][1] == [0.0, 0.5, 0.0, 0.5]  # (0.9, 0.99]: other, more
+    assert all(np.isnan(rows[3][1]))
+
+
+def test_replay_decisions_record_the_state_before_each_decision_and_each_policys_admissions_beside_it(ova,
+                                                                                                   monkeypatch):
+    """Bugs: the state read after the step (KV in use counting the step's own admissions); steps where nothing
+    can be admitted counted as decisions; the outcome's sides swapped (the replayed action as the policy).
+
+    Three requests at t = 0 (prompts 100, 200 and 50; 4 output tokens each), 30 KV blocks of 16 tokens. The
+    replayed actions admit the first waiting request at each step; FCFS would admit every one that fits. Decision
+    1: nothing in use, 3 waiting, FCFS admits 3 where the replay admits 1 ("more"). Decision 2: request 0 holds
+    ceil((100 + 1) / 16) = 7 blocks, 2 waiting, FCFS admits both ("more"). Decision 3: 7 + ceil((200 + 1) / 16) =
+    20 blocks, 1 waiting, both admit it ("same"). Then 3 more steps decode to the end with nothing to admit."""
+    from servegym.benchmark.oracle import add_rewards
+    from servegym.policies import make_policy
+    from servegym.policies.base import admit_first
+    from servegym.runner import make_env, serving_env
+    from tests.conftest import fixed
+
+    def small(**_):
+        return make_env(workload=fixed([0.0, 0.0, 0.0], [100, 200, 50], [4, 4, 4]), profile="a100-llama2-7b",
+                        engine={"num_kv_blocks": 30, "block_size": 16})
+
+    monkeypatch.setattr(ova, "make_env", small)
+    env = small()
+    obs, _ = env.reset(seed=0)
+    actions, total, done = [], 0.0, False
+    while not done:
+        actions.append(admit_first(obs, 1 if serving_env(env).cluster.engine.waiting.size else 0))
+        obs, reward, terminated, truncated, info = env.step(actions[-1])
+        total, done = add_rewards(total, reward, info), terminated or truncated
+    assert len(actions) == 6
+    decisions = ova.replay_decisions("any", 0, actions, {"fcfs": make_policy("fcfs")}, total)
+    assert [(d.kv_used * 30, d.waiting, d.outcomes["fcfs"]) for d in decisions] == [
+        (0.0, 3, "more"), (7.0, 2, "more"), (20.0, 1, "same")]
+    with pytest.raises(RuntimeError, match="returned"):
+        ova.replay_decisions("any", 0, actions, {"fcfs": make_policy("fcfs")}, total + 1.0)
