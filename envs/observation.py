@@ -248,10 +248,13 @@ class ObservationEncoder:
         """Each key's end offset in the flat buffer (keys in sorted order; a key's start is the previous end)."""
         self.size = bounds["running"]
 
-    def reset(self, engine: Engine) -> None:
-        """Start an episode: read the per-episode constants."""
-        self._baseline = engine.backend.baseline_step_s or 0.0
-        self._capacity = engine.num_kv_blocks * engine.block_size
+    def reset(self, cluster: Cluster) -> None:
+        """Start an episode: read the per-episode constants (each container's own, for a pool of several profiles:
+        the observation describes the container whose decision is due)."""
+        engines = cluster.engines
+        self._baselines = [e.backend.baseline_step_s or 0.0 for e in engines]
+        self._capacities = [e.num_kv_blocks * e.block_size for e in engines]
+        engine = engines[0]
         self._length_mode = LENGTH_MODE_CODE[engine.config.length_mode]
         log = engine.log  # the episode's, shared by every container: its size and arrival span are fixed now
         self._num_requests = log.num_requests
@@ -259,10 +262,11 @@ class ObservationEncoder:
         self._arrival_span = float(log.arrival_s[-1]) - self._first_arrival if log.num_requests else 0.0
 
     def encode(self, cluster: Cluster) -> dict[str, np.ndarray] | np.ndarray:
-        engine, ends = cluster.engine, self._ends
+        deciding, ends = cluster.deciding, self._ends
+        engine = cluster.engines[deciding]
         buf = np.zeros(self.size, dtype=np.float32)
-        engine.observe(buf, ends["progress"], ends["queue_prefix"], self.queue_window, self._baseline,
-                       self._capacity, self._length_mode)
+        engine.observe(buf, ends["progress"], ends["queue_prefix"], self.queue_window, self._baselines[deciding],
+                       self._capacities[deciding], self._length_mode)
         finished = cluster.observe_pool(buf[ends["engine"] : ends["pool"]])
         buf[ends["prefix"] : ends["progress"]] = self._progress(cluster, finished)
         if self.prefix:

@@ -239,15 +239,15 @@ class ServingEnv(gym.Env):
         check_reset_options(options)
         super().reset(seed=seed)
         self.cluster.reset(self.np_random)
-        self._encoder.reset(self.cluster.engines[0])
+        self._encoder.reset(self.cluster)
         self._clear_episode(self.cluster.log.num_requests)
         info = self._info(self.engine.last, self.cluster.deciding, self.cluster.last_arrived,
                           self.cluster.last_rejected)
         return self._encoder.encode(self.cluster), info
 
     def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
-        if self._truncated:  # as after termination: the truncation charge is never paid twice
-            raise RuntimeError("the episode was truncated (max_steps or the idle guard); call reset()")
+        self._require_not_truncated()
+        self.cluster.require_routed()  # before the action is read: a refused step books nothing
         order = self._decode_action(action)
         if self.cluster.done and not self._terminated:
             # The episode ended where no step could say so: nothing to serve at reset (an empty workload, or every
@@ -303,11 +303,17 @@ class ServingEnv(gym.Env):
     def route(self, container: int) -> float:
         """With ``pool.router == "agent"``: send the request that waits to be routed to ``container``; return the
         reward of its wait from arrival to now (``latency``: minus it; other rewards: 0)."""
+        self._require_not_truncated()
         _, lag = self.cluster.route(container)
         if self.reward_name != "latency":
             return 0.0
         self._latency_charged += lag
         return -lag
+
+    def _require_not_truncated(self) -> None:
+        """As after termination, nothing moves an episode the env truncated: its truncation charge is paid once."""
+        if self._truncated:
+            raise RuntimeError("the episode was truncated (max_steps or the idle guard); call reset()")
 
     def observe(self) -> dict[str, np.ndarray] | np.ndarray:
         """The observation of the current state (as ``step`` returns it), e.g. after :meth:`route`."""

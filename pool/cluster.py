@@ -220,8 +220,7 @@ class Cluster:
     def step(self, admit: np.ndarray) -> ClusterStep:
         if self.done:
             raise RuntimeError("the episode is over (workload exhausted, system empty); call reset()")
-        if self.awaiting_route:
-            raise RuntimeError(f"request {self._next_arrival} has arrived and waits to be routed: call route()")
+        self.require_routed()
         container = self.deciding
         engine = self.engines[container]
         out = engine.step(admit, self.next_arrival_s)
@@ -366,6 +365,11 @@ class Cluster:
         """``Router.AGENT``: a request has arrived and waits for :meth:`route` (always False for other routers)."""
         return self._route is None and self._next_arrival < self._num_requests \
             and self._arrival_times[self._next_arrival] <= self.time
+
+    def require_routed(self) -> None:
+        """Raise unless every arrival is routed (``Router.AGENT``: none waits for :meth:`route`)."""
+        if self.awaiting_route:
+            raise RuntimeError(f"request {self._next_arrival} has arrived and waits to be routed: call route()")
 
     def route(self, container: int) -> tuple[int, float]:
         """``Router.AGENT``: send the request that waits to be routed to ``container`` (which starts loading if

@@ -243,6 +243,52 @@ def test_a_route_that_rejects_the_last_request_ends_the_episode_at_the_next_step
         env.step(np.ones(env.queue_window, dtype=np.int64))
 
 
+def test_the_observation_describes_the_deciding_containers_own_cache_and_speed_in_a_mixed_pool():
+    """Bug: the encoder read the KV capacity and the baseline step time of container 0 at reset and gave them for
+    whichever container decided, so a policy on an A100 container of a pool led by an A40 computed its free blocks
+    from the A40's cache (and could refuse forever a request that only the A100 holds).
+
+    Container 0 is an A40 (3321 blocks of 16 = 53,136 tokens), 1 and 2 A100s (7353 blocks = 117,648 tokens). One
+    request routed to container 1 makes it the deciding one."""
+    from servegym.envs.observation import ENGINE_INDEX
+
+    env = _agent_cluster(fixed([0.0], [100], [5]), profiles=("a40-llama2-7b", "a100-llama2-7b", "a100-llama2-7b"))
+    env.reset(seed=0)
+    env.route(1)
+    assert env.cluster.deciding == 1
+    engine = env.observe()["engine"]
+    assert engine[ENGINE_INDEX["kv_capacity_tokens"]] == 117648
+    a40, a100 = (env.cluster.engines[c].backend.baseline_step_s for c in (0, 1))
+    assert a40 != a100
+    assert engine[ENGINE_INDEX["baseline_step_s"]] == np.float32(a100)
+
+
+def test_nothing_moves_an_episode_the_env_truncated_and_a_refused_step_books_nothing():
+    """Bugs: after a ``max_steps`` truncation, ``route()`` still queued the request waiting to be routed (changing
+    the log and charging its wait after the truncation charge had counted it unserved); a ``step`` refused because
+    a request waits to be routed first booked its action's admissions of empty slots as invalid."""
+    admit_all = np.ones(32, dtype=np.int64)
+    env = ServingEnv(workload=fixed([0.0, 0.005, 0.006], [100, 100, 100], [50, 50, 50]), profile="a100-llama2-7b",
+                     pool={"num_containers": 2, "router": "agent"}, max_steps=1)
+    env.reset(seed=0)
+    env.route(0)
+    _, _, terminated, truncated, _ = env.step(admit_all[: env.queue_window])
+    assert truncated and not terminated and env.cluster.awaiting_route  # request 1 arrived during the step
+    states = env.cluster.log.state.copy()
+    with pytest.raises(RuntimeError, match="truncated"):
+        env.route(1)
+    assert np.array_equal(env.cluster.log.state, states)
+
+    env = _agent_cluster(fixed([0.0, 1.0], [100, 100], [5, 5]), num_containers=2)
+    env.reset(seed=0)
+    with pytest.raises(RuntimeError, match="waits to be routed"):
+        env.step(admit_all[: env.queue_window])  # 31 of its 32 slots are empty
+    env.route(0)
+    first = np.zeros(env.queue_window, dtype=np.int64)
+    first[0] = 1
+    assert env.step(first)[4]["num_invalid_admissions"] == 0
+
+
 def test_cluster_route_state_by_hand():
     """Bugs: load counting only queued requests; free blocks not net of used ones; queued blocks floored or
     rounded as one sum; fits judged on the longest output, on the first container's capacity or by a strict
