@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from servegym.envs.serving import ServingEnv
+from servegym.envs.serving import COUNTED, ServingEnv
 from servegym.pool.cluster import Cluster
 from servegym.pool.routing import Router, RouteState
 
@@ -20,6 +20,11 @@ REQUEST_FEATURES = ("prompt_tokens", "output_lo", "output_hi", "turn", "block_si
 far modulo the number of replicas (the round-robin turn), and the KV block size."""
 MAX_FEATURE = 2.0**31
 """Upper bound of every feature (token and block counts)."""
+
+
+SERVED = COUNTED[:-2]
+"""The count keys of a serving step's info that a routing step sums over its serving steps (the rest, arrivals and
+rejections, are its route's)."""
 
 
 class RoutingEnv(gym.Env):
@@ -45,7 +50,10 @@ class RoutingEnv(gym.Env):
     The serving env's reward (``latency``: minus the request-seconds in the system) summed over the engine
     iterations run between two arrivals, plus the routed request's wait from arrival to routing; an episode's
     return is the return of the same episode with the same routing decisions made by a router (to float
-    rounding). ``info["iteration_rewards"]`` lists the terms in order.
+    rounding). ``info["iteration_rewards"]`` lists the terms in order. The serving env's count keys of ``info``
+    (``step_s``, tokens, admissions, preemptions, finishes) sum over the step's serving steps; ``num_arrived`` and
+    ``num_rejected`` count the step's route (1, and 1 if it was rejected), so their sums over an episode are the
+    log's.
 
     ## Episode End
     Terminated once the workload is exhausted and every replica is empty; truncated as the serving env truncates
@@ -94,6 +102,8 @@ class RoutingEnv(gym.Env):
         cluster = self.cluster
         rewards: list[float] = []
         info: dict[str, Any] = {}
+        # The serving steps' counts summed in order; the arrival and rejection counts are this step's route's.
+        counts: dict[str, Any] = {**dict.fromkeys(COUNTED, 0), "step_s": 0.0}
         terminated = truncated = misrouted = False
         if cluster.awaiting_route:
             chosen = np.asarray(action)
@@ -101,6 +111,7 @@ class RoutingEnv(gym.Env):
                 raise ValueError(f"action must be a replica index in [0, {self.num_replicas}), got {action!r}")
             allowed, rejected = self.action_masks()[int(chosen)], cluster.num_rejected
             rewards.append(self.serving.route(int(chosen)))
+            counts["num_arrived"], counts["num_rejected"] = 1, cluster.num_rejected - rejected
             if not allowed and cluster.num_rejected > rejected and self.serving.reward_name == "latency":
                 # A rejection the route caused (another replica could hold it): priced as an unserved request,
                 # or dropping requests would be the cheapest route under the latency reward.
@@ -113,13 +124,15 @@ class RoutingEnv(gym.Env):
                 break
             self._inner_obs, r, terminated, truncated, info = self.serving.step(self.admission.act(self._inner_obs))
             rewards.extend(info.get("iteration_rewards", (r,)))
+            for key in SERVED:
+                counts[key] += info[key]
             if terminated or truncated:
                 break
         self._ended = terminated or truncated
         reward = 0.0
         for r in rewards:
             reward += r
-        info = {**self._info(info), "misrouted": misrouted}
+        info = {**self._info(info), **counts, "misrouted": misrouted}
         info["iteration_rewards"] = rewards
         return self._observe(), reward, terminated, truncated, info
 

@@ -117,7 +117,8 @@ class ServingEnv(gym.Env):
     an episode, terminated or truncated by itself, `step` raises until `reset` (`reset(options=...)` takes no
     keys yet: any is refused, as is a non-dict). An episode that ends where no step could say so (nothing to serve
     at `reset`, or with `router="agent"` a `route` that rejected its last request) ends at the next `step`, with
-    reward 0, no count and `num_iterations` 0.
+    reward 0 and `num_iterations` 0, counting only that route. With `router="agent"` the requests `route` sends
+    (and rejects) between two steps are counted in the next step's `info["num_arrived"]` (`num_rejected`).
 
     With `decision_steps=True` one `step` applies the action to one iteration, then keeps iterating while no
     admission decision is possible (no request waits at the deciding container, its model is loading, or it
@@ -224,6 +225,8 @@ class ServingEnv(gym.Env):
         """Consecutive steps after which requests waited, nothing ran and no model was loading."""
         self._num_slo_good = self._num_preempted = 0
         self._latency_charged = 0.0
+        self._routed = self._routed_rejected = 0
+        """Requests ``route()`` sent, and of them rejected, since the last step: counted in the next step's info."""
         """Request-seconds the latency reward has charged so far this episode."""
         self._thrash_limit = THRASH_PREEMPTIONS_PER_REQUEST * num_requests
         """Preemptions in an episode beyond which the env warns that the policy thrashes."""
@@ -254,7 +257,7 @@ class ServingEnv(gym.Env):
             # request rejected on arrival; Gymnasium's reset has no terminated flag), or route() rejected its last
             # request. This step ends it, changing nothing; one after it raises (in the pool's step).
             self._terminated = True
-            info = {**self._info(IDLE, self.cluster.deciding, 0, 0), "num_iterations": 0}
+            info = {**self._info(IDLE, self.cluster.deciding, *self._take_routed()), "num_iterations": 0}
             if self.decision_steps:
                 info["iteration_rewards"] = []
             return self._encoder.encode(self.cluster), 0.0, True, False, info
@@ -288,6 +291,10 @@ class ServingEnv(gym.Env):
             info["iteration_rewards"] = rewards
         if len(rewards) > 1:  # counts over every iteration this step advanced, not only the last (summed in order)
             info.update(zip(COUNTED, (*_summed(outcomes), arrived, rejected), strict=True))
+        if self._routed:
+            routed, refused = self._take_routed()
+            info["num_arrived"] += routed
+            info["num_rejected"] += refused
         if truncated and self._num_stalled >= (self.idle_guard_steps or math.inf):
             info["idle_guard"] = True
         self._terminated, self._truncated = terminated, truncated
@@ -304,11 +311,19 @@ class ServingEnv(gym.Env):
         """With ``pool.router == "agent"``: send the request that waits to be routed to ``container``; return the
         reward of its wait from arrival to now (``latency``: minus it; other rewards: 0)."""
         self._require_not_truncated()
-        _, lag = self.cluster.route(container)
+        rejected, lag = self.cluster.route(container)
+        self._routed += 1
+        self._routed_rejected += rejected
         if self.reward_name != "latency":
             return 0.0
         self._latency_charged += lag
         return -lag
+
+    def _take_routed(self) -> tuple[int, int]:
+        """The requests ``route()`` sent since the last step and those of them rejected, counted now."""
+        counts = self._routed, self._routed_rejected
+        self._routed = self._routed_rejected = 0
+        return counts
 
     def _require_not_truncated(self) -> None:
         """As after termination, nothing moves an episode the env truncated: its truncation charge is paid once."""

@@ -239,6 +239,7 @@ def test_a_route_that_rejects_the_last_request_ends_the_episode_at_the_next_step
         assert steps < 100
     assert reward == 0.0 and env.cluster.time == time == 5.0  # the ending step changes nothing
     assert info["num_finished"] == 0 and info["num_iterations"] == 0  # not the last iteration's finish again
+    assert (info["num_arrived"], info["num_rejected"]) == (1, 1)  # the route before it
     with pytest.raises(RuntimeError, match="the episode is over"):
         env.step(np.ones(env.queue_window, dtype=np.int64))
 
@@ -287,6 +288,44 @@ def test_nothing_moves_an_episode_the_env_truncated_and_a_refused_step_books_not
     first = np.zeros(env.queue_window, dtype=np.int64)
     first[0] = 1
     assert env.step(first)[4]["num_invalid_admissions"] == 0
+
+
+@pytest.mark.parametrize("decision_steps", [False, True])
+def test_info_counts_summed_over_an_agent_routed_episode_are_the_logs(decision_steps):
+    """Bugs: with ``router="agent"`` no info counted arrivals or rejections (route() sends them between steps);
+    a routing step's info kept only its last serving step's counts (finishes and tokens of the earlier ones lost).
+
+    Four requests on 2 containers of one sequence each: three at t = 0 (one with a million-token prompt that no
+    container holds) and one at 3 s; every one routed to container 0, so the served three queue behind each other
+    and a routing step runs several serving steps. Outputs 5, 40 and 5 tokens."""
+    workload = fixed([0.0, 0.0, 0.0, 3.0], [100, 100, 10**6, 100], [5, 40, 5, 5])
+    pool = {"num_containers": 2, "router": "agent"}
+    serving = ServingEnv(workload=workload, profile="a100-llama2-7b", pool=pool, decision_steps=decision_steps,
+                         engine={"max_num_seqs": 1})
+    totals = dict.fromkeys(("num_arrived", "num_rejected", "num_finished", "num_decode_tokens"), 0)
+    serving.reset(seed=0)
+    terminated = truncated = False
+    while not (terminated or truncated):
+        while serving.cluster.awaiting_route:
+            serving.route(0)
+        *_, terminated, truncated, info = serving.step(np.ones(serving.queue_window, dtype=np.int64))
+        for key in totals:
+            totals[key] += info[key]
+    log = serving.cluster.log
+    assert totals == {"num_arrived": 4, "num_rejected": 1, "num_finished": 3,
+                      "num_decode_tokens": int(log.num_output_tokens[log.state == State.FINISHED].sum())}
+    routing = RoutingEnv(ServingEnv(workload=workload, profile="a100-llama2-7b", pool=pool,
+                                    decision_steps=decision_steps, engine={"max_num_seqs": 1}), make_policy("fcfs"))
+    routing.reset(seed=0)
+    totals = dict.fromkeys(totals, 0)
+    steps, terminated, truncated = 0, False, False
+    while not (terminated or truncated):
+        *_, terminated, truncated, info = routing.step(0)
+        for key in totals:
+            totals[key] += info[key]
+        steps += 1
+    assert totals == {"num_arrived": 4, "num_rejected": 1, "num_finished": 3, "num_decode_tokens": 5 + 40 + 5}
+    assert steps == 4  # one a route
 
 
 def test_cluster_route_state_by_hand():
