@@ -225,9 +225,9 @@ class ServingEnv(gym.Env):
         """Consecutive steps after which requests waited, nothing ran and no model was loading."""
         self._num_slo_good = self._num_preempted = 0
         self._latency_charged = 0.0
+        """Request-seconds the latency reward has charged so far this episode."""
         self._routed = self._routed_rejected = 0
         """Requests ``route()`` sent, and of them rejected, since the last step: counted in the next step's info."""
-        """Request-seconds the latency reward has charged so far this episode."""
         self._thrash_limit = THRASH_PREEMPTIONS_PER_REQUEST * num_requests
         """Preemptions in an episode beyond which the env warns that the policy thrashes."""
 
