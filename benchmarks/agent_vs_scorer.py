@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 from oracle_vs_agents import (
+    OUTCOMES,
     SCORER,
     ActionRecorder,
     Decision,
@@ -85,7 +86,7 @@ def state_lines(decisions: list[Decision]) -> list[str]:
         lines += [f"\n| {title} | decision steps | " + " | ".join(AGENT_VIEW.values()) + " |",
                   "|---|---:|" + "---:|" * len(AGENT_VIEW)]
         for name, (steps, shares) in zip(names, decision_shares(decisions, SCORER, values, edges), strict=True):
-            by_outcome = dict(zip(("same", "more", "fewer", "other"), shares, strict=True))
+            by_outcome = dict(zip(OUTCOMES, shares, strict=True))
             cells = (f"{by_outcome[o]:.1%}" if steps else "-" for o in AGENT_VIEW)
             lines.append(f"| {name} | {steps:,} | " + " | ".join(cells) + " |")
     return lines
@@ -103,6 +104,7 @@ def main() -> None:
     entries = [e for e in make_entries([], rl_runs=[args.run], tuned_dir=args.tuned, tasks=[task])
                if e.label == SCORER or e.policy.startswith("rl:")]
     agent = next(e.label for e in entries if e.policy.startswith("rl:"))
+    scorer = next(e for e in entries if e.label == SCORER)
     returns = board_returns(args.board, task, [SCORER, agent])
     seeds = sorted(returns[SCORER])[: args.max_seeds]
     logs: dict[str, list[EpisodeLog]] = {SCORER: [], agent: []}
@@ -117,7 +119,6 @@ def main() -> None:
                                    f"{returns[entry.label][seed]!r} on the board (another code version?)")
             logs[entry.label].append(result.log)
             if actions is not None:
-                scorer = next(e for e in entries if e.label == SCORER)
                 decisions += replay_decisions(task, seed, actions, {SCORER: make_policy(scorer.policy,
                                                                                          **scorer.params)},
                                               result.total_reward)
